@@ -1,0 +1,125 @@
+//! Token-in/token-out (TITO) records: the exact tokens of one model call.
+//!
+//! A record stores only what is new relative to the parent node of the execution's trajectory
+//! tree (the proxy matched the rest), so a 636-call execution does not store its context 636
+//! times. Provenance says, per input token, where it came from; only engine-sampled output tokens
+//! are ever trainable.
+
+use crate::{CallId, Duration, EngineId, ExecutionId, PolicyVersion, Timestamp};
+
+/// Where an input token came from. Only `Sampled` tokens (re-fed outputs) can be targets, and
+/// only when they sit in a record's `output_ids`; everything else is context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Provenance {
+    System,
+    User,
+    ToolResult,
+    /// Assistant text the harness injected rather than the engine sampled.
+    HarnessAssistant,
+    /// An evaluator critique consumed as input; never a policy target.
+    EvaluatorCritique,
+    /// Chat-template scaffolding (role markers, special tokens).
+    Template,
+    /// A token the engine sampled earlier, fed back as context.
+    Sampled,
+}
+
+impl Provenance {
+    pub const ALL: [Provenance; 7] = [
+        Provenance::System,
+        Provenance::User,
+        Provenance::ToolResult,
+        Provenance::HarnessAssistant,
+        Provenance::EvaluatorCritique,
+        Provenance::Template,
+        Provenance::Sampled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provenance::System => "system",
+            Provenance::User => "user",
+            Provenance::ToolResult => "tool_result",
+            Provenance::HarnessAssistant => "harness_assistant",
+            Provenance::EvaluatorCritique => "evaluator_critique",
+            Provenance::Template => "template",
+            Provenance::Sampled => "sampled",
+        }
+    }
+}
+
+/// A run of consecutive input tokens sharing one provenance (run-length encoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProvenanceSpan {
+    pub provenance: Provenance,
+    pub tokens_count: u32,
+}
+
+/// What kind of request the harness sent, as far as the proxy can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CallKind {
+    /// An ordinary agent turn.
+    Turn,
+    /// A summary / compaction request.
+    Summary,
+}
+
+/// One model call, recorded by the proxy and committed before the harness gets its answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelCallRecord {
+    pub execution: ExecutionId,
+    pub call: CallId,
+    /// Agent id as sent by the harness ("main" or a sub-agent id).
+    pub agent: String,
+    pub kind: CallKind,
+    /// The call whose node this call's context extends (prefix sharing); `None` = a new root.
+    pub parent_call: Option<CallId>,
+    /// How many tokens of the parent path's full context this call reuses.
+    pub reused_prefix_tokens_count: u64,
+    /// The call that spawned this call's agent (causal parentage, not prefix sharing).
+    pub spawned_by: Option<CallId>,
+    /// New input tokens beyond the reused prefix.
+    pub input_ids: Vec<u32>,
+    /// Provenance of `input_ids`, run-length encoded; spans sum to `input_ids.len()`.
+    pub input_provenance: Vec<ProvenanceSpan>,
+    /// Tokens the engine sampled.
+    pub output_ids: Vec<u32>,
+    /// Behaviour log-probability of each output token under the engine's policy.
+    pub output_logprobs: Vec<f32>,
+    pub engine: EngineId,
+    pub policy_version: PolicyVersion,
+    pub requested_at: Timestamp,
+    pub first_token_after: Duration,
+    pub completed_after: Duration,
+}
+
+impl ModelCallRecord {
+    /// Structural checks the log applies before accepting a record.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.output_ids.len() != self.output_logprobs.len() {
+            return Err(format!(
+                "call {}: {} output ids but {} log-probs",
+                self.call,
+                self.output_ids.len(),
+                self.output_logprobs.len()
+            ));
+        }
+        let provenance_total: u64 = self
+            .input_provenance
+            .iter()
+            .map(|span| span.tokens_count as u64)
+            .sum();
+        if provenance_total != self.input_ids.len() as u64 {
+            return Err(format!(
+                "call {}: provenance spans cover {} tokens but there are {} new input ids",
+                self.call,
+                provenance_total,
+                self.input_ids.len()
+            ));
+        }
+        if let Some(bad) = self.output_logprobs.iter().find(|lp| !(lp.is_finite() && **lp <= 0.0)) {
+            return Err(format!("call {}: log-prob {bad} is not a finite value ≤ 0", self.call));
+        }
+        Ok(())
+    }
+}
