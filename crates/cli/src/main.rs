@@ -1,1 +1,41 @@
-fn main() {}
+//! The `gyre` binary: one entry point for every operator surface.
+//!
+//! Each subcommand lives in `commands/<name>.rs` and owns its clap arguments; this file only
+//! dispatches. Errors are reported once, here, with their full cause chain.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// Gyre: an elastic RL framework for training xLong-horizon LLM agents.
+///
+/// Every fact is an event on a replicated log; the scheduler, trajectory trees and packer are
+/// deterministic projections of it.
+#[derive(Parser)]
+#[command(name = "gyre", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build trajectory trees from recorded model calls, admit trajectories, pack micro-steps.
+    ///
+    /// Input is JSONL on stdin, one model call per line, in call order.
+    Trajectory(commands::trajectory::TrajectoryArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trajectory(args) => commands::trajectory::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per `gyre` subcommand.
+
+pub mod trajectory;
