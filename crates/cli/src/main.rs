@@ -20,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the real scheduler on a simulated cluster: the paper's tables, or one TOML config.
+    ///
+    /// Same seed, same output, byte for byte.
+    Simulate(commands::simulate::SimulateArgs),
     /// Build trajectory trees from recorded model calls, admit trajectories, pack micro-steps.
     ///
     /// Input is JSONL on stdin, one model call per line, in call order.
@@ -29,6 +33,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Simulate(args) => commands::simulate::run(args),
         Command::Trajectory(args) => commands::trajectory::run(args),
     };
     match result {

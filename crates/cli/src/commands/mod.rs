@@ -1,3 +1,4 @@
 //! One module per `gyre` subcommand.
 
 pub mod trajectory;
+pub mod simulate;

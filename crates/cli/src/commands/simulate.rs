@@ -1,0 +1,294 @@
+//! `gyre simulate`: run the real scheduler on a simulated cluster.
+//!
+//! Presets reproduce the paper's tables (`--preset table2`, `--preset table1`); `--config FILE`
+//! runs one TOML configuration; `--print-config` shows a preset row as a complete TOML file to
+//! start from. Output is a table (default) or JSON (`--json`), and optionally a self-contained
+//! HTML report with role timelines (`--report out.html`).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use gyre_simulator::{preset_rows, render_html, simulate, PaperRow, Preset, RunReport, SimConfig};
+
+/// Arguments of `gyre simulate`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "Examples:\n  gyre simulate --preset table2\n  gyre simulate --preset table2 --row E0 --print-config > e0.toml\n  gyre simulate --config e0.toml --seed 7 --json\n  gyre simulate --preset table1 --report table1.html")]
+pub struct SimulateArgs {
+    /// A preset of the paper: `table2` (scheduling ablation A0–E2, NL2RepoBench 122B, 12 steps) or
+    /// `table1` (DeepSWE / TerminalBench at E[d] = 1 and 1.5, and the 2.4T run).
+    #[arg(long, conflicts_with = "config")]
+    preset: Option<String>,
+    /// Only this row of the preset (e.g. `E0`, or `2.4T Gyre`).
+    #[arg(long, requires = "preset")]
+    row: Option<String>,
+    /// Print the selected row as a complete TOML config and exit.
+    #[arg(long, requires = "row")]
+    print_config: bool,
+    /// Run one TOML config (see `--print-config` for every field).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Seed for the workload; overrides the config's `seed`.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Override N (executions per group) in every preset row.
+    #[arg(long, requires = "preset")]
+    n: Option<u32>,
+    /// Override B (groups per step) in every preset row.
+    #[arg(long, requires = "preset")]
+    b: Option<u32>,
+    /// Print JSON (one report, or the table with every row's report) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write a self-contained HTML report (role timelines, step durations, staleness).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Worker threads for preset sweeps (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct TableRow {
+    id: String,
+    description: String,
+    reference: String,
+    total_hours: f64,
+    ratio: f64,
+    paper_hours: Option<f64>,
+    paper_ratio: Option<f64>,
+    ratio_error_percent: Option<f64>,
+    mean_staleness: f64,
+    expected_staleness: f64,
+}
+
+#[derive(Serialize)]
+struct TableOutput {
+    preset: String,
+    seed: u64,
+    rows: Vec<TableRow>,
+    order_matches_paper: Option<bool>,
+    reports: Vec<RunReport>,
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let mut config = SimConfig::from_toml(&text)
+            .with_context(|| format!("config {} is not valid", path.display()))?;
+        if let Some(seed) = args.seed {
+            config.seed = seed;
+        }
+        let output = simulate(&config);
+        if let Some(report_path) = &args.report {
+            let html = render_html(&format!("Gyre simulation: {}", config.name), std::slice::from_ref(&output.report), None);
+            std::fs::write(report_path, html)
+                .with_context(|| format!("writing {}", report_path.display()))?;
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&output.report)?);
+        } else {
+            print_single(&output.report);
+            if let Some(report_path) = &args.report {
+                println!("report: {}", report_path.display());
+            }
+        }
+        return Ok(());
+    }
+    let Some(preset_name) = &args.preset else {
+        bail!("give --preset table2|table1 or --config FILE (see gyre simulate --help)");
+    };
+    let preset = Preset::parse(preset_name)
+        .with_context(|| format!("unknown preset `{preset_name}`: expected table2 or table1"))?;
+    let seed = args.seed.unwrap_or(1);
+    let mut rows = preset_rows(preset, seed, args.n, args.b);
+    if let Some(row) = &args.row {
+        let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        rows.retain(|r| &r.id == row);
+        if rows.is_empty() {
+            bail!("preset {preset_name} has no row `{row}`; rows: {}", known.join(", "));
+        }
+        if args.print_config {
+            print!("{}", rows[0].config.to_toml());
+            return Ok(());
+        }
+    }
+    for row in &rows {
+        row.config
+            .validate()
+            .with_context(|| format!("preset row {} is not valid with these overrides", row.id))?;
+    }
+    let reports = run_rows(&rows, args.threads)?;
+    let table = table_rows(&rows, &reports);
+    let order = order_matches(&table);
+    let text = render_table(preset_name, seed, &table, order);
+    if let Some(report_path) = &args.report {
+        let html = render_html(&format!("Gyre simulation: {preset_name} (seed {seed})"), &reports, Some(&text));
+        std::fs::write(report_path, html)
+            .with_context(|| format!("writing {}", report_path.display()))?;
+    }
+    if args.json {
+        let output = TableOutput {
+            preset: preset_name.clone(),
+            seed,
+            rows: table,
+            order_matches_paper: order,
+            reports,
+        };
+        println!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        print!("{text}");
+        if let Some(report_path) = &args.report {
+            println!("report: {}", report_path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Run rows on a few threads; results come back in row order, so output is deterministic.
+fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<RunReport>> {
+    let threads = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .clamp(1, rows.len().max(1));
+    let progress = ProgressBar::new(rows.len() as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} simulating {pos}/{len} rows [{elapsed}] {msg}")
+            .expect("static progress template"),
+    );
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<RunReport>>> =
+        rows.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for worker in 0..threads {
+            let (next, results, progress) = (&next, &results, &progress);
+            std::thread::Builder::new()
+                .name(format!("simulate-{worker}"))
+                .spawn_scoped(scope, move || loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(row) = rows.get(index) else { break };
+                    progress.set_message(row.id.clone());
+                    let report = simulate(&row.config).report;
+                    *results[index].lock().expect("no simulation thread panics while holding a result slot") = Some(report);
+                    progress.inc(1);
+                })
+                .expect("spawning a simulation thread");
+        }
+    });
+    progress.finish_and_clear();
+    results
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .expect("result slot lock is not poisoned")
+                .context("a simulation row produced no report")
+        })
+        .collect()
+}
+
+fn table_rows(rows: &[PaperRow], reports: &[RunReport]) -> Vec<TableRow> {
+    rows.iter()
+        .zip(reports)
+        .map(|(row, report)| {
+            let reference = rows
+                .iter()
+                .zip(reports)
+                .find(|(r, _)| r.id == row.reference)
+                .map(|(_, rep)| rep.total_hours)
+                .unwrap_or(report.total_hours);
+            let ratio = if reference > 0.0 { report.total_hours / reference } else { 0.0 };
+            let ratio = (ratio * 1000.0).round() / 1000.0;
+            TableRow {
+                id: row.id.clone(),
+                description: row.description.clone(),
+                reference: row.reference.clone(),
+                total_hours: report.total_hours,
+                ratio,
+                paper_hours: row.paper_hours,
+                paper_ratio: row.paper_ratio,
+                ratio_error_percent: row
+                    .paper_ratio
+                    .map(|paper| ((ratio / paper - 1.0) * 1000.0).round() / 10.0),
+                mean_staleness: report.mean_staleness,
+                expected_staleness: report.expected_staleness,
+            }
+        })
+        .collect()
+}
+
+/// Whether sorting rows by simulated hours gives the paper's order (rows with paper hours only).
+fn order_matches(rows: &[TableRow]) -> Option<bool> {
+    let with_paper: Vec<&TableRow> = rows.iter().filter(|r| r.paper_hours.is_some()).collect();
+    if with_paper.len() < 2 || with_paper.len() != rows.len() {
+        return None;
+    }
+    let mut by_sim: Vec<&TableRow> = with_paper.clone();
+    by_sim.sort_by(|a, b| a.total_hours.total_cmp(&b.total_hours));
+    let mut by_paper = with_paper;
+    by_paper.sort_by(|a, b| a.paper_hours.unwrap_or(0.0).total_cmp(&b.paper_hours.unwrap_or(0.0)));
+    Some(by_sim.iter().map(|r| &r.id).eq(by_paper.iter().map(|r| &r.id)))
+}
+
+fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>) -> String {
+    let mut out = String::new();
+    let _ = std::fmt::Write::write_fmt(
+        &mut out,
+        format_args!("preset {preset}, seed {seed}; ratio = hours / reference row's hours\n"),
+    );
+    out.push_str(&format!(
+        "{:<24} {:>9} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7}  {}\n",
+        "row", "hours", "ratio", "paper h", "paper", "err %", "E[d]", "A.1", "description"
+    ));
+    let fmt = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "—".to_string());
+    for row in rows {
+        out.push_str(&format!(
+            "{:<24} {:>9.2} {:>7.3} {:>9} {:>7} {:>7} {:>7.3} {:>7.3}  {}\n",
+            row.id,
+            row.total_hours,
+            row.ratio,
+            fmt(row.paper_hours, 2),
+            fmt(row.paper_ratio, 3),
+            fmt(row.ratio_error_percent, 1),
+            row.mean_staleness,
+            row.expected_staleness,
+            row.description
+        ));
+    }
+    if let Some(order) = order {
+        out.push_str(&format!(
+            "order by total hours matches the paper: {}\n",
+            if order { "yes" } else { "no" }
+        ));
+    }
+    out
+}
+
+fn print_single(report: &RunReport) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(
+        stdout,
+        "{}: {} ({}), streaming {}, φ={} μ={} N={} B={}",
+        report.name, report.mode, report.granularity, report.streaming, report.phi, report.mu, report.n, report.b
+    );
+    let _ = writeln!(stdout, "total {:.2} h over {} steps", report.total_hours, report.steps);
+    let _ = writeln!(
+        stdout,
+        "mean staleness {:.3} (steady state {:.3}; Theorem A.1: {:.3})",
+        report.mean_staleness, report.steady_state_mean_staleness, report.expected_staleness
+    );
+    let _ = writeln!(
+        stdout,
+        "executions dispatched {} started {} finished {}; groups consumed {}",
+        report.executions.dispatched, report.executions.started, report.executions.finished, report.groups_consumed
+    );
+    let _ = writeln!(
+        stdout,
+        "utilisation: rollout {:.1}%, training {:.1}%",
+        report.utilization.rollout * 100.0,
+        report.utilization.training * 100.0
+    );
+}

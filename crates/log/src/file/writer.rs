@@ -1,0 +1,255 @@
+//! Writing an event file: append framed records, make them durable with `sync`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use gyre_event::Event;
+
+use super::{
+    chain_hash, record_crc, ChainHash, EventFileReader, FileError, FileHeader, FILE_FORMAT_VERSION,
+    FILE_HEADER_LEN, FRAME_HEADER_LEN, GENESIS_HASH, PAYLOAD_MAX_BYTES,
+};
+use crate::codec::encode_batch;
+
+/// Where one appended record landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendedRecord {
+    pub index: u64,
+    /// Byte offset of the record's frame.
+    pub offset: u64,
+    /// The chain value after this record: the file's head hash until the next append.
+    pub hash: ChainHash,
+}
+
+/// What `open_append` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recovered {
+    /// Intact records in the file.
+    pub records_count: u64,
+    /// Set when an incomplete last record was cut off: the offset the file was truncated to.
+    pub truncated_torn_tail_at: Option<u64>,
+}
+
+/// Appends records to an event file. Nothing is durable until [`EventFileWriter::sync`]
+/// returns; one `sync` per group of appends is the intended rhythm (group commit).
+#[derive(Debug)]
+pub struct EventFileWriter {
+    path: PathBuf,
+    file: File,
+    next_index: u64,
+    term: u64,
+    head: ChainHash,
+    len: u64,
+    /// A write or sync failed: the file's tail is unknown, so no further append is allowed.
+    poisoned: bool,
+    frame: Vec<u8>,
+}
+
+impl EventFileWriter {
+    /// Creates a new file for a log that starts at index 1. Fails if the file exists.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self, FileError> {
+        Self::create_at(path, 1, GENESIS_HASH)
+    }
+
+    /// Creates a new file whose first record will be `first_index`, continuing a chain whose
+    /// value before that record is `base_hash` (an export that starts after a purge).
+    pub fn create_at(
+        path: impl AsRef<Path>,
+        first_index: u64,
+        base_hash: ChainHash,
+    ) -> Result<Self, FileError> {
+        let path = path.as_ref().to_path_buf();
+        if first_index == 0 {
+            return Err(FileError::BadHeader {
+                path,
+                detail: "first_index must be ≥ 1".to_string(),
+            });
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io(&path, "create"))?;
+        let header = FileHeader {
+            format_version: FILE_FORMAT_VERSION,
+            first_index,
+            base_hash,
+        };
+        file.write_all(&header.encode())
+            .map_err(io(&path, "write header"))?;
+        file.sync_all().map_err(io(&path, "sync header"))?;
+        sync_parent_directory(&path)?;
+        Ok(EventFileWriter {
+            path,
+            file,
+            next_index: first_index,
+            term: 0,
+            head: base_hash,
+            len: FILE_HEADER_LEN,
+            poisoned: false,
+            frame: Vec::new(),
+        })
+    }
+
+    /// Opens an existing file to append to it. A torn tail is truncated (and reported); any
+    /// other damage is refused with the reader's error.
+    pub fn open_append(path: impl AsRef<Path>) -> Result<(Self, Recovered), FileError> {
+        let path = path.as_ref().to_path_buf();
+        let mut reader = EventFileReader::open(&path)?;
+        let mut records_count = 0u64;
+        let mut truncated_torn_tail_at = None;
+        let mut last_term = 0;
+        for record in reader.by_ref() {
+            match record {
+                Ok(record) => {
+                    records_count += 1;
+                    last_term = record.term;
+                }
+                Err(FileError::Torn { offset, .. }) => truncated_torn_tail_at = Some(offset),
+                Err(error) => return Err(error),
+            }
+        }
+        let (len, next_index, head) = (reader.offset(), reader.next_index(), reader.head_hash());
+        drop(reader);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io(&path, "open for appending"))?;
+        if truncated_torn_tail_at.is_some() {
+            file.set_len(len).map_err(io(&path, "truncate torn tail"))?;
+            file.sync_all().map_err(io(&path, "sync truncation"))?;
+        }
+        file.seek(SeekFrom::Start(len))
+            .map_err(io(&path, "seek to end"))?;
+        let writer = EventFileWriter {
+            path,
+            file,
+            next_index,
+            term: last_term,
+            head,
+            len,
+            poisoned: false,
+            frame: Vec::new(),
+        };
+        Ok((
+            writer,
+            Recovered {
+                records_count,
+                truncated_torn_tail_at,
+            },
+        ))
+    }
+
+    /// The Raft term stamped on the following records (0 for files no Raft node writes).
+    pub fn set_term(&mut self, term: u64) {
+        self.term = term;
+    }
+
+    /// Encodes `events` as one batch and appends it as one record.
+    pub fn append_batch(&mut self, events: &[Event]) -> Result<AppendedRecord, FileError> {
+        self.append_payload(&encode_batch(events))
+    }
+
+    /// Appends one record holding `payload` (an encoded `EventBatch`).
+    pub fn append_payload(&mut self, payload: &[u8]) -> Result<AppendedRecord, FileError> {
+        if self.poisoned {
+            return Err(FileError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        let len = match u32::try_from(payload.len()) {
+            Ok(len) if len <= PAYLOAD_MAX_BYTES => len,
+            _ => {
+                return Err(FileError::PayloadTooLarge {
+                    path: self.path.clone(),
+                    len: payload.len(),
+                    max: PAYLOAD_MAX_BYTES,
+                })
+            }
+        };
+        let index = self.next_index;
+        let term = self.term;
+        self.frame.clear();
+        self.frame.extend_from_slice(&len.to_le_bytes());
+        self.frame
+            .extend_from_slice(&record_crc(index, term, payload).to_le_bytes());
+        self.frame.extend_from_slice(&index.to_le_bytes());
+        self.frame.extend_from_slice(&term.to_le_bytes());
+        self.frame.extend_from_slice(payload);
+        if let Err(source) = self.file.write_all(&self.frame) {
+            self.poisoned = true;
+            return Err(FileError::Io {
+                path: self.path.clone(),
+                action: "append record",
+                source,
+            });
+        }
+        let offset = self.len;
+        self.len += FRAME_HEADER_LEN + u64::from(len);
+        self.head = chain_hash(&self.head, index, term, payload);
+        self.next_index = index + 1;
+        Ok(AppendedRecord {
+            index,
+            offset,
+            hash: self.head,
+        })
+    }
+
+    /// Makes every appended record durable (`fdatasync`). After a failure the writer is
+    /// poisoned: the kernel may have dropped the dirty pages, so retrying could lie.
+    pub fn sync(&mut self) -> Result<(), FileError> {
+        if self.poisoned {
+            return Err(FileError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        self.file.sync_data().map_err(|source| {
+            self.poisoned = true;
+            FileError::Io {
+                path: self.path.clone(),
+                action: "sync",
+                source,
+            }
+        })
+    }
+
+    /// The index the next append will get.
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+
+    /// The chain value after the last record (the header's base hash for an empty file).
+    pub fn head_hash(&self) -> ChainHash {
+        self.head
+    }
+
+    /// Bytes written so far, header included.
+    pub fn len_bytes(&self) -> u64 {
+        self.len
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
+    let path = path.to_path_buf();
+    move |source| FileError::Io {
+        path,
+        action,
+        source,
+    }
+}
+
+/// Makes the new directory entry durable, so a crash cannot lose the file itself.
+fn sync_parent_directory(path: &Path) -> Result<(), FileError> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    File::open(parent)
+        .and_then(|directory| directory.sync_all())
+        .map_err(io(parent, "sync directory"))
+}

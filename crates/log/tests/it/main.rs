@@ -1,0 +1,9 @@
+//! gyre-log's one integration-test binary (STYLE.md rule 15).
+
+mod codec;
+mod file;
+mod fixtures;
+mod golden;
+mod properties;
+mod strategies;
+mod upcast;

@@ -1,0 +1,23 @@
+//! Compiles `proto/*.proto` into Rust with prost-build, using the protoc binary vendored by
+//! `protoc-bin-vendored` so that a fresh machine needs no system protoc.
+
+use std::path::PathBuf;
+
+fn main() {
+    let manifest_dir = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo always sets CARGO_MANIFEST_DIR"),
+    );
+    let proto_dir = manifest_dir.join("../../proto");
+    let events = proto_dir.join("events.proto");
+    println!("cargo:rerun-if-changed={}", events.display());
+
+    let protoc = protoc_bin_vendored::protoc_bin_path()
+        .expect("protoc-bin-vendored ships a protoc binary for this host");
+    // prost-build finds protoc through PROTOC; a build script is single-threaded, so setting
+    // it here is race-free.
+    std::env::set_var("PROTOC", protoc);
+
+    prost_build::Config::new()
+        .compile_protos(&[events], &[proto_dir])
+        .expect("proto/events.proto compiles (see the protoc error above)");
+}

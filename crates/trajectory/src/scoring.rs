@@ -1,0 +1,415 @@
+//! Partial scoring: the per-execution and per-group state machine, and group advantages.
+//!
+//! Per execution: `Running` → closed with a [`CloseStatus`] → evaluation attempts → resolved.
+//! Each attempt is bound to (execution, artifact version, branch ref) when requested; a
+//! completion must carry the same binding, and an attempt is never overwritten (a second
+//! outcome for the same attempt is rejected). The designated result is the valid completion
+//! with the highest artifact version; among completions of one version the earliest attempt
+//! wins, so later attempts never replace it.
+//!
+//! Failure classes (DESIGN.md §6): an evaluator failure (or an invalid completion) leaves the
+//! execution *pending*; [`Scoring::decide`] retries it on the same state while the execution's
+//! evaluation budget lasts and excludes it once the budget is spent (pending is not a valid
+//! zero). A total failure with nothing to evaluate is resolved by `DummyInserted`: a valid zero
+//! reward, so the group keeps N members. Overall timeouts, cancellations and surplus executions
+//! are excluded on close (no valid reward is expected); surplus executions also leave the group.
+//!
+//! A group is ready when N non-surplus members have closed and every one is resolved (valid,
+//! dummy or excluded). Its advantages use the valid rewards only; excluded members get none.
+
+use std::collections::BTreeMap;
+
+use gyre_event::{
+    CloseStatus, Duration, Event, EventBody, ExecutionId, GroupId, PolicyVersion, Timestamp,
+};
+
+use crate::TrajectoryError;
+
+/// ε added to the group's standard deviation before dividing, so that a group whose valid
+/// rewards are all equal gets zero advantages instead of a division by zero.
+pub const ADVANTAGE_STD_EPSILON: f64 = 1e-6;
+
+/// How group-relative advantages are normalised.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AdvantageNormalization {
+    /// Â_i = (r_i − mean) / (std + ε), std the population standard deviation of valid rewards.
+    StdNormalized { epsilon: f64 },
+    /// Â_i = r_i − mean.
+    MeanOnly,
+}
+
+impl Default for AdvantageNormalization {
+    fn default() -> Self {
+        AdvantageNormalization::StdNormalized { epsilon: ADVANTAGE_STD_EPSILON }
+    }
+}
+
+/// Group-relative advantages of the valid rewards, in input order.
+pub fn group_advantages(rewards: &[f64], normalization: AdvantageNormalization) -> Vec<f64> {
+    if rewards.is_empty() {
+        return Vec::new();
+    }
+    let count = rewards.len() as f64;
+    let mean = rewards.iter().sum::<f64>() / count;
+    match normalization {
+        AdvantageNormalization::MeanOnly => rewards.iter().map(|reward| reward - mean).collect(),
+        AdvantageNormalization::StdNormalized { epsilon } => {
+            let variance = rewards.iter().map(|reward| (reward - mean).powi(2)).sum::<f64>() / count;
+            let scale = variance.sqrt() + epsilon;
+            rewards.iter().map(|reward| (reward - mean) / scale).collect()
+        }
+    }
+}
+
+/// Limits of the scoring state machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoringConfig {
+    /// Time from an execution's start until pending evaluations are given up.
+    pub evaluation_budget: Duration,
+    /// Most evaluation attempts per execution.
+    pub attempts_max: u32,
+}
+
+impl Default for ScoringConfig {
+    fn default() -> Self {
+        Self { evaluation_budget: Duration::from_secs(6 * 3600), attempts_max: 8 }
+    }
+}
+
+/// The outcome of one evaluation attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttemptOutcome {
+    Completed { score: f64, valid: bool, evaluated_state_ref: String, evaluator: String },
+    Failed { reason: String },
+}
+
+/// One evaluation attempt and its binding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvaluationAttempt {
+    pub artifact_version: u64,
+    pub branch_ref: String,
+    pub requested_at: Timestamp,
+    pub outcome: Option<AttemptOutcome>,
+}
+
+/// How an execution's reward was settled.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    Valid { reward: f64, attempt: u32 },
+    /// A zero-reward placeholder for a total failure.
+    Dummy,
+    Excluded { reason: String },
+}
+
+/// The scoring state of one execution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutionScore {
+    pub group: GroupId,
+    pub started_at: Timestamp,
+    pub closed: Option<(CloseStatus, Timestamp)>,
+    pub attempts: BTreeMap<u32, EvaluationAttempt>,
+    pub dummy: bool,
+    pub excluded: Option<String>,
+}
+
+impl ExecutionScore {
+    /// The designated valid result: highest artifact version, then earliest attempt.
+    pub fn designated(&self) -> Option<(u32, f64)> {
+        let mut best: Option<(u64, u32, f64)> = None;
+        for (attempt, record) in &self.attempts {
+            if let Some(AttemptOutcome::Completed { score, valid: true, .. }) = &record.outcome {
+                let better = match best {
+                    None => true,
+                    Some((version, _, _)) => record.artifact_version > version,
+                };
+                if better {
+                    best = Some((record.artifact_version, *attempt, *score));
+                }
+            }
+        }
+        best.map(|(_, attempt, score)| (attempt, score))
+    }
+
+    /// `None` while running or pending.
+    pub fn resolution(&self) -> Option<Resolution> {
+        if let Some(reason) = &self.excluded {
+            return Some(Resolution::Excluded { reason: reason.clone() });
+        }
+        self.closed?;
+        if self.dummy {
+            return Some(Resolution::Dummy);
+        }
+        self.designated().map(|(attempt, reward)| Resolution::Valid { reward, attempt })
+    }
+
+    pub fn is_surplus(&self) -> bool {
+        matches!(self.closed, Some((CloseStatus::Surplus, _)))
+    }
+}
+
+/// A group's members and dispatch version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupScore {
+    /// N.
+    pub executions_per_group: u32,
+    /// v_d: the published version when the group was dispatched.
+    pub policy_version: PolicyVersion,
+    pub members: Vec<ExecutionId>,
+}
+
+/// Partial-scoring projection over the log.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Scoring {
+    pub config: ScoringConfig,
+    pub executions: BTreeMap<ExecutionId, ExecutionScore>,
+    pub groups: BTreeMap<GroupId, GroupScore>,
+}
+
+impl Scoring {
+    pub fn new(config: ScoringConfig) -> Self {
+        Self { config, ..Self::default() }
+    }
+
+    fn execution_mut(&mut self, execution: ExecutionId) -> Result<&mut ExecutionScore, TrajectoryError> {
+        self.executions
+            .get_mut(&execution)
+            .ok_or_else(|| TrajectoryError::Scoring { execution, message: "never started".into() })
+    }
+
+    /// Folds one event; events this projection does not track are ignored.
+    pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
+        let reject = |execution, message: String| Err(TrajectoryError::Scoring { execution, message });
+        match &event.body {
+            EventBody::GroupsDispatched { groups, executions_per_group, policy_version } => {
+                for dispatched in groups {
+                    if self.groups.contains_key(&dispatched.group) {
+                        return Err(TrajectoryError::Group {
+                            group: dispatched.group,
+                            message: "dispatched twice".into(),
+                        });
+                    }
+                    self.groups.insert(
+                        dispatched.group,
+                        GroupScore {
+                            executions_per_group: *executions_per_group,
+                            policy_version: *policy_version,
+                            members: Vec::new(),
+                        },
+                    );
+                }
+            }
+            EventBody::ExecutionStarted { execution, group, .. } => {
+                if self.executions.contains_key(execution) {
+                    return reject(*execution, "started twice".into());
+                }
+                let group_state = self.groups.get_mut(group).ok_or_else(|| TrajectoryError::Group {
+                    group: *group,
+                    message: format!("execution {execution} started in an undispatched group"),
+                })?;
+                group_state.members.push(*execution);
+                self.executions.insert(
+                    *execution,
+                    ExecutionScore {
+                        group: *group,
+                        started_at: event.at,
+                        closed: None,
+                        attempts: BTreeMap::new(),
+                        dummy: false,
+                        excluded: None,
+                    },
+                );
+            }
+            EventBody::ExecutionClosed { execution, status } => {
+                let state = self.execution_mut(*execution)?;
+                if state.closed.is_some() {
+                    return reject(*execution, "closed twice".into());
+                }
+                state.closed = Some((*status, event.at));
+                let excluded = match status {
+                    CloseStatus::OverallTimeout => Some("overall timeout: budget exhausted"),
+                    CloseStatus::Cancelled => Some("cancelled"),
+                    CloseStatus::Surplus => Some("surplus: not needed by its group"),
+                    CloseStatus::Completed | CloseStatus::Failed | CloseStatus::HarnessTimeout => None,
+                };
+                if let Some(reason) = excluded {
+                    state.excluded = Some(reason.into());
+                }
+            }
+            EventBody::EvaluationRequested { execution, attempt, artifact_version, branch_ref } => {
+                let attempts_max = self.config.attempts_max;
+                let state = self.execution_mut(*execution)?;
+                if state.attempts.contains_key(attempt) {
+                    return reject(*execution, format!("evaluation attempt {attempt} requested twice"));
+                }
+                if state.attempts.keys().next_back().is_some_and(|last| last > attempt) {
+                    return reject(*execution, format!("evaluation attempt {attempt} is older than the last one"));
+                }
+                if state.attempts.len() as u32 >= attempts_max {
+                    return Err(TrajectoryError::LimitExceeded {
+                        what: "evaluation attempts per execution",
+                        limit: attempts_max as u64,
+                    });
+                }
+                state.attempts.insert(
+                    *attempt,
+                    EvaluationAttempt {
+                        artifact_version: *artifact_version,
+                        branch_ref: branch_ref.clone(),
+                        requested_at: event.at,
+                        outcome: None,
+                    },
+                );
+            }
+            EventBody::EvaluationCompleted {
+                execution,
+                attempt,
+                score,
+                valid,
+                evaluated_state_ref,
+                artifact_version,
+                branch_ref,
+                evaluator,
+            } => {
+                let state = self.execution_mut(*execution)?;
+                let Some(record) = state.attempts.get_mut(attempt) else {
+                    return reject(*execution, format!("evaluation attempt {attempt} was never requested"));
+                };
+                if record.outcome.is_some() {
+                    return reject(*execution, format!("evaluation attempt {attempt} already has an outcome"));
+                }
+                if record.artifact_version != *artifact_version || record.branch_ref != *branch_ref {
+                    return reject(
+                        *execution,
+                        format!(
+                            "attempt {attempt} was bound to artifact {} on `{}`, completed for {} on `{}`",
+                            record.artifact_version, record.branch_ref, artifact_version, branch_ref
+                        ),
+                    );
+                }
+                if *valid && !score.is_finite() {
+                    return reject(*execution, format!("valid evaluation with non-finite score {score}"));
+                }
+                record.outcome = Some(AttemptOutcome::Completed {
+                    score: *score,
+                    valid: *valid,
+                    evaluated_state_ref: evaluated_state_ref.clone(),
+                    evaluator: evaluator.clone(),
+                });
+            }
+            EventBody::EvaluationFailed { execution, attempt, reason } => {
+                let state = self.execution_mut(*execution)?;
+                let Some(record) = state.attempts.get_mut(attempt) else {
+                    return reject(*execution, format!("evaluation attempt {attempt} was never requested"));
+                };
+                if record.outcome.is_some() {
+                    return reject(*execution, format!("evaluation attempt {attempt} already has an outcome"));
+                }
+                record.outcome = Some(AttemptOutcome::Failed { reason: reason.clone() });
+            }
+            EventBody::DummyInserted { execution, group } => {
+                let state = self.execution_mut(*execution)?;
+                if state.group != *group {
+                    return reject(*execution, format!("dummy for group {group}, but it belongs to {}", state.group));
+                }
+                if state.closed.is_none() {
+                    return reject(*execution, "dummy inserted before close".into());
+                }
+                if state.designated().is_some() || state.excluded.is_some() {
+                    return reject(*execution, "dummy inserted for an already resolved execution".into());
+                }
+                state.dummy = true;
+            }
+            EventBody::ExecutionExcluded { execution, reason } => {
+                let state = self.execution_mut(*execution)?;
+                if state.designated().is_some() || state.dummy {
+                    return reject(*execution, "excluded although it has a valid result".into());
+                }
+                if state.excluded.is_none() {
+                    state.excluded = Some(reason.clone());
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Retries and exclusions due at `now`: a pending execution whose last attempt failed is
+    /// re-evaluated on the same artifact version and branch while its budget lasts; once the
+    /// budget (or the attempt limit) is spent it is excluded.
+    pub fn decide(&self, now: Timestamp) -> Vec<EventBody> {
+        let mut decisions = Vec::new();
+        for (execution, state) in &self.executions {
+            if state.closed.is_none() || state.resolution().is_some() {
+                continue;
+            }
+            let deadline = state.started_at.plus(self.config.evaluation_budget);
+            let last = state.attempts.iter().next_back();
+            let last_settled = last.is_some_and(|(_, record)| record.outcome.is_some());
+            let out_of_attempts = state.attempts.len() as u32 >= self.config.attempts_max;
+            if now >= deadline || (last_settled && out_of_attempts) {
+                decisions.push(EventBody::ExecutionExcluded {
+                    execution: *execution,
+                    reason: "evaluation budget exhausted without a valid result".into(),
+                });
+            } else if let Some((attempt, record)) = last.filter(|_| last_settled) {
+                decisions.push(EventBody::EvaluationRequested {
+                    execution: *execution,
+                    attempt: attempt + 1,
+                    artifact_version: record.artifact_version,
+                    branch_ref: record.branch_ref.clone(),
+                });
+            }
+        }
+        decisions
+    }
+
+    /// Whether all N members of `group` are closed and resolved.
+    pub fn group_ready(&self, group: GroupId) -> bool {
+        let Some(state) = self.groups.get(&group) else {
+            return false;
+        };
+        let members: Vec<&ExecutionScore> = state
+            .members
+            .iter()
+            .map(|member| &self.executions[member])
+            .filter(|score| !score.is_surplus())
+            .collect();
+        members.len() as u32 >= state.executions_per_group
+            && members.iter().all(|score| score.closed.is_some() && score.resolution().is_some())
+    }
+
+    /// Advantages of a ready group's valid members (dummies count as valid zeros); `None` if the
+    /// group is not ready.
+    pub fn advantages(
+        &self,
+        group: GroupId,
+        normalization: AdvantageNormalization,
+    ) -> Option<BTreeMap<ExecutionId, f64>> {
+        if !self.group_ready(group) {
+            return None;
+        }
+        let mut valid: Vec<(ExecutionId, f64)> = Vec::new();
+        for member in &self.groups[&group].members {
+            match self.executions[member].resolution() {
+                Some(Resolution::Valid { reward, .. }) => valid.push((*member, reward)),
+                Some(Resolution::Dummy) => valid.push((*member, 0.0)),
+                _ => {}
+            }
+        }
+        let rewards: Vec<f64> = valid.iter().map(|(_, reward)| *reward).collect();
+        let advantages = group_advantages(&rewards, normalization);
+        Some(valid.iter().map(|(member, _)| *member).zip(advantages).collect())
+    }
+
+    /// Checks invariants (STYLE rule 8).
+    pub fn validate(&self) {
+        for (execution, state) in &self.executions {
+            let group = self.groups.get(&state.group).expect("an execution's group is dispatched");
+            assert!(group.members.contains(execution), "group lists its members");
+            assert!(!(state.dummy && state.designated().is_some()), "a dummy has no valid result");
+            if state.dummy {
+                assert!(state.excluded.is_none(), "a dummy is not excluded");
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The trajectory tree of one execution, built by applying model-call records.
+//!
+//! A node is one model call: the input tokens that are new relative to the path it extends,
+//! their provenance, the engine-sampled output tokens and their behaviour log-probs, and the
+//! call's metadata. A node hangs from its prefix parent at an arbitrary position of the parent's
+//! own tokens (`start` is the absolute path position of the node's first token), so a branch
+//! inside a call (a compaction that keeps only the system prompt, a retry of the same context)
+//! never splits an existing node. A node whose context matched nothing is a root; the main agent
+//! and each sub-agent (different system prompts) get their own roots.
+//!
+//! Two facts follow from this representation and keep admission cheap: every root-to-leaf path
+//! covers a *prefix* of each node's own tokens, and so the admission mask of a node is a single
+//! integer (see `admission.rs`). Causal parentage (`spawned_by`) is stored next to, and never
+//! mixed with, prefix parentage.
+
+use std::collections::BTreeMap;
+
+use gyre_event::{
+    CallId, CallKind, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, ProvenanceSpan,
+};
+
+use crate::TrajectoryError;
+
+/// Index of a node in its tree's arena; parents always have smaller indices than children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Limits of one execution's tree (STYLE rule 9: a limit on everything).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Most calls (nodes) one execution may record.
+    pub nodes_max: u32,
+    /// Longest root-to-leaf path, in tokens.
+    pub path_tokens_max: u64,
+    /// A context that shares fewer tokens than this with every existing path starts a new root.
+    /// With real chat templates every context begins with the same few template tokens; a value
+    /// a little above the template header keeps the main agent and each sub-agent on their own
+    /// roots. The default of 1 is the pure token rule.
+    pub root_shared_tokens_min: u64,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        Self { nodes_max: 1 << 20, path_tokens_max: 1 << 26, root_shared_tokens_min: 1 }
+    }
+}
+
+/// One recorded model call in the tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub call: CallId,
+    pub agent: String,
+    pub kind: CallKind,
+    pub engine: EngineId,
+    pub policy_version: PolicyVersion,
+    /// Causal parent: the call that spawned this call's agent. Not prefix sharing.
+    pub spawned_by: Option<CallId>,
+    /// Prefix parent; `None` for a root.
+    pub parent: Option<NodeId>,
+    /// Absolute path position of this node's first token: the number of reused tokens.
+    pub start: u64,
+    /// Input tokens new relative to the reused prefix (context only, never targets).
+    pub input_ids: Vec<u32>,
+    pub input_provenance: Vec<ProvenanceSpan>,
+    /// Engine-sampled tokens: the only trainable tokens.
+    pub output_ids: Vec<u32>,
+    pub output_logprobs: Vec<f32>,
+    /// Children in insertion order.
+    pub children: Vec<NodeId>,
+    /// How many children attach at this node's end (a node with none is a leaf).
+    pub children_at_end: u32,
+    /// Nodes on the root-to-node path, this one included.
+    pub depth: u32,
+}
+
+impl Node {
+    /// Tokens this node adds to its path: new input then output.
+    pub fn segment_len(&self) -> u64 {
+        (self.input_ids.len() + self.output_ids.len()) as u64
+    }
+
+    /// Absolute path position one past this node's last token (its full path length).
+    pub fn end(&self) -> u64 {
+        self.start + self.segment_len()
+    }
+
+    /// The token at `offset` within this node's own segment.
+    pub fn token(&self, offset: u64) -> u32 {
+        let offset = offset as usize;
+        if offset < self.input_ids.len() {
+            self.input_ids[offset]
+        } else {
+            self.output_ids[offset - self.input_ids.len()]
+        }
+    }
+
+    pub fn is_leaf(&self) -> bool {
+        self.children_at_end == 0
+    }
+
+    pub fn input_len(&self) -> u64 {
+        self.input_ids.len() as u64
+    }
+}
+
+/// One node's share of a root-to-leaf path: the first `cut` tokens of its segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathPiece {
+    pub node: NodeId,
+    pub cut: u64,
+}
+
+/// The trajectory tree of one execution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tree {
+    execution: ExecutionId,
+    config: TreeConfig,
+    nodes: Vec<Node>,
+    by_call: BTreeMap<CallId, NodeId>,
+    /// Canonical children by (parent, offset in the parent's segment, first token); roots under
+    /// `None` at offset 0. A child is canonical when its first token differs from the parent's
+    /// own token at that offset, which the matcher guarantees for everything it attaches.
+    pub(crate) child_index: BTreeMap<(Option<NodeId>, u64, u32), Vec<NodeId>>,
+    /// Children whose first token equals the parent's own token at the attach offset (a retry
+    /// that sampled the same first tokens, or records attached by another matcher). The matcher
+    /// explores them explicitly; they are rare.
+    pub(crate) shadow_children: BTreeMap<NodeId, Vec<NodeId>>,
+}
+
+impl Tree {
+    pub fn new(execution: ExecutionId, config: TreeConfig) -> Self {
+        Self {
+            execution,
+            config,
+            nodes: Vec::new(),
+            by_call: BTreeMap::new(),
+            child_index: BTreeMap::new(),
+            shadow_children: BTreeMap::new(),
+        }
+    }
+
+    pub fn execution(&self) -> ExecutionId {
+        self.execution
+    }
+
+    pub fn config(&self) -> &TreeConfig {
+        &self.config
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn node_of_call(&self, call: CallId) -> Option<NodeId> {
+        self.by_call.get(&call).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn roots(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.node_ids().filter(|id| self.node(*id).parent.is_none())
+    }
+
+    pub fn leaves(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.node_ids().filter(|id| self.node(*id).is_leaf())
+    }
+
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    /// Applies one model-call record. The record's `parent_call` / `reused_prefix_tokens_count`
+    /// pair is normalised: if the reused prefix ends before the parent's own tokens, the node
+    /// attaches to the ancestor that owns the last reused token.
+    pub fn apply(&mut self, record: &ModelCallRecord) -> Result<NodeId, TrajectoryError> {
+        let call = record.call;
+        if record.execution != self.execution {
+            return Err(TrajectoryError::WrongExecution {
+                expected: self.execution,
+                found: record.execution,
+                call,
+            });
+        }
+        record
+            .validate()
+            .map_err(|message| TrajectoryError::InvalidRecord { call, message })?;
+        if record.output_ids.is_empty() {
+            return Err(TrajectoryError::InvalidRecord {
+                call,
+                message: "no output tokens: a call that sampled nothing is not a node".into(),
+            });
+        }
+        if self.by_call.contains_key(&call) {
+            return Err(TrajectoryError::DuplicateCall { execution: self.execution, call });
+        }
+        if self.nodes.len() as u64 >= self.config.nodes_max as u64 {
+            return Err(TrajectoryError::LimitExceeded {
+                what: "calls per execution",
+                limit: self.config.nodes_max as u64,
+            });
+        }
+        let reused = record.reused_prefix_tokens_count;
+        let mut parent = match record.parent_call {
+            None if reused > 0 => {
+                return Err(TrajectoryError::InvalidRecord {
+                    call,
+                    message: format!("reuses {reused} tokens but names no parent call"),
+                })
+            }
+            None => None,
+            Some(parent_call) => {
+                let id = self
+                    .node_of_call(parent_call)
+                    .ok_or(TrajectoryError::UnknownParent { call, parent: parent_call })?;
+                let parent_path_tokens = self.node(id).end();
+                if reused > parent_path_tokens {
+                    return Err(TrajectoryError::ReusedPrefixTooLong {
+                        call,
+                        reused,
+                        parent_path_tokens,
+                    });
+                }
+                Some(id)
+            }
+        };
+        // Normalise: the owner of the last reused token is the prefix parent.
+        while let Some(id) = parent {
+            if reused > self.node(id).start {
+                break;
+            }
+            parent = self.node(id).parent;
+        }
+        let segment_len = (record.input_ids.len() + record.output_ids.len()) as u64;
+        if reused + segment_len > self.config.path_tokens_max {
+            return Err(TrajectoryError::LimitExceeded {
+                what: "path tokens",
+                limit: self.config.path_tokens_max,
+            });
+        }
+        let id = NodeId(self.nodes.len() as u32);
+        let first_token = record.input_ids.first().copied().unwrap_or(record.output_ids[0]);
+        let depth = match parent {
+            None => {
+                self.child_index.entry((None, 0, first_token)).or_default().push(id);
+                1
+            }
+            Some(parent_id) => {
+                let parent_node = &mut self.nodes[parent_id.index()];
+                let offset = reused - parent_node.start;
+                parent_node.children.push(id);
+                if offset == parent_node.segment_len() {
+                    parent_node.children_at_end += 1;
+                }
+                let shadows = offset < parent_node.segment_len()
+                    && parent_node.token(offset) == first_token;
+                let depth = parent_node.depth + 1;
+                if shadows {
+                    self.shadow_children.entry(parent_id).or_default().push(id);
+                } else {
+                    self.child_index
+                        .entry((Some(parent_id), offset, first_token))
+                        .or_default()
+                        .push(id);
+                }
+                depth
+            }
+        };
+        self.nodes.push(Node {
+            call,
+            agent: record.agent.clone(),
+            kind: record.kind,
+            engine: record.engine,
+            policy_version: record.policy_version,
+            spawned_by: record.spawned_by,
+            parent,
+            start: reused,
+            input_ids: record.input_ids.clone(),
+            input_provenance: record.input_provenance.clone(),
+            output_ids: record.output_ids.clone(),
+            output_logprobs: record.output_logprobs.clone(),
+            children: Vec::new(),
+            children_at_end: 0,
+            depth,
+        });
+        self.by_call.insert(call, id);
+        Ok(id)
+    }
+
+    /// The root-to-node path as pieces (root first): every ancestor contributes the prefix of
+    /// its segment up to where the next node attaches; the node itself contributes everything.
+    pub fn path(&self, id: NodeId) -> Vec<PathPiece> {
+        let mut pieces = Vec::with_capacity(self.node(id).depth as usize);
+        let mut cut = self.node(id).segment_len();
+        let mut current = Some(id);
+        while let Some(node_id) = current {
+            let node = self.node(node_id);
+            pieces.push(PathPiece { node: node_id, cut });
+            if let Some(parent) = node.parent {
+                cut = node.start - self.node(parent).start;
+            }
+            current = node.parent;
+        }
+        pieces.reverse();
+        pieces
+    }
+
+    /// The full token sequence of the root-to-node path (what the engine saw plus the output).
+    pub fn path_tokens(&self, id: NodeId) -> Vec<u32> {
+        let mut tokens = Vec::with_capacity(self.node(id).end() as usize);
+        for piece in self.path(id) {
+            let node = self.node(piece.node);
+            let cut = piece.cut as usize;
+            let input_cut = cut.min(node.input_ids.len());
+            tokens.extend_from_slice(&node.input_ids[..input_cut]);
+            if cut > node.input_ids.len() {
+                tokens.extend_from_slice(&node.output_ids[..cut - node.input_ids.len()]);
+            }
+        }
+        tokens
+    }
+
+    /// The context the engine saw for `id`'s call: its path without its own output.
+    pub fn context_tokens(&self, id: NodeId) -> Vec<u32> {
+        let mut tokens = self.path_tokens(id);
+        tokens.truncate((self.node(id).start + self.node(id).input_len()) as usize);
+        tokens
+    }
+
+    /// Checks every structural invariant; tests call it after each `apply` (STYLE rule 8).
+    pub fn validate(&self) {
+        assert_eq!(self.by_call.len(), self.nodes.len(), "one index entry per node");
+        for (index, node) in self.nodes.iter().enumerate() {
+            let id = NodeId(index as u32);
+            assert_eq!(self.by_call.get(&node.call), Some(&id), "call index points at node");
+            assert_eq!(node.output_ids.len(), node.output_logprobs.len(), "log-prob per output");
+            assert!(!node.output_ids.is_empty(), "every node sampled something");
+            let provenance: u64 = node.input_provenance.iter().map(|s| s.tokens_count as u64).sum();
+            assert_eq!(provenance, node.input_len(), "provenance covers the new input");
+            let at_end = node
+                .children
+                .iter()
+                .filter(|child| self.node(**child).start == node.end())
+                .count();
+            assert_eq!(at_end as u32, node.children_at_end, "children-at-end count");
+            match node.parent {
+                None => {
+                    assert_eq!(node.start, 0, "a root starts at position 0");
+                    assert_eq!(node.depth, 1, "a root has depth 1");
+                }
+                Some(parent) => {
+                    assert!(parent < id, "parents precede children");
+                    let parent_node = self.node(parent);
+                    assert!(
+                        parent_node.start < node.start && node.start <= parent_node.end(),
+                        "a child attaches inside its parent's own tokens"
+                    );
+                    assert!(parent_node.children.contains(&id), "parent lists the child");
+                    assert_eq!(node.depth, parent_node.depth + 1, "depth is parent's plus one");
+                }
+            }
+        }
+    }
+}
