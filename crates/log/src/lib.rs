@@ -18,6 +18,6 @@ pub mod file;
 
 pub use codec::{decode_batch, encode_batch, BodyError, CodecError};
 pub use file::{
-    AppendedRecord, ChainHash, EventFileReader, EventFileWriter, FileError, FileHeader,
-    FileRecord, Recovered,
+    AppendedRecord, ChainHash, EventFileReader, EventFileWriter, FileError, FileHeader, FileRecord,
+    Recovered,
 };

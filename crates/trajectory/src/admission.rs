@@ -74,7 +74,9 @@ pub fn admit(tree: &Tree, classes: &RoleClasses, j_max: u32, rng: &mut SplitMix6
         .leaves()
         .filter_map(|leaf| {
             let node = tree.node(leaf);
-            classes.classify(&node.agent, node.kind).map(|class| Candidate { leaf, class })
+            classes
+                .classify(&node.agent, node.kind)
+                .map(|class| Candidate { leaf, class })
         })
         .collect();
     let unclassified_leaves = (tree.leaves().count() - candidates.len()) as u32;
@@ -129,7 +131,13 @@ pub fn admit(tree: &Tree, classes: &RoleClasses, j_max: u32, rng: &mut SplitMix6
             targets,
         });
     }
-    Admission { candidates, unclassified_leaves, trajectories, targets_count, class_unmasked_before }
+    Admission {
+        candidates,
+        unclassified_leaves,
+        trajectories,
+        targets_count,
+        class_unmasked_before,
+    }
 }
 
 /// L_r / L_i for each admitted trajectory: the trajectory weights of eq (6), summing to 1 (or
@@ -139,11 +147,21 @@ pub fn trajectory_weights(trajectories: &[AdmittedTrajectory]) -> Vec<f64> {
     let total: u64 = counts.iter().sum();
     counts
         .iter()
-        .map(|count| if total == 0 { 0.0 } else { *count as f64 / total as f64 })
+        .map(|count| {
+            if total == 0 {
+                0.0
+            } else {
+                *count as f64 / total as f64
+            }
+        })
         .collect()
 }
 
 /// L_r: the number of targets of one trajectory.
 pub fn trajectory_targets_count(trajectory: &AdmittedTrajectory) -> u64 {
-    trajectory.targets.iter().map(|range| (range.end - range.start) as u64).sum()
+    trajectory
+        .targets
+        .iter()
+        .map(|range| (range.end - range.start) as u64)
+        .sum()
 }

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use gyre_event::{AdmittedTrajectory, Event, EventBody, ExecutionId, GroupId, PolicyVersion};
 
 use crate::{
-    admit, materialise, target_weight, trajectory_targets_count, AdvantageNormalization, Resolution, RoleClasses, Row,
-    Scoring, ScoringConfig, SplitMix64, Tree, TreeConfig, TrajectoryError,
+    admit, materialise, target_weight, trajectory_targets_count, AdvantageNormalization,
+    Resolution, RoleClasses, Row, Scoring, ScoringConfig, SplitMix64, TrajectoryError, Tree,
+    TreeConfig,
 };
 
 /// Records, rewards and admissions of every execution, grouped.
@@ -40,11 +41,20 @@ impl TrajectoryBuffer {
         match &event.body {
             EventBody::ModelCall(record) => {
                 let config = self.tree_config;
-                self.trees.entry(record.execution).or_insert_with(|| Tree::new(record.execution, config)).apply(record)?;
+                self.trees
+                    .entry(record.execution)
+                    .or_insert_with(|| Tree::new(record.execution, config))
+                    .apply(record)?;
             }
-            EventBody::TrajectoriesAdmitted { execution, trajectories } => {
+            EventBody::TrajectoriesAdmitted {
+                execution,
+                trajectories,
+            } => {
                 if self.admissions.contains_key(execution) {
-                    return Err(TrajectoryError::Scoring { execution: *execution, message: "admitted twice".into() });
+                    return Err(TrajectoryError::Scoring {
+                        execution: *execution,
+                        message: "admitted twice".into(),
+                    });
                 }
                 self.admissions.insert(*execution, trajectories.clone());
             }
@@ -58,7 +68,12 @@ impl TrajectoryBuffer {
 
     /// Admission decisions for every valid member of a ready group not yet admitted. Dummies and
     /// executions without records are admitted with no trajectories (L_i = 0).
-    pub fn decide_admissions(&self, run_seed: u64, j_max: u32, classes: &RoleClasses) -> Vec<EventBody> {
+    pub fn decide_admissions(
+        &self,
+        run_seed: u64,
+        j_max: u32,
+        classes: &RoleClasses,
+    ) -> Vec<EventBody> {
         let mut decisions = Vec::new();
         for (group, state) in &self.scoring.groups {
             if !self.scoring.group_ready(*group) {
@@ -68,14 +83,26 @@ impl TrajectoryBuffer {
                 if self.admissions.contains_key(member) {
                     continue;
                 }
-                let trajectories = match (self.scoring.executions[member].resolution(), self.trees.get(member)) {
+                let trajectories = match (
+                    self.scoring.executions[member].resolution(),
+                    self.trees.get(member),
+                ) {
                     (Some(Resolution::Valid { .. }), Some(tree)) => {
-                        admit(tree, classes, j_max, &mut SplitMix64::for_execution(run_seed, member.get())).trajectories
+                        admit(
+                            tree,
+                            classes,
+                            j_max,
+                            &mut SplitMix64::for_execution(run_seed, member.get()),
+                        )
+                        .trajectories
                     }
                     (Some(Resolution::Valid { .. }) | Some(Resolution::Dummy), _) => Vec::new(),
                     _ => continue,
                 };
-                decisions.push(EventBody::TrajectoriesAdmitted { execution: *member, trajectories });
+                decisions.push(EventBody::TrajectoriesAdmitted {
+                    execution: *member,
+                    trajectories,
+                });
             }
         }
         decisions
@@ -91,7 +118,10 @@ impl TrajectoryBuffer {
                     && self.scoring.group_ready(**group)
                     && state.members.iter().all(|member| {
                         self.admissions.contains_key(member)
-                            || !matches!(self.scoring.executions[member].resolution(), Some(Resolution::Valid { .. } | Resolution::Dummy))
+                            || !matches!(
+                                self.scoring.executions[member].resolution(),
+                                Some(Resolution::Valid { .. } | Resolution::Dummy)
+                            )
                     })
             })
             .map(|(group, state)| (*group, state.policy_version))
@@ -105,16 +135,21 @@ impl TrajectoryBuffer {
         groups_per_batch: u32,
         normalization: AdvantageNormalization,
     ) -> Result<Vec<Row>, TrajectoryError> {
-        let advantages = self
-            .scoring
-            .advantages(group, normalization)
-            .ok_or(TrajectoryError::Group { group, message: "not ready".into() })?;
+        let advantages =
+            self.scoring
+                .advantages(group, normalization)
+                .ok_or(TrajectoryError::Group {
+                    group,
+                    message: "not ready".into(),
+                })?;
         let executions_per_group = self.scoring.groups[&group].executions_per_group;
         let mut rows = Vec::new();
         for member in &self.scoring.groups[&group].members {
-            let (Some(advantage), Some(trajectories), Some(tree)) =
-                (advantages.get(member), self.admissions.get(member), self.trees.get(member))
-            else {
+            let (Some(advantage), Some(trajectories), Some(tree)) = (
+                advantages.get(member),
+                self.admissions.get(member),
+                self.trees.get(member),
+            ) else {
                 continue;
             };
             let targets_count: u64 = trajectories.iter().map(trajectory_targets_count).sum();

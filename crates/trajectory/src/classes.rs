@@ -71,7 +71,10 @@ impl RoleClasses {
                     message: format!("class {index} has an empty name"),
                 });
             }
-            if classes[..index].iter().any(|earlier| earlier.name == class.name) {
+            if classes[..index]
+                .iter()
+                .any(|earlier| earlier.name == class.name)
+            {
                 return Err(TrajectoryError::Config {
                     field: "class.name",
                     message: format!("class name `{}` appears twice", class.name),
@@ -86,9 +89,21 @@ impl RoleClasses {
         let main = || AgentRule::Exactly("main".into());
         let sub = || AgentRule::AnyExcept("main".into());
         Self::new(vec![
-            RoleClass { name: "main".into(), agent: main(), kind: Some(CallKind::Turn) },
-            RoleClass { name: "main-summary".into(), agent: main(), kind: Some(CallKind::Summary) },
-            RoleClass { name: "sub-agent".into(), agent: sub(), kind: Some(CallKind::Turn) },
+            RoleClass {
+                name: "main".into(),
+                agent: main(),
+                kind: Some(CallKind::Turn),
+            },
+            RoleClass {
+                name: "main-summary".into(),
+                agent: main(),
+                kind: Some(CallKind::Summary),
+            },
+            RoleClass {
+                name: "sub-agent".into(),
+                agent: sub(),
+                kind: Some(CallKind::Turn),
+            },
             RoleClass {
                 name: "sub-agent-summary".into(),
                 agent: sub(),
@@ -146,7 +161,11 @@ mod tests {
 
     #[test]
     fn duplicate_names_are_rejected() {
-        let class = RoleClass { name: "x".into(), agent: AgentRule::Any, kind: None };
+        let class = RoleClass {
+            name: "x".into(),
+            agent: AgentRule::Any,
+            kind: None,
+        };
         assert!(RoleClasses::new(vec![class.clone(), class]).is_err());
         assert!(RoleClasses::new(vec![]).is_err());
     }

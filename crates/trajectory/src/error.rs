@@ -14,23 +14,43 @@ pub enum TrajectoryError {
     /// A record failed its structural checks (length mismatch, bad log-prob, empty outputs).
     InvalidRecord { call: CallId, message: String },
     /// The record belongs to another execution than the tree it was applied to.
-    WrongExecution { expected: ExecutionId, found: ExecutionId, call: CallId },
+    WrongExecution {
+        expected: ExecutionId,
+        found: ExecutionId,
+        call: CallId,
+    },
     /// A call id was applied twice to the same execution.
-    DuplicateCall { execution: ExecutionId, call: CallId },
+    DuplicateCall {
+        execution: ExecutionId,
+        call: CallId,
+    },
     /// A record names a prefix parent the tree does not hold.
     UnknownParent { call: CallId, parent: CallId },
     /// A record reuses more tokens than its parent's path holds.
-    ReusedPrefixTooLong { call: CallId, reused: u64, parent_path_tokens: u64 },
+    ReusedPrefixTooLong {
+        call: CallId,
+        reused: u64,
+        parent_path_tokens: u64,
+    },
     /// A per-execution limit (`*_max`) was exceeded.
     LimitExceeded { what: &'static str, limit: u64 },
     /// A scoring event does not fit the execution's or group's state.
-    Scoring { execution: ExecutionId, message: String },
+    Scoring {
+        execution: ExecutionId,
+        message: String,
+    },
     /// A group-level inconsistency.
     Group { group: GroupId, message: String },
     /// A micro-step event that does not fit the queue (for example a second claim).
-    MicroStep { micro_step: MicroStepId, message: String },
+    MicroStep {
+        micro_step: MicroStepId,
+        message: String,
+    },
     /// A configuration value that cannot be used.
-    Config { field: &'static str, message: String },
+    Config {
+        field: &'static str,
+        message: String,
+    },
     /// A packing request that cannot be satisfied.
     Packing { message: String },
 }
@@ -41,17 +61,28 @@ impl fmt::Display for TrajectoryError {
             TrajectoryError::InvalidRecord { call, message } => {
                 write!(f, "invalid record for call {call}: {message}")
             }
-            TrajectoryError::WrongExecution { expected, found, call } => write!(
+            TrajectoryError::WrongExecution {
+                expected,
+                found,
+                call,
+            } => write!(
                 f,
                 "call {call} belongs to execution {found}, applied to the tree of {expected}"
             ),
             TrajectoryError::DuplicateCall { execution, call } => {
-                write!(f, "call {call} was already recorded for execution {execution}")
+                write!(
+                    f,
+                    "call {call} was already recorded for execution {execution}"
+                )
             }
             TrajectoryError::UnknownParent { call, parent } => {
                 write!(f, "call {call} extends unknown call {parent}")
             }
-            TrajectoryError::ReusedPrefixTooLong { call, reused, parent_path_tokens } => write!(
+            TrajectoryError::ReusedPrefixTooLong {
+                call,
+                reused,
+                parent_path_tokens,
+            } => write!(
                 f,
                 "call {call} reuses {reused} tokens but its parent's path holds only \
                  {parent_path_tokens}"
@@ -63,7 +94,10 @@ impl fmt::Display for TrajectoryError {
                 write!(f, "execution {execution}: {message}")
             }
             TrajectoryError::Group { group, message } => write!(f, "group {group}: {message}"),
-            TrajectoryError::MicroStep { micro_step, message } => {
+            TrajectoryError::MicroStep {
+                micro_step,
+                message,
+            } => {
                 write!(f, "micro-step {micro_step}: {message}")
             }
             TrajectoryError::Config { field, message } => {

@@ -17,7 +17,8 @@
 //! the context length. Both are measured by `gyre trajectory bench`.
 
 use gyre_event::{
-    CallId, CallKind, Duration, EngineId, ModelCallRecord, PolicyVersion, Provenance, ProvenanceSpan, Timestamp,
+    CallId, CallKind, Duration, EngineId, ModelCallRecord, PolicyVersion, Provenance,
+    ProvenanceSpan, Timestamp,
 };
 
 use crate::{NodeId, Tree};
@@ -32,8 +33,11 @@ pub struct PrefixMatch {
 }
 
 impl PrefixMatch {
-    pub const ROOT: PrefixMatch =
-        PrefixMatch { parent: None, parent_call: None, reused_tokens_count: 0 };
+    pub const ROOT: PrefixMatch = PrefixMatch {
+        parent: None,
+        parent_call: None,
+        reused_tokens_count: 0,
+    };
 }
 
 const BLOCK_TOKENS: usize = 64;
@@ -98,7 +102,11 @@ pub fn match_context(tree: &Tree, context: &[u32]) -> PrefixMatch {
             }
         }
         if let Some(shadows) = tree.shadow_children.get(&id) {
-            next.extend(shadows.iter().filter(|child| tree.node(**child).start < matched_end));
+            next.extend(
+                shadows
+                    .iter()
+                    .filter(|child| tree.node(**child).start < matched_end),
+            );
         }
         stack.extend(next.iter().rev());
     }
@@ -125,7 +133,9 @@ pub fn match_extension(
     anchor: CallId,
     reused_tokens_count: u64,
 ) -> Result<PrefixMatch, ExtensionError> {
-    let id = tree.node_of_call(anchor).ok_or(ExtensionError::UnknownAnchor)?;
+    let id = tree
+        .node_of_call(anchor)
+        .ok_or(ExtensionError::UnknownAnchor)?;
     if reused_tokens_count > tree.node(id).end() {
         return Err(ExtensionError::BeyondAnchor);
     }
@@ -161,7 +171,10 @@ pub fn record_from_context(tree: &Tree, call: &ContextCall<'_>) -> ModelCallReco
     let input_provenance = if new_input.is_empty() {
         Vec::new()
     } else {
-        vec![ProvenanceSpan { provenance: call.context_provenance, tokens_count: new_input.len() as u32 }]
+        vec![ProvenanceSpan {
+            provenance: call.context_provenance,
+            tokens_count: new_input.len() as u32,
+        }]
     };
     ModelCallRecord {
         execution: tree.execution(),

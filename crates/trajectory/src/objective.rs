@@ -86,7 +86,12 @@ pub fn clip_mask(sequence_ratio: f64, advantage: f64) -> f64 {
 fn execution_loss(execution: &ExecutionTargets, batch_executions: f64) -> ExecutionLoss {
     let targets_count = execution.targets.len();
     if targets_count == 0 {
-        return ExecutionLoss { sequence_ratio: 1.0, clip_mask: 1.0, loss: 0.0, coefficients: Vec::new() };
+        return ExecutionLoss {
+            sequence_ratio: 1.0,
+            clip_mask: 1.0,
+            loss: 0.0,
+            coefficients: Vec::new(),
+        };
     }
     let count = targets_count as f64;
     let mean_log_ratio: f64 = execution
@@ -113,7 +118,12 @@ fn execution_loss(execution: &ExecutionTargets, batch_executions: f64) -> Execut
         // +0.0 turns a −0.0 (zero advantage or mask) into a plain zero.
         coefficients.push(gradient / (count * batch_executions) + 0.0);
     }
-    ExecutionLoss { sequence_ratio, clip_mask: mask, loss: loss_sum / count + 0.0, coefficients }
+    ExecutionLoss {
+        sequence_ratio,
+        clip_mask: mask,
+        loss: loss_sum / count + 0.0,
+        coefficients,
+    }
 }
 
 /// The reference loss of a batch of B groups × N executions. `executions` lists the executions
@@ -126,18 +136,29 @@ pub fn objective(
 ) -> Result<BatchLoss, TrajectoryError> {
     let batch_executions = groups as u64 * executions_per_group as u64;
     if batch_executions == 0 {
-        return Err(TrajectoryError::Config { field: "b·n", message: "must be at least 1".into() });
+        return Err(TrajectoryError::Config {
+            field: "b·n",
+            message: "must be at least 1".into(),
+        });
     }
     if executions.len() as u64 > batch_executions {
         return Err(TrajectoryError::Config {
             field: "b·n",
-            message: format!("{} executions given for a batch of {batch_executions}", executions.len()),
+            message: format!(
+                "{} executions given for a batch of {batch_executions}",
+                executions.len()
+            ),
         });
     }
-    let parts: Vec<ExecutionLoss> =
-        executions.iter().map(|execution| execution_loss(execution, batch_executions as f64)).collect();
+    let parts: Vec<ExecutionLoss> = executions
+        .iter()
+        .map(|execution| execution_loss(execution, batch_executions as f64))
+        .collect();
     let loss = parts.iter().map(|part| part.loss).sum::<f64>() / batch_executions as f64;
-    Ok(BatchLoss { loss, executions: parts })
+    Ok(BatchLoss {
+        loss,
+        executions: parts,
+    })
 }
 
 #[cfg(test)]
@@ -145,12 +166,18 @@ mod tests {
     use super::*;
 
     fn token(behaviour: f64, current: f64) -> TargetToken {
-        TargetToken { behaviour_logprob: behaviour, current_logprob: current }
+        TargetToken {
+            behaviour_logprob: behaviour,
+            current_logprob: current,
+        }
     }
 
     #[test]
     fn on_policy_loss_is_mean_negative_logprob_times_advantage() {
-        let execution = ExecutionTargets { advantage: 1.0, targets: vec![token(-1.0, -1.0), token(-3.0, -3.0)] };
+        let execution = ExecutionTargets {
+            advantage: 1.0,
+            targets: vec![token(-1.0, -1.0), token(-3.0, -3.0)],
+        };
         let batch = objective(&[execution], 1, 2).expect("valid batch");
         // 𝓛_i = (1 + 3)/2 = 2; 𝓛 = 2 / (B·N = 2) = 1.
         assert!((batch.loss - 1.0).abs() < 1e-12);
@@ -168,11 +195,17 @@ mod tests {
 
     #[test]
     fn token_loss_cap_zeroes_the_gradient() {
-        let execution = ExecutionTargets { advantage: -1.0, targets: vec![token(-200.0, -200.0)] };
+        let execution = ExecutionTargets {
+            advantage: -1.0,
+            targets: vec![token(-200.0, -200.0)],
+        };
         let batch = objective(&[execution], 1, 1).expect("valid batch");
         // −m ρ̄ Â log π = −1·1·(−1)·(−200) = −200: below the cap, gradient stays.
         assert_eq!(batch.executions[0].coefficients, vec![1.0]);
-        let execution = ExecutionTargets { advantage: 1.0, targets: vec![token(-200.0, -200.0)] };
+        let execution = ExecutionTargets {
+            advantage: 1.0,
+            targets: vec![token(-200.0, -200.0)],
+        };
         let batch = objective(&[execution], 1, 1).expect("valid batch");
         assert_eq!(batch.loss, TOKEN_LOSS_CAP);
         assert_eq!(batch.executions[0].coefficients, vec![0.0]);
@@ -180,7 +213,15 @@ mod tests {
 
     #[test]
     fn empty_execution_contributes_zero() {
-        let batch = objective(&[ExecutionTargets { advantage: 3.0, targets: vec![] }], 2, 2).expect("valid");
+        let batch = objective(
+            &[ExecutionTargets {
+                advantage: 3.0,
+                targets: vec![],
+            }],
+            2,
+            2,
+        )
+        .expect("valid");
         assert_eq!(batch.loss, 0.0);
         assert_eq!(target_weight(0, 2, 2), 0.0);
         assert_eq!(target_weight(4, 2, 2), 1.0 / 16.0);

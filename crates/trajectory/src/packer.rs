@@ -11,9 +11,11 @@
 //! the naive alternative puts each row in its own micro-step. The packer takes the ready group
 //! with the oldest policy version and closes the stream once the batch's B groups are enqueued.
 
-use gyre_event::{AdmittedTrajectory, CallId, EventBody, ExecutionId, GroupId, MicroStepId, PolicyVersion, StepId};
+use gyre_event::{
+    AdmittedTrajectory, CallId, EventBody, ExecutionId, GroupId, MicroStepId, PolicyVersion, StepId,
+};
 
-use crate::{Tree, TrajectoryError};
+use crate::{TrajectoryError, Tree};
 
 /// One admitted trajectory as training input.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,7 +45,10 @@ impl Row {
     }
 
     pub fn targets_count(&self) -> u64 {
-        self.target_spans.iter().map(|(start, end)| end - start).sum()
+        self.target_spans
+            .iter()
+            .map(|(start, end)| end - start)
+            .sum()
     }
 }
 
@@ -56,31 +61,46 @@ pub fn materialise(
 ) -> Result<Row, TrajectoryError> {
     let leaf = tree
         .node_of_call(trajectory.leaf_call)
-        .ok_or(TrajectoryError::UnknownParent { call: trajectory.leaf_call, parent: trajectory.leaf_call })?;
+        .ok_or(TrajectoryError::UnknownParent {
+            call: trajectory.leaf_call,
+            parent: trajectory.leaf_call,
+        })?;
     let tokens = tree.path_tokens(leaf);
     let mut target_spans = Vec::with_capacity(trajectory.targets.len());
     let mut behaviour_logprobs = Vec::new();
     for range in &trajectory.targets {
-        let node_id = tree.node_of_call(range.call).ok_or(TrajectoryError::InvalidRecord {
-            call: range.call,
-            message: "target names a call the tree does not hold".into(),
-        })?;
+        let node_id = tree
+            .node_of_call(range.call)
+            .ok_or(TrajectoryError::InvalidRecord {
+                call: range.call,
+                message: "target names a call the tree does not hold".into(),
+            })?;
         let node = tree.node(node_id);
         if range.start >= range.end || range.end as usize > node.output_ids.len() {
             return Err(TrajectoryError::InvalidRecord {
                 call: range.call,
-                message: format!("target [{}, {}) is outside its output", range.start, range.end),
+                message: format!(
+                    "target [{}, {}) is outside its output",
+                    range.start, range.end
+                ),
             });
         }
         let start = node.start + node.input_len() + range.start as u64;
         let end = start + (range.end - range.start) as u64;
-        if end > tokens.len() as u64 || tokens[start as usize..end as usize] != node.output_ids[range.start as usize..range.end as usize] {
+        if end > tokens.len() as u64
+            || tokens[start as usize..end as usize]
+                != node.output_ids[range.start as usize..range.end as usize]
+        {
             return Err(TrajectoryError::InvalidRecord {
                 call: range.call,
-                message: format!("target [{}, {}) is not on the path of leaf {}", range.start, range.end, trajectory.leaf_call),
+                message: format!(
+                    "target [{}, {}) is not on the path of leaf {}",
+                    range.start, range.end, trajectory.leaf_call
+                ),
             });
         }
-        behaviour_logprobs.extend_from_slice(&node.output_logprobs[range.start as usize..range.end as usize]);
+        behaviour_logprobs
+            .extend_from_slice(&node.output_logprobs[range.start as usize..range.end as usize]);
         target_spans.push((start, end));
     }
     target_spans.sort_unstable();
@@ -100,11 +120,20 @@ pub fn materialise(
 /// Returns row indices per micro-step. A row longer than `tokens_max` is rejected.
 pub fn pack_rows(lengths: &[u64], tokens_max: u64) -> Result<Vec<Vec<usize>>, TrajectoryError> {
     if tokens_max == 0 {
-        return Err(TrajectoryError::Config { field: "tokens_max", message: "must be positive".into() });
+        return Err(TrajectoryError::Config {
+            field: "tokens_max",
+            message: "must be positive".into(),
+        });
     }
-    if let Some((index, length)) = lengths.iter().enumerate().find(|(_, length)| **length > tokens_max) {
+    if let Some((index, length)) = lengths
+        .iter()
+        .enumerate()
+        .find(|(_, length)| **length > tokens_max)
+    {
         return Err(TrajectoryError::Packing {
-            message: format!("row {index} has {length} tokens, more than the micro-step budget of {tokens_max}"),
+            message: format!(
+                "row {index} has {length} tokens, more than the micro-step budget of {tokens_max}"
+            ),
         });
     }
     let mut order: Vec<usize> = (0..lengths.len()).collect();
@@ -112,7 +141,10 @@ pub fn pack_rows(lengths: &[u64], tokens_max: u64) -> Result<Vec<Vec<usize>>, Tr
     let mut bins: Vec<(u64, Vec<usize>)> = Vec::new();
     for index in order {
         let length = lengths[index];
-        match bins.iter_mut().find(|(used, _)| used + length <= tokens_max) {
+        match bins
+            .iter_mut()
+            .find(|(used, _)| used + length <= tokens_max)
+        {
             Some((used, rows)) => {
                 *used += length;
                 rows.push(index);
@@ -153,13 +185,27 @@ pub struct StreamPacker {
 }
 
 impl StreamPacker {
-    pub fn new(step: StepId, groups_per_batch: u32, tokens_max: u64, first_micro_step: MicroStepId) -> Self {
-        Self { step, groups_per_batch, tokens_max, next_micro_step: first_micro_step.get(), enqueued_groups: Vec::new() }
+    pub fn new(
+        step: StepId,
+        groups_per_batch: u32,
+        tokens_max: u64,
+        first_micro_step: MicroStepId,
+    ) -> Self {
+        Self {
+            step,
+            groups_per_batch,
+            tokens_max,
+            next_micro_step: first_micro_step.get(),
+            enqueued_groups: Vec::new(),
+        }
     }
 
     /// The ready group the packer takes next: the oldest policy version, then the lowest id.
     pub fn choose_group(ready: &[(GroupId, PolicyVersion)]) -> Option<GroupId> {
-        ready.iter().min_by_key(|(group, version)| (*version, *group)).map(|(group, _)| *group)
+        ready
+            .iter()
+            .min_by_key(|(group, version)| (*version, *group))
+            .map(|(group, _)| *group)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -171,12 +217,22 @@ impl StreamPacker {
     }
 
     /// Packs one group's rows; returns the enqueue event and the micro-steps it names.
-    pub fn pack_group(&mut self, group: GroupId, rows: &[Row]) -> Result<(EventBody, Vec<MicroStep>), TrajectoryError> {
+    pub fn pack_group(
+        &mut self,
+        group: GroupId,
+        rows: &[Row],
+    ) -> Result<(EventBody, Vec<MicroStep>), TrajectoryError> {
         if self.is_closed() {
-            return Err(TrajectoryError::Group { group, message: format!("stream of {} is already closed", self.step) });
+            return Err(TrajectoryError::Group {
+                group,
+                message: format!("stream of {} is already closed", self.step),
+            });
         }
         if self.enqueued_groups.contains(&group) {
-            return Err(TrajectoryError::Group { group, message: "already enqueued".into() });
+            return Err(TrajectoryError::Group {
+                group,
+                message: "already enqueued".into(),
+            });
         }
         let lengths: Vec<u64> = rows.iter().map(Row::len).collect();
         let bins = pack_rows(&lengths, self.tokens_max)?;
@@ -185,7 +241,12 @@ impl StreamPacker {
             let id = MicroStepId(self.next_micro_step);
             self.next_micro_step += 1;
             let tokens_count = bin.iter().map(|index| lengths[*index]).sum();
-            micro_steps.push(MicroStep { id, group, rows: bin, tokens_count });
+            micro_steps.push(MicroStep {
+                id,
+                group,
+                rows: bin,
+                tokens_count,
+            });
         }
         self.enqueued_groups.push(group);
         let event = EventBody::MicroStepsEnqueued {

@@ -20,7 +20,11 @@ fn kind_name(kind: CallKind) -> &'static str {
 }
 
 /// Renders `tree`; `call_name` turns a call id into the name to print.
-pub fn render_tree(tree: &Tree, classes: &RoleClasses, call_name: &dyn Fn(CallId) -> String) -> String {
+pub fn render_tree(
+    tree: &Tree,
+    classes: &RoleClasses,
+    call_name: &dyn Fn(CallId) -> String,
+) -> String {
     let mut out = String::new();
     let roots: Vec<NodeId> = tree.roots().collect();
     for root in roots {
@@ -61,7 +65,8 @@ fn render_node(
         .expect("writing to a String cannot fail");
     }
     if let Some(spawner) = node.spawned_by {
-        write!(line, " spawned-by:{}", call_name(spawner)).expect("writing to a String cannot fail");
+        write!(line, " spawned-by:{}", call_name(spawner))
+            .expect("writing to a String cannot fail");
     }
     out.push_str(&line);
     out.push('\n');
@@ -69,6 +74,14 @@ fn render_node(
     children.sort_by_key(|child| (tree.node(*child).start, *child));
     for (index, child) in children.iter().enumerate() {
         let is_last = index + 1 == children.len();
-        render_node(tree, classes, call_name, *child, &child_prefix, Some(is_last), out);
+        render_node(
+            tree,
+            classes,
+            call_name,
+            *child,
+            &child_prefix,
+            Some(is_last),
+            out,
+        );
     }
 }

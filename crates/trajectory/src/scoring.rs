@@ -40,7 +40,9 @@ pub enum AdvantageNormalization {
 
 impl Default for AdvantageNormalization {
     fn default() -> Self {
-        AdvantageNormalization::StdNormalized { epsilon: ADVANTAGE_STD_EPSILON }
+        AdvantageNormalization::StdNormalized {
+            epsilon: ADVANTAGE_STD_EPSILON,
+        }
     }
 }
 
@@ -54,9 +56,16 @@ pub fn group_advantages(rewards: &[f64], normalization: AdvantageNormalization) 
     match normalization {
         AdvantageNormalization::MeanOnly => rewards.iter().map(|reward| reward - mean).collect(),
         AdvantageNormalization::StdNormalized { epsilon } => {
-            let variance = rewards.iter().map(|reward| (reward - mean).powi(2)).sum::<f64>() / count;
+            let variance = rewards
+                .iter()
+                .map(|reward| (reward - mean).powi(2))
+                .sum::<f64>()
+                / count;
             let scale = variance.sqrt() + epsilon;
-            rewards.iter().map(|reward| (reward - mean) / scale).collect()
+            rewards
+                .iter()
+                .map(|reward| (reward - mean) / scale)
+                .collect()
         }
     }
 }
@@ -72,15 +81,25 @@ pub struct ScoringConfig {
 
 impl Default for ScoringConfig {
     fn default() -> Self {
-        Self { evaluation_budget: Duration::from_secs(6 * 3600), attempts_max: 8 }
+        Self {
+            evaluation_budget: Duration::from_secs(6 * 3600),
+            attempts_max: 8,
+        }
     }
 }
 
 /// The outcome of one evaluation attempt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AttemptOutcome {
-    Completed { score: f64, valid: bool, evaluated_state_ref: String, evaluator: String },
-    Failed { reason: String },
+    Completed {
+        score: f64,
+        valid: bool,
+        evaluated_state_ref: String,
+        evaluator: String,
+    },
+    Failed {
+        reason: String,
+    },
 }
 
 /// One evaluation attempt and its binding.
@@ -95,10 +114,15 @@ pub struct EvaluationAttempt {
 /// How an execution's reward was settled.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolution {
-    Valid { reward: f64, attempt: u32 },
+    Valid {
+        reward: f64,
+        attempt: u32,
+    },
     /// A zero-reward placeholder for a total failure.
     Dummy,
-    Excluded { reason: String },
+    Excluded {
+        reason: String,
+    },
 }
 
 /// The scoring state of one execution.
@@ -117,7 +141,10 @@ impl ExecutionScore {
     pub fn designated(&self) -> Option<(u32, f64)> {
         let mut best: Option<(u64, u32, f64)> = None;
         for (attempt, record) in &self.attempts {
-            if let Some(AttemptOutcome::Completed { score, valid: true, .. }) = &record.outcome {
+            if let Some(AttemptOutcome::Completed {
+                score, valid: true, ..
+            }) = &record.outcome
+            {
                 let better = match best {
                     None => true,
                     Some((version, _, _)) => record.artifact_version > version,
@@ -133,13 +160,16 @@ impl ExecutionScore {
     /// `None` while running or pending.
     pub fn resolution(&self) -> Option<Resolution> {
         if let Some(reason) = &self.excluded {
-            return Some(Resolution::Excluded { reason: reason.clone() });
+            return Some(Resolution::Excluded {
+                reason: reason.clone(),
+            });
         }
         self.closed?;
         if self.dummy {
             return Some(Resolution::Dummy);
         }
-        self.designated().map(|(attempt, reward)| Resolution::Valid { reward, attempt })
+        self.designated()
+            .map(|(attempt, reward)| Resolution::Valid { reward, attempt })
     }
 
     pub fn is_surplus(&self) -> bool {
@@ -167,20 +197,34 @@ pub struct Scoring {
 
 impl Scoring {
     pub fn new(config: ScoringConfig) -> Self {
-        Self { config, ..Self::default() }
+        Self {
+            config,
+            ..Self::default()
+        }
     }
 
-    fn execution_mut(&mut self, execution: ExecutionId) -> Result<&mut ExecutionScore, TrajectoryError> {
+    fn execution_mut(
+        &mut self,
+        execution: ExecutionId,
+    ) -> Result<&mut ExecutionScore, TrajectoryError> {
         self.executions
             .get_mut(&execution)
-            .ok_or_else(|| TrajectoryError::Scoring { execution, message: "never started".into() })
+            .ok_or_else(|| TrajectoryError::Scoring {
+                execution,
+                message: "never started".into(),
+            })
     }
 
     /// Folds one event; events this projection does not track are ignored.
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
-        let reject = |execution, message: String| Err(TrajectoryError::Scoring { execution, message });
+        let reject =
+            |execution, message: String| Err(TrajectoryError::Scoring { execution, message });
         match &event.body {
-            EventBody::GroupsDispatched { groups, executions_per_group, policy_version } => {
+            EventBody::GroupsDispatched {
+                groups,
+                executions_per_group,
+                policy_version,
+            } => {
                 for dispatched in groups {
                     if self.groups.contains_key(&dispatched.group) {
                         return Err(TrajectoryError::Group {
@@ -198,14 +242,21 @@ impl Scoring {
                     );
                 }
             }
-            EventBody::ExecutionStarted { execution, group, .. } => {
+            EventBody::ExecutionStarted {
+                execution, group, ..
+            } => {
                 if self.executions.contains_key(execution) {
                     return reject(*execution, "started twice".into());
                 }
-                let group_state = self.groups.get_mut(group).ok_or_else(|| TrajectoryError::Group {
-                    group: *group,
-                    message: format!("execution {execution} started in an undispatched group"),
-                })?;
+                let group_state =
+                    self.groups
+                        .get_mut(group)
+                        .ok_or_else(|| TrajectoryError::Group {
+                            group: *group,
+                            message: format!(
+                                "execution {execution} started in an undispatched group"
+                            ),
+                        })?;
                 group_state.members.push(*execution);
                 self.executions.insert(
                     *execution,
@@ -229,20 +280,38 @@ impl Scoring {
                     CloseStatus::OverallTimeout => Some("overall timeout: budget exhausted"),
                     CloseStatus::Cancelled => Some("cancelled"),
                     CloseStatus::Surplus => Some("surplus: not needed by its group"),
-                    CloseStatus::Completed | CloseStatus::Failed | CloseStatus::HarnessTimeout => None,
+                    CloseStatus::Completed | CloseStatus::Failed | CloseStatus::HarnessTimeout => {
+                        None
+                    }
                 };
                 if let Some(reason) = excluded {
                     state.excluded = Some(reason.into());
                 }
             }
-            EventBody::EvaluationRequested { execution, attempt, artifact_version, branch_ref } => {
+            EventBody::EvaluationRequested {
+                execution,
+                attempt,
+                artifact_version,
+                branch_ref,
+            } => {
                 let attempts_max = self.config.attempts_max;
                 let state = self.execution_mut(*execution)?;
                 if state.attempts.contains_key(attempt) {
-                    return reject(*execution, format!("evaluation attempt {attempt} requested twice"));
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} requested twice"),
+                    );
                 }
-                if state.attempts.keys().next_back().is_some_and(|last| last > attempt) {
-                    return reject(*execution, format!("evaluation attempt {attempt} is older than the last one"));
+                if state
+                    .attempts
+                    .keys()
+                    .next_back()
+                    .is_some_and(|last| last > attempt)
+                {
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} is older than the last one"),
+                    );
                 }
                 if state.attempts.len() as u32 >= attempts_max {
                     return Err(TrajectoryError::LimitExceeded {
@@ -272,12 +341,19 @@ impl Scoring {
             } => {
                 let state = self.execution_mut(*execution)?;
                 let Some(record) = state.attempts.get_mut(attempt) else {
-                    return reject(*execution, format!("evaluation attempt {attempt} was never requested"));
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} was never requested"),
+                    );
                 };
                 if record.outcome.is_some() {
-                    return reject(*execution, format!("evaluation attempt {attempt} already has an outcome"));
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} already has an outcome"),
+                    );
                 }
-                if record.artifact_version != *artifact_version || record.branch_ref != *branch_ref {
+                if record.artifact_version != *artifact_version || record.branch_ref != *branch_ref
+                {
                     return reject(
                         *execution,
                         format!(
@@ -287,7 +363,10 @@ impl Scoring {
                     );
                 }
                 if *valid && !score.is_finite() {
-                    return reject(*execution, format!("valid evaluation with non-finite score {score}"));
+                    return reject(
+                        *execution,
+                        format!("valid evaluation with non-finite score {score}"),
+                    );
                 }
                 record.outcome = Some(AttemptOutcome::Completed {
                     score: *score,
@@ -296,26 +375,44 @@ impl Scoring {
                     evaluator: evaluator.clone(),
                 });
             }
-            EventBody::EvaluationFailed { execution, attempt, reason } => {
+            EventBody::EvaluationFailed {
+                execution,
+                attempt,
+                reason,
+            } => {
                 let state = self.execution_mut(*execution)?;
                 let Some(record) = state.attempts.get_mut(attempt) else {
-                    return reject(*execution, format!("evaluation attempt {attempt} was never requested"));
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} was never requested"),
+                    );
                 };
                 if record.outcome.is_some() {
-                    return reject(*execution, format!("evaluation attempt {attempt} already has an outcome"));
+                    return reject(
+                        *execution,
+                        format!("evaluation attempt {attempt} already has an outcome"),
+                    );
                 }
-                record.outcome = Some(AttemptOutcome::Failed { reason: reason.clone() });
+                record.outcome = Some(AttemptOutcome::Failed {
+                    reason: reason.clone(),
+                });
             }
             EventBody::DummyInserted { execution, group } => {
                 let state = self.execution_mut(*execution)?;
                 if state.group != *group {
-                    return reject(*execution, format!("dummy for group {group}, but it belongs to {}", state.group));
+                    return reject(
+                        *execution,
+                        format!("dummy for group {group}, but it belongs to {}", state.group),
+                    );
                 }
                 if state.closed.is_none() {
                     return reject(*execution, "dummy inserted before close".into());
                 }
                 if state.designated().is_some() || state.excluded.is_some() {
-                    return reject(*execution, "dummy inserted for an already resolved execution".into());
+                    return reject(
+                        *execution,
+                        "dummy inserted for an already resolved execution".into(),
+                    );
                 }
                 state.dummy = true;
             }
@@ -375,7 +472,9 @@ impl Scoring {
             .filter(|score| !score.is_surplus())
             .collect();
         members.len() as u32 >= state.executions_per_group
-            && members.iter().all(|score| score.closed.is_some() && score.resolution().is_some())
+            && members
+                .iter()
+                .all(|score| score.closed.is_some() && score.resolution().is_some())
     }
 
     /// Advantages of a ready group's valid members (dummies count as valid zeros); `None` if the
@@ -398,15 +497,27 @@ impl Scoring {
         }
         let rewards: Vec<f64> = valid.iter().map(|(_, reward)| *reward).collect();
         let advantages = group_advantages(&rewards, normalization);
-        Some(valid.iter().map(|(member, _)| *member).zip(advantages).collect())
+        Some(
+            valid
+                .iter()
+                .map(|(member, _)| *member)
+                .zip(advantages)
+                .collect(),
+        )
     }
 
     /// Checks invariants (STYLE rule 8).
     pub fn validate(&self) {
         for (execution, state) in &self.executions {
-            let group = self.groups.get(&state.group).expect("an execution's group is dispatched");
+            let group = self
+                .groups
+                .get(&state.group)
+                .expect("an execution's group is dispatched");
             assert!(group.members.contains(execution), "group lists its members");
-            assert!(!(state.dummy && state.designated().is_some()), "a dummy has no valid result");
+            assert!(
+                !(state.dummy && state.designated().is_some()),
+                "a dummy has no valid result"
+            );
             if state.dummy {
                 assert!(state.excluded.is_none(), "a dummy is not excluded");
             }

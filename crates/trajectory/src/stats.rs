@@ -95,18 +95,30 @@ fn shared_prefix(tree: &Tree, root: NodeId) -> SharedPrefix {
         let mut segments = 0u32;
         for piece in tree.path(current) {
             let piece_node = tree.node(piece.node);
-            let piece_cut = if piece.node == current { cut } else { piece.cut };
+            let piece_cut = if piece.node == current {
+                cut
+            } else {
+                piece.cut
+            };
             let input = piece_node.input_len();
             segments += (input > 0 && piece_cut > 0) as u32 + (piece_cut > input) as u32;
         }
-        return SharedPrefix { root, nodes, segments, tokens };
+        return SharedPrefix {
+            root,
+            nodes,
+            segments,
+            tokens,
+        };
     }
 }
 
 /// Computes the statistics of one tree under the given role classes.
 pub fn statistics(tree: &Tree, classes: &RoleClasses) -> TreeStatistics {
-    let mut candidates_per_class: Vec<(String, u64)> =
-        classes.classes().iter().map(|class| (class.name.clone(), 0)).collect();
+    let mut candidates_per_class: Vec<(String, u64)> = classes
+        .classes()
+        .iter()
+        .map(|class| (class.name.clone(), 0))
+        .collect();
     let mut stats = TreeStatistics {
         requests: tree.len() as u64,
         nodes: tree.len() as u64,
@@ -121,7 +133,11 @@ pub fn statistics(tree: &Tree, classes: &RoleClasses) -> TreeStatistics {
         segment_occurrences_unrolled: 0,
         tokens_tree: tree.nodes().iter().map(|node| node.segment_len()).sum(),
         tokens_unrolled: 0,
-        trainable_tokens: tree.nodes().iter().map(|node| node.output_ids.len() as u64).sum(),
+        trainable_tokens: tree
+            .nodes()
+            .iter()
+            .map(|node| node.output_ids.len() as u64)
+            .sum(),
         path_nodes_max: 0,
         path_tokens_max: 0,
     };

@@ -35,12 +35,12 @@ impl SyntheticConfig {
     /// The paper's Appendix C case in size.
     pub fn appendix_c() -> Self {
         Self {
-            main_calls: 420,
+            main_calls: 430,
             sub_agents: 3,
             sub_agent_calls: 64,
             system_prompt_tokens: 3_000,
-            input_tokens: (200, 1_300),
-            output_tokens: (60, 1_000),
+            input_tokens: (250, 1_700),
+            output_tokens: (80, 1_250),
             summary_output_tokens: 2_000,
             compaction_context_tokens: 160_000,
             retry_per_mille: 15,
@@ -97,21 +97,37 @@ const VOCABULARY: u64 = 50_000;
 
 impl<'a> Generator<'a> {
     pub fn new(config: SyntheticConfig, seed: u64, sink: impl FnMut(SyntheticCall) + 'a) -> Self {
-        Self { config, rng: SplitMix64::new(seed), calls_count: 0, sink: Box::new(sink) }
+        Self {
+            config,
+            rng: SplitMix64::new(seed),
+            calls_count: 0,
+            sink: Box::new(sink),
+        }
     }
 
     fn tokens(&mut self, count: u32) -> Vec<u32> {
-        (0..count).map(|_| 1 + self.rng.below(VOCABULARY) as u32).collect()
+        (0..count)
+            .map(|_| 1 + self.rng.below(VOCABULARY) as u32)
+            .collect()
     }
 
     fn between(&mut self, (low, high): (u32, u32)) -> u32 {
         low + self.rng.below((high - low + 1) as u64) as u32
     }
 
-    fn emit(&mut self, agent: &Agent, kind: CallKind, context: Vec<u32>, output_ids: Vec<u32>) -> u32 {
+    fn emit(
+        &mut self,
+        agent: &Agent,
+        kind: CallKind,
+        context: Vec<u32>,
+        output_ids: Vec<u32>,
+    ) -> u32 {
         let index = self.calls_count;
         self.calls_count += 1;
-        let output_logprobs = output_ids.iter().map(|_| -((self.rng.below(5_000) as f32) / 1_000.0)).collect();
+        let output_logprobs = output_ids
+            .iter()
+            .map(|_| -((self.rng.below(5_000) as f32) / 1_000.0))
+            .collect();
         (self.sink)(SyntheticCall {
             index,
             agent: agent.name.clone(),
@@ -152,7 +168,12 @@ impl<'a> Generator<'a> {
         let mut context = system.clone();
         let count = self.between(self.config.input_tokens);
         context.extend(self.tokens(count));
-        Agent { name, system, context, spawned_by }
+        Agent {
+            name,
+            system,
+            context,
+            spawned_by,
+        }
     }
 
     /// Generates a whole execution; returns the number of calls.
@@ -162,7 +183,8 @@ impl<'a> Generator<'a> {
         let mut spawned = 0;
         for turn in 0..self.config.main_calls {
             let (index, _) = self.turn(&mut main);
-            if spawned < self.config.sub_agents && spawn_every > 0 && (turn + 1) % spawn_every == 0 {
+            if spawned < self.config.sub_agents && spawn_every > 0 && (turn + 1) % spawn_every == 0
+            {
                 spawned += 1;
                 let mut sub = self.new_agent(format!("agent-{spawned}"), Some(index));
                 let mut answer = Vec::new();
@@ -212,7 +234,9 @@ pub fn context_call(call: &SyntheticCall) -> crate::ContextCall<'_> {
         call: gyre_event::CallId(call.index as u64),
         agent: &call.agent,
         kind: call.kind,
-        spawned_by: call.spawned_by.map(|index| gyre_event::CallId(index as u64)),
+        spawned_by: call
+            .spawned_by
+            .map(|index| gyre_event::CallId(index as u64)),
         context: &call.context,
         context_provenance: gyre_event::Provenance::User,
         output_ids: &call.output_ids,

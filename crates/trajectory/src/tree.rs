@@ -47,7 +47,11 @@ pub struct TreeConfig {
 
 impl Default for TreeConfig {
     fn default() -> Self {
-        Self { nodes_max: 1 << 20, path_tokens_max: 1 << 26, root_shared_tokens_min: 1 }
+        Self {
+            nodes_max: 1 << 20,
+            path_tokens_max: 1 << 26,
+            root_shared_tokens_min: 1,
+        }
     }
 }
 
@@ -207,7 +211,10 @@ impl Tree {
             });
         }
         if self.by_call.contains_key(&call) {
-            return Err(TrajectoryError::DuplicateCall { execution: self.execution, call });
+            return Err(TrajectoryError::DuplicateCall {
+                execution: self.execution,
+                call,
+            });
         }
         if self.nodes.len() as u64 >= self.config.nodes_max as u64 {
             return Err(TrajectoryError::LimitExceeded {
@@ -227,7 +234,10 @@ impl Tree {
             Some(parent_call) => {
                 let id = self
                     .node_of_call(parent_call)
-                    .ok_or(TrajectoryError::UnknownParent { call, parent: parent_call })?;
+                    .ok_or(TrajectoryError::UnknownParent {
+                        call,
+                        parent: parent_call,
+                    })?;
                 let parent_path_tokens = self.node(id).end();
                 if reused > parent_path_tokens {
                     return Err(TrajectoryError::ReusedPrefixTooLong {
@@ -254,10 +264,17 @@ impl Tree {
             });
         }
         let id = NodeId(self.nodes.len() as u32);
-        let first_token = record.input_ids.first().copied().unwrap_or(record.output_ids[0]);
+        let first_token = record
+            .input_ids
+            .first()
+            .copied()
+            .unwrap_or(record.output_ids[0]);
         let depth = match parent {
             None => {
-                self.child_index.entry((None, 0, first_token)).or_default().push(id);
+                self.child_index
+                    .entry((None, 0, first_token))
+                    .or_default()
+                    .push(id);
                 1
             }
             Some(parent_id) => {
@@ -267,8 +284,8 @@ impl Tree {
                 if offset == parent_node.segment_len() {
                     parent_node.children_at_end += 1;
                 }
-                let shadows = offset < parent_node.segment_len()
-                    && parent_node.token(offset) == first_token;
+                let shadows =
+                    offset < parent_node.segment_len() && parent_node.token(offset) == first_token;
                 let depth = parent_node.depth + 1;
                 if shadows {
                     self.shadow_children.entry(parent_id).or_default().push(id);
@@ -344,14 +361,34 @@ impl Tree {
 
     /// Checks every structural invariant; tests call it after each `apply` (STYLE rule 8).
     pub fn validate(&self) {
-        assert_eq!(self.by_call.len(), self.nodes.len(), "one index entry per node");
+        assert_eq!(
+            self.by_call.len(),
+            self.nodes.len(),
+            "one index entry per node"
+        );
         for (index, node) in self.nodes.iter().enumerate() {
             let id = NodeId(index as u32);
-            assert_eq!(self.by_call.get(&node.call), Some(&id), "call index points at node");
-            assert_eq!(node.output_ids.len(), node.output_logprobs.len(), "log-prob per output");
+            assert_eq!(
+                self.by_call.get(&node.call),
+                Some(&id),
+                "call index points at node"
+            );
+            assert_eq!(
+                node.output_ids.len(),
+                node.output_logprobs.len(),
+                "log-prob per output"
+            );
             assert!(!node.output_ids.is_empty(), "every node sampled something");
-            let provenance: u64 = node.input_provenance.iter().map(|s| s.tokens_count as u64).sum();
-            assert_eq!(provenance, node.input_len(), "provenance covers the new input");
+            let provenance: u64 = node
+                .input_provenance
+                .iter()
+                .map(|s| s.tokens_count as u64)
+                .sum();
+            assert_eq!(
+                provenance,
+                node.input_len(),
+                "provenance covers the new input"
+            );
             let at_end = node
                 .children
                 .iter()
@@ -371,7 +408,11 @@ impl Tree {
                         "a child attaches inside its parent's own tokens"
                     );
                     assert!(parent_node.children.contains(&id), "parent lists the child");
-                    assert_eq!(node.depth, parent_node.depth + 1, "depth is parent's plus one");
+                    assert_eq!(
+                        node.depth,
+                        parent_node.depth + 1,
+                        "depth is parent's plus one"
+                    );
                 }
             }
         }

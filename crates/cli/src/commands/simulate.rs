@@ -47,6 +47,10 @@ pub struct SimulateArgs {
     /// Also write a self-contained HTML report (role timelines, step durations, staleness).
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// Print the sampled statistics of each workload profile in the preset beside the paper's
+    /// figures (the calibration check) and exit.
+    #[arg(long, requires = "preset")]
+    workload_stats: bool,
     /// Worker threads for preset sweeps (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -117,6 +121,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             print!("{}", rows[0].config.to_toml());
             return Ok(());
         }
+    }
+    if args.workload_stats {
+        print_workload_stats(&rows, seed);
+        return Ok(());
     }
     for row in &rows {
         row.config
@@ -291,4 +299,35 @@ fn print_single(report: &RunReport) {
         report.utilization.rollout * 100.0,
         report.utilization.training * 100.0
     );
+}
+
+/// What the paper reports for each workload profile, for the calibration check.
+fn paper_workload_figures(profile: &str) -> &'static str {
+    match profile {
+        "nl2repo-122b" => "paper: execution mean 1.93 h, query mean 2.96 h, 9.51% of queries > 4 h, 6.25% harness timeouts, 0.87% overall timeouts",
+        "nl2repo-2.4t" => "paper: 61.1% of queries > 4 h, 38.2% of longest executions end by overall timeout",
+        _ => "paper: no duration statistics reported (shape of nl2repo-122b, scaled median)",
+    }
+}
+
+fn print_workload_stats(rows: &[PaperRow], seed: u64) {
+    let mut seen = std::collections::BTreeSet::new();
+    for row in rows {
+        let workload = &row.config.workload;
+        if !seen.insert(workload.profile.clone()) {
+            continue;
+        }
+        let stats = gyre_simulator::sample_stats(workload, row.config.n, seed, 20_000);
+        println!("{} (N = {}, {} sampled queries)", workload.profile, row.config.n, stats.queries);
+        println!(
+            "  simulated: execution mean {:.2} h, query mean {:.2} h, {:.2}% of queries > 4 h, {:.2}% harness timeouts, {:.2}% overall timeouts, {:.1}% of longest executions overall-timeout",
+            stats.execution_mean_h,
+            stats.query_mean_h,
+            stats.query_over_4h_fraction * 100.0,
+            stats.harness_timeout_fraction * 100.0,
+            stats.overall_timeout_fraction * 100.0,
+            stats.longest_execution_overall_timeout_fraction * 100.0
+        );
+        println!("  {}", paper_workload_figures(&workload.profile));
+    }
 }

@@ -26,7 +26,9 @@ pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, Bo
                 detail: "kind 0 (unspecified) is never written".to_string(),
             });
         }
-        EventKind::RunStarted => EventBody::RunStarted(run_started(pb::RunStarted::decode(bytes)?)?),
+        EventKind::RunStarted => {
+            EventBody::RunStarted(run_started(pb::RunStarted::decode(bytes)?)?)
+        }
         EventKind::CellRegistered => {
             let message = pb::CellRegistered::decode(bytes)?;
             EventBody::CellRegistered {
@@ -247,15 +249,14 @@ pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, Bo
         EventKind::ProjectionDigest => {
             let message = pb::ProjectionDigest::decode(bytes)?;
             let found = message.hash.len();
-            let hash: [u8; 32] =
-                message
-                    .hash
-                    .try_into()
-                    .map_err(|_| BodyError::WrongLength {
-                        field: "projection_digest.hash",
-                        expected: 32,
-                        found,
-                    })?;
+            let hash: [u8; 32] = message
+                .hash
+                .try_into()
+                .map_err(|_| BodyError::WrongLength {
+                    field: "projection_digest.hash",
+                    expected: 32,
+                    found,
+                })?;
             EventBody::ProjectionDigest {
                 upto: LogIndex(message.upto),
                 hash,

@@ -182,7 +182,10 @@ pub(crate) fn encode_body(body: &EventBody) -> Vec<u8> {
         } => pb::MicroStepsEnqueued {
             step: step.get(),
             group: group.get(),
-            micro_steps: micro_steps.iter().map(|micro_step| micro_step.get()).collect(),
+            micro_steps: micro_steps
+                .iter()
+                .map(|micro_step| micro_step.get())
+                .collect(),
             closes_stream: *closes_stream,
         }
         .encode_to_vec(),

@@ -14,7 +14,9 @@ pub enum CodecError {
     /// The envelope starts like a batch but does not parse.
     #[error("event batch envelope is truncated or corrupt: {source}")]
     BadEnvelope { source: prost::DecodeError },
-    #[error("event batch format version {found} is not readable by this build (it reads {supported})")]
+    #[error(
+        "event batch format version {found} is not readable by this build (it reads {supported})"
+    )]
     UnsupportedFormatVersion { found: u32, supported: u32 },
     #[error("event {position}: unknown kind {kind} (a newer writer, or corrupt bytes)")]
     UnknownKind { position: usize, kind: u32 },

@@ -22,8 +22,7 @@ use prost::Message;
 
 pub use error::{BodyError, CodecError};
 pub use kind::{
-    current_schema_version, kind_from_number, kind_name, kind_of, ALL_KINDS,
-    OLDEST_SCHEMA_VERSION,
+    current_schema_version, kind_from_number, kind_name, kind_of, ALL_KINDS, OLDEST_SCHEMA_VERSION,
 };
 pub use pb::EventKind;
 

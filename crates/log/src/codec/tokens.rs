@@ -6,24 +6,31 @@
 use super::BodyError;
 
 pub(crate) fn u32s_to_le(values: &[u32]) -> Vec<u8> {
-    values.iter().flat_map(|value| value.to_le_bytes()).collect()
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
 }
 
 pub(crate) fn f32s_to_le(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|value| value.to_le_bytes()).collect()
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
 }
 
 fn chunks4<'a>(
     field: &'static str,
     bytes: &'a [u8],
 ) -> Result<std::slice::ChunksExact<'a, u8>, BodyError> {
-    if bytes.len() % 4 != 0 {
+    let chunks = bytes.chunks_exact(4);
+    if !chunks.remainder().is_empty() {
         return Err(BodyError::NotMultipleOf4 {
             field,
             length: bytes.len(),
         });
     }
-    Ok(bytes.chunks_exact(4))
+    Ok(chunks)
 }
 
 fn array4(chunk: &[u8]) -> [u8; 4] {

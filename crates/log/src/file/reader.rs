@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use gyre_event::Event;
 
 use super::{
-    chain_hash, read_u32, read_u64, record_crc, ChainHash, FileError, FileHeader,
-    FILE_HEADER_LEN, FRAME_HEADER_LEN, PAYLOAD_MAX_BYTES,
+    chain_hash, read_u32, read_u64, record_crc, ChainHash, FileError, FileHeader, FILE_HEADER_LEN,
+    FRAME_HEADER_LEN, PAYLOAD_MAX_BYTES,
 };
 use crate::codec::decode_batch;
 
@@ -68,11 +68,10 @@ impl EventFileReader {
         reader
             .read_exact(&mut header_bytes)
             .map_err(io("read header"))?;
-        let header = FileHeader::decode(&header_bytes)
-            .map_err(|detail| FileError::BadHeader {
-                path: path.clone(),
-                detail,
-            })?;
+        let header = FileHeader::decode(&header_bytes).map_err(|detail| FileError::BadHeader {
+            path: path.clone(),
+            detail,
+        })?;
         Ok(EventFileReader {
             path,
             reader,

@@ -64,7 +64,11 @@ fn log_probs_are_bit_exact_even_for_nan() {
     let EventBody::ModelCall(decoded) = &decoded[0].body else {
         panic!("expected a model call, got {:?}", decoded[0].body);
     };
-    let bits: Vec<u32> = decoded.output_logprobs.iter().map(|lp| lp.to_bits()).collect();
+    let bits: Vec<u32> = decoded
+        .output_logprobs
+        .iter()
+        .map(|lp| lp.to_bits())
+        .collect();
     assert_eq!(bits, odd.iter().map(|lp| lp.to_bits()).collect::<Vec<_>>());
 }
 
@@ -90,7 +94,11 @@ fn writer_emits_current_schema_versions() {
     let batch = pb::EventBatch::decode(&*encode_batch(&fixtures::all_kinds())).expect("envelope");
     for record in &batch.records {
         let kind = EventKind::try_from(record.kind as i32).expect("known kind");
-        assert_eq!(record.schema_version, current_schema_version(kind), "{kind:?}");
+        assert_eq!(
+            record.schema_version,
+            current_schema_version(kind),
+            "{kind:?}"
+        );
     }
     assert_eq!(current_schema_version(EventKind::RunStarted), 2);
 }
@@ -99,7 +107,10 @@ fn writer_emits_current_schema_versions() {
 fn foreign_bytes_are_bad_magic() {
     for bytes in [&b""[..], b"hello world", &[0xFF; 40]] {
         let error = decode_batch(bytes).expect_err("not a batch");
-        assert!(matches!(error, CodecError::BadMagic { .. }), "{bytes:?}: {error}");
+        assert!(
+            matches!(error, CodecError::BadMagic { .. }),
+            "{bytes:?}: {error}"
+        );
         assert!(error.to_string().contains("bad magic"), "{error}");
     }
     let wrong_magic = pb::EventBatch {
@@ -122,7 +133,10 @@ fn a_truncated_envelope_is_named_as_such() {
     let bytes = encode_batch(&fixtures::all_kinds());
     let error = decode_batch(&bytes[..bytes.len() / 2]).expect_err("truncated");
     assert!(matches!(error, CodecError::BadEnvelope { .. }), "{error}");
-    assert!(error.to_string().contains("truncated or corrupt"), "{error}");
+    assert!(
+        error.to_string().contains("truncated or corrupt"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -218,7 +232,10 @@ fn token_bytes_not_a_multiple_of_four_are_refused() {
     message.output_logprobs = vec![0; 7];
     let error =
         decode_one(record(EventKind::ModelCall, 1, message.encode_to_vec())).expect_err("odd");
-    assert!(error.to_string().contains("model_call.output_logprobs"), "{error}");
+    assert!(
+        error.to_string().contains("model_call.output_logprobs"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -274,9 +291,12 @@ fn a_truncated_body_is_named_as_such() {
         reason: "a long enough reason".to_string(),
     }
     .encode_to_vec();
-    let error =
-        decode_one(record(EventKind::EngineDown, 1, body[..body.len() - 3].to_vec()))
-            .expect_err("truncated");
+    let error = decode_one(record(
+        EventKind::EngineDown,
+        1,
+        body[..body.len() - 3].to_vec(),
+    ))
+    .expect_err("truncated");
     assert!(
         matches!(
             error,
@@ -287,7 +307,12 @@ fn a_truncated_body_is_named_as_such() {
         ),
         "{error}"
     );
-    assert!(error.to_string().contains("(engine_down v1): body is truncated"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("(engine_down v1): body is truncated"),
+        "{error}"
+    );
 }
 
 #[test]

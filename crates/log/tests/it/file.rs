@@ -3,9 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use gyre_event::{Event, EventBody, Timestamp};
-use gyre_log::file::{
-    chain_hash, record_crc, FILE_HEADER_LEN, FRAME_HEADER_LEN, GENESIS_HASH,
-};
+use gyre_log::file::{chain_hash, record_crc, FILE_HEADER_LEN, FRAME_HEADER_LEN, GENESIS_HASH};
 use gyre_log::{AppendedRecord, EventFileReader, EventFileWriter, FileError, FileRecord};
 
 use crate::fixtures;
@@ -83,7 +81,13 @@ fn create_refuses_to_overwrite() {
     let (_directory, path, _) = written();
     let error = EventFileWriter::create(&path).expect_err("exists");
     assert!(
-        matches!(&error, FileError::Io { action: "create", .. }),
+        matches!(
+            &error,
+            FileError::Io {
+                action: "create",
+                ..
+            }
+        ),
         "{error}"
     );
 }
@@ -126,7 +130,11 @@ fn a_bad_checksum_in_the_middle_names_file_offset_and_index() {
     let target = appended[1].offset as usize + FRAME_HEADER_LEN as usize + 10;
     modify(&path, |bytes| bytes[target] ^= 0x40);
     let (records, error) = read(&path);
-    assert_eq!(records.len(), 1, "the record before the damage is still readable");
+    assert_eq!(
+        records.len(),
+        1,
+        "the record before the damage is still readable"
+    );
     let error = error.expect("an error");
     match &error {
         FileError::BadChecksum { offset, index, .. } => {
@@ -151,7 +159,10 @@ fn a_bad_checksum_in_the_last_record_is_corruption_not_a_torn_tail() {
     });
     let (records, error) = read(&path);
     assert_eq!(records.len(), 2);
-    assert!(matches!(error, Some(FileError::BadChecksum { index: 3, .. })), "{error:?}");
+    assert!(
+        matches!(error, Some(FileError::BadChecksum { index: 3, .. })),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -197,15 +208,26 @@ fn bad_headers_are_refused() {
     let (_directory, path, _) = written();
     modify(&path, |bytes| bytes[20] ^= 1);
     let error = EventFileReader::open(&path).err().expect("bad header");
-    assert!(error.to_string().contains("header checksum mismatch"), "{error}");
+    assert!(
+        error.to_string().contains("header checksum mismatch"),
+        "{error}"
+    );
 
     std::fs::write(&path, b"GYRE-EVF").expect("write");
     let error = EventFileReader::open(&path).err().expect("short");
-    assert!(error.to_string().contains("shorter than the 60-byte header"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("shorter than the 60-byte header"),
+        "{error}"
+    );
 
     std::fs::write(&path, [b'x'; 100]).expect("write");
     let error = EventFileReader::open(&path).err().expect("foreign");
-    assert!(error.to_string().contains("not a Gyre event file"), "{error}");
+    assert!(
+        error.to_string().contains("not a Gyre event file"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -222,7 +244,10 @@ fn open_append_truncates_a_torn_tail_and_continues_the_chain() {
     assert_eq!(writer.head_hash(), appended[1].hash);
     let again = writer.append_batch(&batches()[2]).expect("append");
     writer.sync().expect("sync");
-    assert_eq!(again, appended[2], "the re-appended record is identical to the lost one");
+    assert_eq!(
+        again, appended[2],
+        "the re-appended record is identical to the lost one"
+    );
     let (records, error) = read(&path);
     assert!(error.is_none(), "{error:?}");
     assert_eq!(records.len(), 3);
@@ -234,7 +259,10 @@ fn open_append_refuses_corruption_in_the_middle() {
     let target = appended[0].offset as usize + FRAME_HEADER_LEN as usize + 1;
     modify(&path, |bytes| bytes[target] ^= 0xFF);
     let error = EventFileWriter::open_append(&path).expect_err("corrupt");
-    assert!(matches!(error, FileError::BadChecksum { index: 1, .. }), "{error}");
+    assert!(
+        matches!(error, FileError::BadChecksum { index: 1, .. }),
+        "{error}"
+    );
 }
 
 #[test]
@@ -252,7 +280,10 @@ fn a_file_may_start_mid_log() {
     assert!(error.is_none());
     assert_eq!(records[0].index, 100);
     assert_eq!(records[0].term, 4);
-    assert_eq!(records[0].hash, chain_hash(&base, 100, 4, &records[0].payload));
+    assert_eq!(
+        records[0].hash,
+        chain_hash(&base, 100, 4, &records[0].payload)
+    );
     let reader = EventFileReader::open(&path).expect("open");
     assert_eq!(reader.header().first_index, 100);
     assert_eq!(reader.header().base_hash, base);
@@ -276,4 +307,28 @@ fn rewriting_a_record_with_a_fresh_crc_changes_the_head_hash() {
     let records: Vec<_> = reader.by_ref().collect();
     assert!(records.iter().all(|record| record.is_ok()));
     assert_ne!(reader.head_hash(), trusted_head);
+}
+
+#[test]
+fn a_multi_megabyte_tito_record_round_trips() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let path = directory.path().join("big.log");
+    let mut record = fixtures::model_call();
+    record.input_ids = (0..1_000_000u32).collect();
+    record.input_provenance = vec![gyre_event::ProvenanceSpan {
+        provenance: gyre_event::Provenance::User,
+        tokens_count: 1_000_000,
+    }];
+    record.output_ids = (0..100_000u32).rev().collect();
+    record.output_logprobs = (0..100_000u32).map(|i| -(i as f32) / 1e5).collect();
+    let batch = vec![Event::new(
+        Timestamp(1),
+        EventBody::ModelCall(Box::new(record)),
+    )];
+    let mut writer = EventFileWriter::create(&path).expect("create");
+    writer.append_batch(&batch).expect("append");
+    writer.sync().expect("sync");
+    assert!(writer.len_bytes() > 4_000_000);
+    let all = EventFileReader::read_all_events(&path).expect("read");
+    assert_eq!(all, vec![(1, batch)]);
 }

@@ -67,7 +67,7 @@ const GOLDENS: &[Golden] = &[
         name: "file_f1_three_records.bin",
         contents: Contents::File {
             expected: three_records_expected,
-            head_hash_hex: "",
+            head_hash_hex: "3d74d58bf6dd8b420169532d303be9b1b4b8fdfb032343fd0788571f45132dc7",
             generate: Some(three_records_file),
         },
     },
@@ -87,7 +87,10 @@ fn run_started_v1_batch() -> Vec<u8> {
 
 fn run_started_v1_batch_expected() -> Vec<Event> {
     vec![
-        Event::new(Timestamp(11), EventBody::RunStarted(run_started_v1_expected())),
+        Event::new(
+            Timestamp(11),
+            EventBody::RunStarted(run_started_v1_expected()),
+        ),
         Event::new(Timestamp(12), EventBody::Tick),
     ]
 }
@@ -127,7 +130,11 @@ fn golden_files_match_their_generators() {
         };
         let path = directory.join(golden.name);
         let Some(generate) = generate else {
-            assert!(path.exists(), "{}: frozen golden file is missing", path.display());
+            assert!(
+                path.exists(),
+                "{}: frozen golden file is missing",
+                path.display()
+            );
             continue;
         };
         let generated = generate();
@@ -173,7 +180,10 @@ fn every_golden_file_decodes_to_its_expected_value() {
         .collect();
     entries.sort();
     for path in entries {
-        let name = path.file_name().and_then(|name| name.to_str()).expect("utf-8 name");
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("utf-8 name");
         let golden = GOLDENS
             .iter()
             .find(|golden| golden.name == name)
@@ -195,7 +205,11 @@ fn every_golden_file_decodes_to_its_expected_value() {
         }
         seen += 1;
     }
-    assert_eq!(seen, GOLDENS.len(), "every golden in golden.rs has a committed file");
+    assert_eq!(
+        seen,
+        GOLDENS.len(),
+        "every golden in golden.rs has a committed file"
+    );
 }
 
 #[test]
@@ -215,7 +229,11 @@ fn goldens_hold_every_kind_at_every_readable_version() {
     }
     for kind in ALL_KINDS {
         let current = (kind as u32, current_schema_version(kind));
-        assert!(held.contains(&current), "no golden holds {kind:?} v{}", current.1);
+        assert!(
+            held.contains(&current),
+            "no golden holds {kind:?} v{}",
+            current.1
+        );
     }
     for step in UPCASTERS {
         assert!(

@@ -87,4 +87,24 @@ proptest! {
         prop_assert_eq!(offset, appended[hit].offset);
         prop_assert!(reader.next().is_none());
     }
+
+    /// Whatever follows a valid header, the reader terminates without panicking and yields at
+    /// most one error, last.
+    #[test]
+    fn garbage_records_never_panic_the_reader(
+        garbage in proptest::collection::vec(any::<u8>(), 0..512),
+    ) {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let path = directory.path().join("run.log");
+        drop(EventFileWriter::create(&path).expect("create"));
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes.extend_from_slice(&garbage);
+        std::fs::write(&path, &bytes).expect("write");
+        let items: Vec<_> = EventFileReader::open(&path).expect("open").collect();
+        let errors = items.iter().filter(|item| item.is_err()).count();
+        prop_assert!(errors <= 1);
+        if errors == 1 {
+            prop_assert!(items.last().is_some_and(|item| item.is_err()));
+        }
+    }
 }

@@ -87,7 +87,13 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
             proptest::collection::vec(any::<u32>(), 0..64),
             proptest::collection::vec(f32_not_nan(), 0..64),
         ),
-        (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+        (
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
     )
         .prop_map(
             |(
@@ -158,13 +164,13 @@ pub fn event_body() -> BoxedStrategy<EventBody> {
                 engine: EngineId(engine),
             }
         ),
-        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-            |(engine, rollout_capacity, nodes)| EventBody::StandalonePoolRegistered {
+        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(engine, rollout_capacity, nodes)| {
+            EventBody::StandalonePoolRegistered {
                 engine: EngineId(engine),
                 rollout_capacity,
                 nodes,
             }
-        ),
+        }),
         any::<u32>().prop_map(|engine| EventBody::EngineReady {
             engine: EngineId(engine)
         }),
@@ -312,17 +318,19 @@ pub fn event_body() -> BoxedStrategy<EventBody> {
             any::<u64>(),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..6)
         )
-            .prop_map(|(step, policy_version, consumed)| EventBody::OptimizerStepped {
-                step: StepId(step),
-                policy_version: PolicyVersion(policy_version),
-                consumed: consumed
-                    .into_iter()
-                    .map(|(group, staleness)| ConsumedGroup {
-                        group: GroupId(group),
-                        staleness,
-                    })
-                    .collect(),
-            }),
+            .prop_map(
+                |(step, policy_version, consumed)| EventBody::OptimizerStepped {
+                    step: StepId(step),
+                    policy_version: PolicyVersion(policy_version),
+                    consumed: consumed
+                        .into_iter()
+                        .map(|(group, staleness)| ConsumedGroup {
+                            group: GroupId(group),
+                            staleness,
+                        })
+                        .collect(),
+                }
+            ),
         (any::<u64>(), any::<u64>()).prop_map(|(policy_version, took)| {
             EventBody::WeightsPublished {
                 policy_version: PolicyVersion(policy_version),

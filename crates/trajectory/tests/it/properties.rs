@@ -8,14 +8,18 @@ use std::collections::BTreeSet;
 use gyre_event::{AdmittedTrajectory, CallId, ExecutionId};
 use gyre_trajectory::synthetic::{build_tree, generate, SyntheticConfig};
 use gyre_trajectory::{
-    admit, materialise, objective, target_weight, trajectory_targets_count, trajectory_weights, Admission,
-    ExecutionTargets, RoleClasses, SplitMix64, TargetToken, Tree, TreeConfig,
+    admit, materialise, objective, target_weight, trajectory_targets_count, trajectory_weights,
+    Admission, ExecutionTargets, RoleClasses, SplitMix64, TargetToken, Tree, TreeConfig,
 };
 use proptest::prelude::*;
 
 /// Every (call, output index) a trajectory targets.
 fn target_tokens(trajectory: &AdmittedTrajectory) -> Vec<(CallId, u32)> {
-    trajectory.targets.iter().flat_map(|range| (range.start..range.end).map(move |index| (range.call, index))).collect()
+    trajectory
+        .targets
+        .iter()
+        .flat_map(|range| (range.start..range.end).map(move |index| (range.call, index)))
+        .collect()
 }
 
 /// Output tokens on the path of a leaf, as (call, output index).
@@ -49,12 +53,17 @@ pub fn check_targets_sampled_on_path(tree: &Tree, admission: &Admission) -> Resu
         for range in &trajectory.targets {
             let node = tree.node(tree.node_of_call(range.call).ok_or("target call unknown")?);
             if range.start >= range.end || range.end as usize > node.output_ids.len() {
-                return Err(format!("range {range:?} is not inside the call's sampled output"));
+                return Err(format!(
+                    "range {range:?} is not inside the call's sampled output"
+                ));
             }
         }
         for token in target_tokens(trajectory) {
             if !on_path.contains(&token) {
-                return Err(format!("target {token:?} is not on the path of {}", trajectory.leaf_call));
+                return Err(format!(
+                    "target {token:?} is not on the path of {}",
+                    trajectory.leaf_call
+                ));
             }
         }
         let row = materialise(tree, trajectory, 1.0, 1.0).map_err(|error| error.to_string())?;
@@ -67,7 +76,10 @@ pub fn check_targets_sampled_on_path(tree: &Tree, admission: &Admission) -> Resu
 
 pub fn check_j_max(admission: &Admission, j_max: u32) -> Result<(), String> {
     if admission.trajectories.len() as u32 > j_max {
-        return Err(format!("{} trajectories, J_max {j_max}", admission.trajectories.len()));
+        return Err(format!(
+            "{} trajectories, J_max {j_max}",
+            admission.trajectories.len()
+        ));
     }
     Ok(())
 }
@@ -75,14 +87,21 @@ pub fn check_j_max(admission: &Admission, j_max: u32) -> Result<(), String> {
 /// Independent oracle: before each draw, recompute from scratch which classes still had unmasked
 /// trainable tokens on some leaf path; the drawn class must be the highest of them, and when
 /// admission stops early nothing trainable may be left.
-pub fn check_priority(tree: &Tree, classes: &RoleClasses, admission: &Admission, j_max: u32) -> Result<(), String> {
+pub fn check_priority(
+    tree: &Tree,
+    classes: &RoleClasses,
+    admission: &Admission,
+    j_max: u32,
+) -> Result<(), String> {
     let mut masked: BTreeSet<(CallId, u32)> = BTreeSet::new();
     let highest_open = |masked: &BTreeSet<(CallId, u32)>| -> Option<u32> {
         tree.leaves()
             .filter_map(|leaf| {
                 let node = tree.node(leaf);
                 let class = classes.classify(&node.agent, node.kind)?;
-                let open = path_output_tokens(tree, node.call).iter().any(|token| !masked.contains(token));
+                let open = path_output_tokens(tree, node.call)
+                    .iter()
+                    .any(|token| !masked.contains(token));
                 open.then_some(class)
             })
             .min()
@@ -90,13 +109,21 @@ pub fn check_priority(tree: &Tree, classes: &RoleClasses, admission: &Admission,
     for trajectory in &admission.trajectories {
         let expected = highest_open(&masked);
         if expected != Some(trajectory.class) {
-            return Err(format!("admitted class {} while class {expected:?} still had unmasked tokens", trajectory.class));
+            return Err(format!(
+                "admitted class {} while class {expected:?} still had unmasked tokens",
+                trajectory.class
+            ));
         }
-        let fresh: BTreeSet<(CallId, u32)> =
-            path_output_tokens(tree, trajectory.leaf_call).into_iter().filter(|token| !masked.contains(token)).collect();
+        let fresh: BTreeSet<(CallId, u32)> = path_output_tokens(tree, trajectory.leaf_call)
+            .into_iter()
+            .filter(|token| !masked.contains(token))
+            .collect();
         let targets: BTreeSet<(CallId, u32)> = target_tokens(trajectory).into_iter().collect();
         if fresh != targets {
-            return Err(format!("targets of {} are not exactly its unmasked path tokens", trajectory.leaf_call));
+            return Err(format!(
+                "targets of {} are not exactly its unmasked path tokens",
+                trajectory.leaf_call
+            ));
         }
         masked.extend(path_output_tokens(tree, trajectory.leaf_call));
     }
@@ -106,10 +133,21 @@ pub fn check_priority(tree: &Tree, classes: &RoleClasses, admission: &Admission,
     Ok(())
 }
 
-pub fn check_counts_and_weights(admission: &Admission, groups: u32, executions_per_group: u32) -> Result<(), String> {
-    let sum: u64 = admission.trajectories.iter().map(trajectory_targets_count).sum();
+pub fn check_counts_and_weights(
+    admission: &Admission,
+    groups: u32,
+    executions_per_group: u32,
+) -> Result<(), String> {
+    let sum: u64 = admission
+        .trajectories
+        .iter()
+        .map(trajectory_targets_count)
+        .sum();
     if sum != admission.targets_count {
-        return Err(format!("Σ L_r = {sum} but L_i = {}", admission.targets_count));
+        return Err(format!(
+            "Σ L_r = {sum} but L_i = {}",
+            admission.targets_count
+        ));
     }
     let weights = trajectory_weights(&admission.trajectories);
     let total: f64 = weights.iter().sum();
@@ -117,16 +155,20 @@ pub fn check_counts_and_weights(admission: &Admission, groups: u32, executions_p
         return Err(format!("trajectory weights sum to {total}"));
     }
     let per_target = target_weight(admission.targets_count, groups, executions_per_group);
-    let execution_total = per_target * admission.targets_count as f64 * (groups * executions_per_group) as f64;
+    let execution_total =
+        per_target * admission.targets_count as f64 * (groups * executions_per_group) as f64;
     if admission.targets_count > 0 && (execution_total - 1.0).abs() > 1e-9 {
-        return Err(format!("per-execution target weights sum to {execution_total}·B·N⁻¹"));
+        return Err(format!(
+            "per-execution target weights sum to {execution_total}·B·N⁻¹"
+        ));
     }
     Ok(())
 }
 
 fn random_execution(seed: u64, main_calls: u32, sub_agents: u32) -> Tree {
     let calls = generate(SyntheticConfig::small(main_calls, sub_agents), seed);
-    let tree = build_tree(ExecutionId(seed), &calls, TreeConfig::default()).expect("generated calls apply");
+    let tree = build_tree(ExecutionId(seed), &calls, TreeConfig::default())
+        .expect("generated calls apply");
     tree.validate();
     tree
 }
@@ -201,17 +243,25 @@ fn checkers_can_fail() {
     let tree = random_execution(42, 20, 2);
     let classes = RoleClasses::claude_code();
     let admission = admit(&tree, &classes, 5, &mut SplitMix64::for_execution(1, 42));
-    assert!(admission.trajectories.len() >= 2, "the fixture admits several trajectories");
+    assert!(
+        admission.trajectories.len() >= 2,
+        "the fixture admits several trajectories"
+    );
 
     let mut overlapping = admission.clone();
     let first = overlapping.trajectories[0].clone();
-    overlapping.trajectories[1].targets.extend(first.targets.iter().copied());
+    overlapping.trajectories[1]
+        .targets
+        .extend(first.targets.iter().copied());
     assert!(check_disjoint(&overlapping).is_err());
 
     let mut off_path = admission.clone();
     let foreign = admission.trajectories[1].targets.clone();
     off_path.trajectories[0].targets = foreign;
-    assert!(check_targets_sampled_on_path(&tree, &off_path).is_err() || check_priority(&tree, &classes, &off_path, 5).is_err());
+    assert!(
+        check_targets_sampled_on_path(&tree, &off_path).is_err()
+            || check_priority(&tree, &classes, &off_path, 5).is_err()
+    );
 
     assert!(check_j_max(&admission, admission.trajectories.len() as u32 - 1).is_err());
 

@@ -21,13 +21,26 @@ fn check(script: &str, expected: Expect) {
         stats.node_occurrences_repeated()
     ));
     for prefix in &stats.shared_prefixes {
-        out.push_str(&format!("shared prefix of {}: {} nodes, {} tokens\n", name(tree.node(prefix.root).call), prefix.nodes, prefix.tokens));
+        out.push_str(&format!(
+            "shared prefix of {}: {} nodes, {} tokens\n",
+            name(tree.node(prefix.root).call),
+            prefix.nodes,
+            prefix.tokens
+        ));
     }
     let admission = admit(&tree, &classes, 5, &mut SplitMix64::for_execution(7, 1));
     for trajectory in &admission.trajectories {
-        let targets: Vec<String> =
-            trajectory.targets.iter().map(|range| format!("{}[{},{})", name(range.call), range.start, range.end)).collect();
-        out.push_str(&format!("admit {} {}: {}\n", name(trajectory.leaf_call), classes.name(trajectory.class), targets.join(" ")));
+        let targets: Vec<String> = trajectory
+            .targets
+            .iter()
+            .map(|range| format!("{}[{},{})", name(range.call), range.start, range.end))
+            .collect();
+        out.push_str(&format!(
+            "admit {} {}: {}\n",
+            name(trajectory.leaf_call),
+            classes.name(trajectory.class),
+            targets.join(" ")
+        ));
     }
     out.push_str(&format!("L_i {}\n", admission.targets_count));
     expected.assert_eq(&out);
@@ -90,11 +103,11 @@ fn sub_agent_gets_its_own_root_and_retry_a_sibling_leaf() {
             c1 main/turn @0 +in 2 +out 2
             └─ c5 main/turn @4 +in 1 +out 1 leaf:main
             c2 sub1/turn @0 +in 2 +out 2 spawned-by:c1
-            ├─ c3 sub1/turn @4 +in 1 +out 1 leaf:sub-agent spawned-by:c1
-            └─ c4 sub1/turn @5 +in 0 +out 2 leaf:sub-agent spawned-by:c1
-            requests 5 nodes 5 segments 9 roots 2 leaves 3 unrolled 6 repeated 1
+            └─ c3 sub1/turn @4 +in 1 +out 1 leaf:sub-agent spawned-by:c1
+               └─ c4 sub1/turn @5 +in 0 +out 2 leaf:sub-agent spawned-by:c1
+            requests 5 nodes 5 segments 9 roots 2 leaves 3 unrolled 7 repeated 2
             shared prefix of c1: 2 nodes, 6 tokens
-            shared prefix of c2: 1 nodes, 4 tokens
+            shared prefix of c2: 2 nodes, 5 tokens
             admit c5 main: c1[0,2) c5[0,1)
             admit c4 sub-agent: c2[0,2) c4[0,2)
             admit c3 sub-agent: c3[0,1)

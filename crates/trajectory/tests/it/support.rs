@@ -17,7 +17,11 @@ pub struct ScriptCall {
 }
 
 fn call_id(word: &str) -> CallId {
-    CallId(word.trim_start_matches('c').parse().expect("call names are c<number>"))
+    CallId(
+        word.trim_start_matches('c')
+            .parse()
+            .expect("call names are c<number>"),
+    )
 }
 
 pub fn parse(script: &str) -> Vec<ScriptCall> {
@@ -30,13 +34,22 @@ pub fn parse(script: &str) -> Vec<ScriptCall> {
             let words: Vec<&str> = head.split_whitespace().collect();
             let (context, output) = body.split_once("->").expect("a script line has an arrow");
             let numbers = |text: &str| -> Vec<u32> {
-                text.split_whitespace().map(|word| word.parse().expect("token ids are numbers")).collect()
+                text.split_whitespace()
+                    .map(|word| word.parse().expect("token ids are numbers"))
+                    .collect()
             };
             ScriptCall {
                 call: call_id(words[0]),
                 agent: words[1].to_string(),
-                kind: if words[2] == "summary" { CallKind::Summary } else { CallKind::Turn },
-                spawned_by: words.iter().find_map(|word| word.strip_prefix("spawned_by=")).map(call_id),
+                kind: if words[2] == "summary" {
+                    CallKind::Summary
+                } else {
+                    CallKind::Turn
+                },
+                spawned_by: words
+                    .iter()
+                    .find_map(|word| word.strip_prefix("spawned_by="))
+                    .map(call_id),
                 context: numbers(context),
                 output: numbers(output),
             }
