@@ -50,18 +50,18 @@ const FLAGSHIP_CAPACITY_PER_NODE: u32 = 2;
 
 /// Calibrated training cost, expressed as the ratio of training node-time to rollout node-time per
 /// group (see the calibration note). Used to derive node-hours per step for every workload.
-pub const TRAINING_TO_ROLLOUT_WORK_RATIO: f64 = 0.62;
+pub const TRAINING_TO_ROLLOUT_WORK_RATIO: f64 = 0.5;
 
 /// NL2RepoBench on Qwen 3.6 122B: execution mean 1.93 h, query mean 2.96 h, 9.51% of queries over
 /// 4 h, 6.25% harness timeouts (scored), 0.87% overall timeouts (discarded).
 pub fn nl2repo_122b_workload() -> WorkloadConfig {
     WorkloadConfig {
         profile: "nl2repo-122b".to_string(),
-        query_median_h: 1.62,
-        query_sigma: 0.42,
-        execution_sigma: 0.30,
-        harness_timeout_h: 4.25,
-        overall_timeout_h: 4.45,
+        query_median_h: 1.70,
+        query_sigma: 0.50,
+        execution_sigma: 0.28,
+        harness_timeout_h: 4.0,
+        overall_timeout_h: 4.2,
         overall_given_harness_timeout: 0.122,
         total_failure_rate: 0.002,
         reroute_penalty_s: 20.0,
@@ -73,12 +73,12 @@ pub fn nl2repo_122b_workload() -> WorkloadConfig {
 pub fn nl2repo_flagship_workload() -> WorkloadConfig {
     WorkloadConfig {
         profile: "nl2repo-2.4t".to_string(),
-        query_median_h: 2.6,
-        query_sigma: 0.42,
-        execution_sigma: 0.30,
-        harness_timeout_h: 4.45,
-        overall_timeout_h: 4.95,
-        overall_given_harness_timeout: 0.40,
+        query_median_h: 2.8,
+        query_sigma: 0.44,
+        execution_sigma: 0.28,
+        harness_timeout_h: 4.4,
+        overall_timeout_h: 4.6,
+        overall_given_harness_timeout: 0.30,
         total_failure_rate: 0.002,
         reroute_penalty_s: 60.0,
     }
@@ -98,12 +98,9 @@ pub fn terminalbench_workload() -> WorkloadConfig {
 
 fn scaled_shape(profile: &str, median_h: f64) -> WorkloadConfig {
     let base = nl2repo_122b_workload();
-    let scale = median_h / base.query_median_h;
     WorkloadConfig {
         profile: profile.to_string(),
         query_median_h: median_h,
-        harness_timeout_h: base.harness_timeout_h * scale,
-        overall_timeout_h: base.overall_timeout_h * scale,
         ..base
     }
 }
@@ -115,11 +112,11 @@ fn mean_execution_hours(workload: &WorkloadConfig, n: u32) -> f64 {
 
 /// Training cost from the calibrated work ratio: node-hours per step =
 /// ratio × B × N × mean execution hours / capacity per node.
-fn training_for(workload: &WorkloadConfig, n: u32, b: u32, capacity_per_node: u32, min_nodes: u32, publish_s: f64) -> TrainingConfig {
+fn training_for(workload: &WorkloadConfig, n: u32, b: u32, capacity_per_node: u32, min_nodes: u32, publish_s: f64, ratio: f64) -> TrainingConfig {
     let rollout_node_hours_per_group =
         n as f64 * mean_execution_hours(workload, n) / capacity_per_node as f64;
     TrainingConfig {
-        node_hours_per_step: TRAINING_TO_ROLLOUT_WORK_RATIO * rollout_node_hours_per_group * b as f64,
+        node_hours_per_step: ratio * rollout_node_hours_per_group * b as f64,
         micro_steps_per_group: 4,
         pipeline_fill_drain_s: 90.0,
         optimizer_s: 45.0,
@@ -182,19 +179,31 @@ fn shape(mode: ModeName, streaming: bool, phi: f64, mu: u32, cells: u32, nodes_p
     }
 }
 
-/// The rows of a preset for one seed. `b` and `n` override the paper's values when given
-/// (used by robustness checks: elastic must stay ahead when B or N change).
-pub fn preset_rows(preset: Preset, seed: u64, n: Option<u32>, b: Option<u32>) -> Vec<PaperRow> {
+/// Changes to a preset: `n` and `b` override the paper's values (robustness checks: elastic must
+/// stay ahead when B or N change); `training_work_ratio` replaces the calibrated
+/// [`TRAINING_TO_ROLLOUT_WORK_RATIO`] (for sensitivity studies only).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PresetOverrides {
+    pub n: Option<u32>,
+    pub b: Option<u32>,
+    pub training_work_ratio: Option<f64>,
+}
+
+/// The rows of a preset for one seed.
+pub fn preset_rows(preset: Preset, seed: u64, overrides: PresetOverrides) -> Vec<PaperRow> {
+    let ratio = overrides
+        .training_work_ratio
+        .unwrap_or(TRAINING_TO_ROLLOUT_WORK_RATIO);
     match preset {
-        Preset::Table2 => table2(seed, n.unwrap_or(16), b.unwrap_or(32)),
-        Preset::Table1 => table1(seed, n, b),
+        Preset::Table2 => table2(seed, overrides.n.unwrap_or(16), overrides.b.unwrap_or(32), ratio),
+        Preset::Table1 => table1(seed, overrides.n, overrides.b, ratio),
     }
 }
 
-fn table2(seed: u64, n: u32, b: u32) -> Vec<PaperRow> {
+fn table2(seed: u64, n: u32, b: u32, ratio: f64) -> Vec<PaperRow> {
     use ModeName::*;
     let workload = nl2repo_122b_workload();
-    let training = training_for(&workload, n, b, NL2REPO_122B_CAPACITY_PER_NODE, 4, 90.0);
+    let training = training_for(&workload, n, b, NL2REPO_122B_CAPACITY_PER_NODE, 4, 90.0, ratio);
     let rows: [(&str, &str, Shape, f64, f64); 11] = [
         ("A0", "original Async, 16 T / 16 R", shape(Async, false, 1.5, 1, 8, 4, 0, 4), 25.08, 1.556),
         ("A1", "A0 with 8 T / 24 R", shape(Async, false, 1.5, 1, 8, 4, 0, 2), 27.01, 1.676),
@@ -220,7 +229,7 @@ fn table2(seed: u64, n: u32, b: u32) -> Vec<PaperRow> {
         .collect()
 }
 
-fn table1(seed: u64, n: Option<u32>, b: Option<u32>) -> Vec<PaperRow> {
+fn table1(seed: u64, n: Option<u32>, b: Option<u32>, ratio: f64) -> Vec<PaperRow> {
     use ModeName::*;
     let mut rows = Vec::new();
     // (workload, E[d], Gyre (φ, μ), paper speed-up vs Async, vs Colocate)
@@ -232,7 +241,7 @@ fn table1(seed: u64, n: Option<u32>, b: Option<u32>) -> Vec<PaperRow> {
     ];
     for (bench, workload, staleness, phi, mu, vs_async, vs_colocate) in swe {
         let (n, b) = (n.unwrap_or(16), b.unwrap_or(48));
-        let training = training_for(&workload, n, b, SWE_CAPACITY_PER_NODE, 4, 90.0);
+        let training = training_for(&workload, n, b, SWE_CAPACITY_PER_NODE, 4, 90.0, ratio);
         let tag = format!("{bench} E[d]={staleness}");
         let gyre_id = format!("{tag} Gyre");
         let colocate_mu = (2.0 * staleness + 1.0).round() as u32;
@@ -254,7 +263,7 @@ fn table1(seed: u64, n: Option<u32>, b: Option<u32>) -> Vec<PaperRow> {
     }
     let workload = nl2repo_flagship_workload();
     let (n, b) = (n.unwrap_or(16), b.unwrap_or(16));
-    let training = training_for(&workload, n, b, FLAGSHIP_CAPACITY_PER_NODE, 48, 300.0);
+    let training = training_for(&workload, n, b, FLAGSHIP_CAPACITY_PER_NODE, 48, 300.0, ratio);
     let flagship = [
         ("2.4T Gyre", shape(Elastic, true, 0.5, 3, 4, 48, 0, 0), 75.42, None),
         ("2.4T Async", shape(Async, false, 1.5, 1, 4, 48, 0, 2), 134.55, Some(1.78)),

@@ -23,11 +23,29 @@ use crate::{RunReport, SimConfig};
 /// Engine ids: cells use their index; the standalone pool uses this one.
 const STANDALONE_ENGINE: EngineId = EngineId(10_000);
 
+/// A `ProjectionDigest` checkpoint is appended after this many log entries, as the leader does.
+pub const DIGEST_EVERY_ENTRIES: u64 = 64;
+
 /// The result of one simulated run: the report and the full event log.
 pub struct SimOutput {
     pub report: RunReport,
     pub events: Vec<Event>,
+    /// Entry boundaries: entry i holds `events[batch_ends[i-1]..batch_ends[i]]`. One entry is what
+    /// the leader would propose as one Raft entry (one occurrence and the decisions it caused).
+    pub batch_ends: Vec<usize>,
     pub final_digest: [u8; 32],
+}
+
+impl SimOutput {
+    /// The log entries, each a slice of events.
+    pub fn entries(&self) -> impl Iterator<Item = &[Event]> {
+        let mut start = 0;
+        self.batch_ends.iter().map(move |end| {
+            let entry = &self.events[start..*end];
+            start = *end;
+            entry
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,6 +90,7 @@ struct Simulation<'a> {
     publish_scheduled: bool,
     wakeup_at: Option<u64>,
     metrics: Metrics,
+    batch_ends: Vec<usize>,
 }
 
 /// Run one configuration to completion (its `steps` optimizer steps).
@@ -103,6 +122,7 @@ impl<'a> Simulation<'a> {
             optimizer_scheduled: None,
             publish_scheduled: false,
             wakeup_at: None,
+            batch_ends: Vec::new(),
             metrics: Metrics::new(cell_count as usize, nodes_per_cell, config.standalone.nodes),
         }
     }
@@ -153,6 +173,7 @@ impl<'a> Simulation<'a> {
             }
         }
         self.decide_and_react();
+        self.end_entry();
         while let Some(Reverse((at, _, occurrence))) = self.queue.pop() {
             if self.state.run_complete {
                 break;
@@ -161,6 +182,7 @@ impl<'a> Simulation<'a> {
             self.now = at;
             self.handle(occurrence);
             self.decide_and_react();
+            self.end_entry();
         }
         assert!(
             self.state.run_complete,
@@ -171,6 +193,24 @@ impl<'a> Simulation<'a> {
             self.state.started,
             self.state.finished
         );
+    }
+
+    /// Close the current log entry; every `DIGEST_EVERY_ENTRIES` entries append a digest entry,
+    /// as the leader does, so replay can verify the projection.
+    fn end_entry(&mut self) {
+        if self.batch_ends.last().copied().unwrap_or(0) == self.events.len() {
+            return;
+        }
+        self.batch_ends.push(self.events.len());
+        let entries = self.batch_ends.len() as u64;
+        if entries % DIGEST_EVERY_ENTRIES == 0 {
+            let hash = self.state.digest();
+            self.record(EventBody::ProjectionDigest {
+                upto: gyre_event::LogIndex(entries),
+                hash,
+            });
+            self.batch_ends.push(self.events.len());
+        }
     }
 
     fn busy_training_nodes(&self) -> u64 {
@@ -458,6 +498,7 @@ impl<'a> Simulation<'a> {
         SimOutput {
             report,
             events: self.events,
+            batch_ends: self.batch_ends,
             final_digest: digest,
         }
     }

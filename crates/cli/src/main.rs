@@ -20,6 +20,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start here: run the paper's scheduling table on the simulator and write a report.
+    ///
+    /// Needs no GPU, no network and no setup. Today this is a simulation with the real
+    /// scheduler; the embedded end-to-end training run replaces it when the CPU policy lands.
+    Quickstart(commands::quickstart::QuickstartArgs),
     /// Run the real scheduler on a simulated cluster: the paper's tables, or one TOML config.
     ///
     /// Same seed, same output, byte for byte.
@@ -33,6 +38,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Quickstart(args) => commands::quickstart::run(args),
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Trajectory(args) => commands::trajectory::run(args),
     };

@@ -244,36 +244,60 @@ impl SchedulerState {
         self.cells.iter().any(|c| c.switching_to.is_some())
     }
 
+    /// Groups the rest of the current burst still needs, counting the open batch's groups whose
+    /// micro-steps are not all claimed: (μ − steps done in the burst)·B − fully claimed groups.
+    pub fn burst_groups_needed(&self) -> u64 {
+        let Some(config) = &self.config else { return 0 };
+        let fully = self
+            .batch
+            .as_ref()
+            .map(|b| b.fully_claimed_groups() as u64)
+            .unwrap_or(0);
+        let steps_left = config.mu.saturating_sub(self.steps_in_burst) as u64;
+        (steps_left * config.b as u64).saturating_sub(fully)
+    }
+
+    fn batch_groups_needed(&self) -> u64 {
+        let Some(config) = &self.config else { return 0 };
+        let fully = self
+            .batch
+            .as_ref()
+            .map(|b| b.fully_claimed_groups() as u64)
+            .unwrap_or(0);
+        config.b as u64 - fully
+    }
+
     /// The ready groups the supply check may count: ready and not fully claimed, capped at what
-    /// the current batch still needs.
+    /// training still needs. With streaming that is the current batch; without streaming the
+    /// trainer waits for the whole burst's data (so minibatches can be shuffled across the burst,
+    /// the paper's limitation of streaming), so the cap is the rest of the burst.
     pub fn supply_groups(&self) -> u64 {
         let Some(config) = &self.config else { return 0 };
-        let (in_batch_unclaimed, need) = match &self.batch {
-            Some(batch) => {
-                let fully = batch.fully_claimed_groups();
-                (
-                    (batch.groups.len() - fully) as u64,
-                    config.b as u64 - fully as u64,
-                )
-            }
-            None => (0, config.b as u64),
+        let in_batch_unclaimed = self
+            .batch
+            .as_ref()
+            .map(|b| (b.groups.len() - b.fully_claimed_groups()) as u64)
+            .unwrap_or(0);
+        let available = self.ready_unpacked.len() as u64 + in_batch_unclaimed;
+        let cap = if config.streaming {
+            self.batch_groups_needed()
+        } else {
+            self.burst_groups_needed()
         };
-        (self.ready_unpacked.len() as u64 + in_batch_unclaimed).min(need)
+        available.min(cap)
     }
 
     /// The supply threshold: ρ_min·B, but never more than the current batch still needs (so a
-    /// nearly full batch cannot deadlock), and the whole remaining batch when streaming is off
-    /// (a non-streaming trainer waits for a complete batch anyway).
+    /// nearly full batch cannot deadlock); without streaming, everything the burst still needs.
     pub fn supply_threshold(&self) -> u64 {
         let Some(config) = &self.config else { return u64::MAX };
-        let need = match &self.batch {
-            Some(batch) => config.b as u64 - batch.fully_claimed_groups() as u64,
-            None => config.b as u64,
-        };
         if !config.streaming {
-            return need.max(1);
+            return self.burst_groups_needed().max(1);
         }
-        config.supply_groups_min().min(need).max(1)
+        config
+            .supply_groups_min()
+            .min(self.batch_groups_needed())
+            .max(1)
     }
 
     pub fn supply_holds(&self) -> bool {
@@ -322,13 +346,18 @@ impl SchedulerState {
     }
 
     /// Whether training cells may claim now: streaming claims any enqueued micro-step; without
-    /// streaming the stream must be closed (the whole batch is there).
+    /// streaming the stream must be closed and the data of the rest of the burst must be ready
+    /// too (the trainer shuffles minibatches across the whole burst).
     pub fn claims_open(&self) -> bool {
         let (Some(batch), Some(config)) = (&self.batch, &self.config) else { return false };
         if self.awaiting_publish {
             return false;
         }
-        config.streaming || batch.stream_closed
+        if config.streaming {
+            return true;
+        }
+        let later_steps = config.mu.saturating_sub(self.steps_in_burst + 1) as u64;
+        batch.stream_closed && self.ready_unpacked.len() as u64 >= later_steps * config.b as u64
     }
 
     /// Apply one committed event. On error the state is unchanged.

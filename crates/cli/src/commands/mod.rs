@@ -2,3 +2,4 @@
 
 pub mod trajectory;
 pub mod simulate;
+pub mod quickstart;

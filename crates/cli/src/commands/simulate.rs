@@ -13,7 +13,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use gyre_simulator::{preset_rows, render_html, simulate, PaperRow, Preset, RunReport, SimConfig};
+use gyre_simulator::{
+    preset_rows, render_html, simulate, PaperRow, Preset, PresetOverrides, RunReport, SimConfig,
+};
 
 /// Arguments of `gyre simulate`.
 #[derive(Args, Debug)]
@@ -44,9 +46,16 @@ pub struct SimulateArgs {
     /// Print JSON (one report, or the table with every row's report) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the run's event log (the same CRC-framed, hash-chained format the control quorum
+    /// exports) for `gyre replay` and `gyre audit`. Only with `--config` or a single `--row`.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
     /// Also write a self-contained HTML report (role timelines, step durations, staleness).
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// Sensitivity study: replace the calibrated training-to-rollout work ratio.
+    #[arg(long, requires = "preset")]
+    training_work_ratio: Option<f64>,
     /// Print the sampled statistics of each workload profile in the preset beside the paper's
     /// figures (the calibration check) and exit.
     #[arg(long, requires = "preset")]
@@ -54,6 +63,33 @@ pub struct SimulateArgs {
     /// Worker threads for preset sweeps (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+}
+
+impl SimulateArgs {
+    /// Arguments for running a preset programmatically (used by `gyre quickstart`).
+    pub fn for_preset(
+        preset: &str,
+        seed: u64,
+        row: Option<&str>,
+        report: Option<PathBuf>,
+        log: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            preset: Some(preset.to_string()),
+            row: row.map(str::to_string),
+            print_config: false,
+            config: None,
+            seed: Some(seed),
+            n: None,
+            b: None,
+            json: false,
+            log,
+            report,
+            training_work_ratio: None,
+            workload_stats: false,
+            threads: None,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -89,6 +125,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             config.seed = seed;
         }
         let output = simulate(&config);
+        if let Some(log_path) = &args.log {
+            write_log(log_path, &output)?;
+        }
         if let Some(report_path) = &args.report {
             let html = render_html(&format!("Gyre simulation: {}", config.name), std::slice::from_ref(&output.report), None);
             std::fs::write(report_path, html)
@@ -110,7 +149,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let preset = Preset::parse(preset_name)
         .with_context(|| format!("unknown preset `{preset_name}`: expected table2 or table1"))?;
     let seed = args.seed.unwrap_or(1);
-    let mut rows = preset_rows(preset, seed, args.n, args.b);
+    let overrides = PresetOverrides {
+        n: args.n,
+        b: args.b,
+        training_work_ratio: args.training_work_ratio,
+    };
+    let mut rows = preset_rows(preset, seed, overrides);
     if let Some(row) = &args.row {
         let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         rows.retain(|r| &r.id == row);
@@ -130,6 +174,13 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         row.config
             .validate()
             .with_context(|| format!("preset row {} is not valid with these overrides", row.id))?;
+    }
+    if let Some(log_path) = &args.log {
+        if rows.len() != 1 {
+            bail!("--log needs one run: add --row ID (or use --config FILE)");
+        }
+        let output = simulate(&rows[0].config);
+        write_log(log_path, &output)?;
     }
     let reports = run_rows(&rows, args.threads)?;
     let table = table_rows(&rows, &reports);
@@ -155,6 +206,29 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             println!("report: {}", report_path.display());
         }
     }
+    Ok(())
+}
+
+/// Write the run as an event file: one record per log entry, then one fdatasync.
+fn write_log(path: &std::path::Path, output: &gyre_simulator::SimOutput) -> anyhow::Result<()> {
+    let mut writer = gyre_log::EventFileWriter::create(path)
+        .with_context(|| format!("creating event log {}", path.display()))?;
+    writer.set_term(1);
+    let mut entries = 0u64;
+    for entry in output.entries() {
+        writer
+            .append_batch(entry)
+            .with_context(|| format!("appending to {}", path.display()))?;
+        entries += 1;
+    }
+    writer.sync().with_context(|| format!("syncing {}", path.display()))?;
+    eprintln!(
+        "event log: {} ({} entries, {} events, head {})",
+        path.display(),
+        entries,
+        output.events.len(),
+        gyre_log::file::hex(&writer.head_hash())
+    );
     Ok(())
 }
 
