@@ -159,7 +159,10 @@ fn positive(field: &str, value: f64) -> Result<(), ConfigError> {
     if value.is_finite() && value > 0.0 {
         Ok(())
     } else {
-        Err(field_error(field, format!("must be a finite number > 0, got {value}")))
+        Err(field_error(
+            field,
+            format!("must be a finite number > 0, got {value}"),
+        ))
     }
 }
 
@@ -167,7 +170,10 @@ fn non_negative(field: &str, value: f64) -> Result<(), ConfigError> {
     if value.is_finite() && value >= 0.0 {
         Ok(())
     } else {
-        Err(field_error(field, format!("must be a finite number ≥ 0, got {value}")))
+        Err(field_error(
+            field,
+            format!("must be a finite number ≥ 0, got {value}"),
+        ))
     }
 }
 
@@ -175,7 +181,10 @@ fn probability(field: &str, value: f64) -> Result<(), ConfigError> {
     if (0.0..=1.0).contains(&value) {
         Ok(())
     } else {
-        Err(field_error(field, format!("must lie in [0, 1], got {value}")))
+        Err(field_error(
+            field,
+            format!("must lie in [0, 1], got {value}"),
+        ))
     }
 }
 
@@ -242,13 +251,19 @@ impl SimConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.mu < 1 {
-            return Err(field_error("mu", "must be ≥ 1 (a burst takes at least one step)"));
+            return Err(field_error(
+                "mu",
+                "must be ≥ 1 (a burst takes at least one step)",
+            ));
         }
         non_negative("phi", self.phi)?;
         if self.mode == ModeName::Colocate && self.phi > 0.0 {
             return Err(field_error(
                 "phi",
-                format!("colocate cannot dispatch extra groups: phi must be 0, got {}", self.phi),
+                format!(
+                    "colocate cannot dispatch extra groups: phi must be 0, got {}",
+                    self.phi
+                ),
             ));
         }
         if self.n < 1 {
@@ -258,7 +273,10 @@ impl SimConfig {
             return Err(field_error("b", "must be ≥ 1 group per step"));
         }
         if self.steps < 1 {
-            return Err(field_error("steps", "must be ≥ 1 (the simulator runs a finite number of steps)"));
+            return Err(field_error(
+                "steps",
+                "must be ≥ 1 (the simulator runs a finite number of steps)",
+            ));
         }
         probability("rho_min", self.rho_min)?;
         non_negative("tau_s", self.tau_s)?;
@@ -266,7 +284,10 @@ impl SimConfig {
             return Err(field_error("cells.count", "must be ≥ 1 cell"));
         }
         if self.cells.capacity_per_node < 1 {
-            return Err(field_error("cells.capacity_per_node", "must be ≥ 1 concurrent execution"));
+            return Err(field_error(
+                "cells.capacity_per_node",
+                "must be ≥ 1 concurrent execution",
+            ));
         }
         if self.cells.nodes_per_cell < self.training.min_nodes_per_cell {
             return Err(field_error(
@@ -325,7 +346,10 @@ impl SimConfig {
                 ),
             ));
         }
-        probability("workload.overall_given_harness_timeout", w.overall_given_harness_timeout)?;
+        probability(
+            "workload.overall_given_harness_timeout",
+            w.overall_given_harness_timeout,
+        )?;
         probability("workload.total_failure_rate", w.total_failure_rate)?;
         non_negative("workload.reroute_penalty_s", w.reroute_penalty_s)?;
         let t = &self.training;
@@ -340,8 +364,14 @@ impl SimConfig {
         if t.min_nodes_per_cell < 1 {
             return Err(field_error("training.min_nodes_per_cell", "must be ≥ 1"));
         }
-        non_negative("switch.rollout_to_training_s", self.switch.rollout_to_training_s)?;
-        non_negative("switch.training_to_rollout_s", self.switch.training_to_rollout_s)?;
+        non_negative(
+            "switch.rollout_to_training_s",
+            self.switch.rollout_to_training_s,
+        )?;
+        non_negative(
+            "switch.training_to_rollout_s",
+            self.switch.training_to_rollout_s,
+        )?;
         // The rollout side must be able to run at least one execution, or nothing ever finishes.
         let rollout_nodes = match self.mode {
             ModeName::Async => {
@@ -351,7 +381,10 @@ impl SimConfig {
             _ => self.total_nodes(),
         };
         if rollout_nodes == 0 {
-            return Err(field_error("standalone.nodes", "no node is ever in rollout role"));
+            return Err(field_error(
+                "standalone.nodes",
+                "no node is ever in rollout role",
+            ));
         }
         self.run_config()
             .validate()

@@ -21,9 +21,7 @@ pub use config::{
     WorkloadConfig,
 };
 pub use metrics::{CellTimeline, RoleInterval, RunReport};
-pub use presets::{
-    preset_rows, PaperRow, Preset, PresetOverrides, TRAINING_TO_ROLLOUT_WORK_RATIO,
-};
+pub use presets::{preset_rows, PaperRow, Preset, PresetOverrides, TRAINING_TO_ROLLOUT_WORK_RATIO};
 pub use report_html::render_html;
 pub use sim::{simulate, SimOutput};
 pub use workload::{sample_stats, Workload, WorkloadStats};

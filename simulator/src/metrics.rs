@@ -152,7 +152,11 @@ impl Metrics {
         match &event.body {
             EventBody::CellRegistered { cell, .. } => {
                 let index = cell.get() as usize;
-                let role = state.cells.get(index).map(|c| c.role).unwrap_or(Role::Rollout);
+                let role = state
+                    .cells
+                    .get(index)
+                    .map(|c| c.role)
+                    .unwrap_or(Role::Rollout);
                 self.switch(index, role.as_str(), at);
             }
             EventBody::TransitionBegun { cell, .. } => {
@@ -208,7 +212,13 @@ impl Metrics {
                 steady_count += 1;
             }
         }
-        let mean = |s: u64, c: u64| if c == 0 { 0.0 } else { round4(s as f64 / c as f64) };
+        let mean = |s: u64, c: u64| {
+            if c == 0 {
+                0.0
+            } else {
+                round4(s as f64 / c as f64)
+            }
+        };
         let mut previous = 0u64;
         let step_duration_hours = self
             .step_end_ns
@@ -234,7 +244,11 @@ impl Metrics {
                 }
                 CellTimeline {
                     cell: index as u32,
-                    nodes: state.cells.get(index).map(|c| c.nodes).unwrap_or(self.cell_nodes),
+                    nodes: state
+                        .cells
+                        .get(index)
+                        .map(|c| c.nodes)
+                        .unwrap_or(self.cell_nodes),
                     intervals: intervals.clone(),
                     hours_by_role,
                 }

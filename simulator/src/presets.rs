@@ -8,7 +8,9 @@
 //! never from a per-row fit.
 
 use crate::config::ModeName;
-use crate::{CellsConfig, SimConfig, StandaloneConfig, SwitchConfig, TrainingConfig, WorkloadConfig};
+use crate::{
+    CellsConfig, SimConfig, StandaloneConfig, SwitchConfig, TrainingConfig, WorkloadConfig,
+};
 
 /// A preset: a named set of rows with the paper's figures beside them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +114,15 @@ fn mean_execution_hours(workload: &WorkloadConfig, n: u32) -> f64 {
 
 /// Training cost from the calibrated work ratio: node-hours per step =
 /// ratio × B × N × mean execution hours / capacity per node.
-fn training_for(workload: &WorkloadConfig, n: u32, b: u32, capacity_per_node: u32, min_nodes: u32, publish_s: f64, ratio: f64) -> TrainingConfig {
+fn training_for(
+    workload: &WorkloadConfig,
+    n: u32,
+    b: u32,
+    capacity_per_node: u32,
+    min_nodes: u32,
+    publish_s: f64,
+    ratio: f64,
+) -> TrainingConfig {
     let rollout_node_hours_per_group =
         n as f64 * mean_execution_hours(workload, n) / capacity_per_node as f64;
     TrainingConfig {
@@ -137,7 +147,17 @@ struct Shape {
     async_training_cells: u32,
 }
 
-fn build(name: &str, seed: u64, shape: Shape, workload: &WorkloadConfig, training: &TrainingConfig, n: u32, b: u32, steps: u32, capacity_per_node: u32) -> SimConfig {
+fn build(
+    name: &str,
+    seed: u64,
+    shape: Shape,
+    workload: &WorkloadConfig,
+    training: &TrainingConfig,
+    n: u32,
+    b: u32,
+    steps: u32,
+    capacity_per_node: u32,
+) -> SimConfig {
     SimConfig {
         name: name.to_string(),
         seed,
@@ -166,7 +186,16 @@ fn build(name: &str, seed: u64, shape: Shape, workload: &WorkloadConfig, trainin
 }
 
 #[allow(clippy::too_many_arguments)]
-fn shape(mode: ModeName, streaming: bool, phi: f64, mu: u32, cells: u32, nodes_per_cell: u32, standalone_nodes: u32, async_training_cells: u32) -> Shape {
+fn shape(
+    mode: ModeName,
+    streaming: bool,
+    phi: f64,
+    mu: u32,
+    cells: u32,
+    nodes_per_cell: u32,
+    standalone_nodes: u32,
+    async_training_cells: u32,
+) -> Shape {
     Shape {
         mode,
         streaming,
@@ -195,7 +224,12 @@ pub fn preset_rows(preset: Preset, seed: u64, overrides: PresetOverrides) -> Vec
         .training_work_ratio
         .unwrap_or(TRAINING_TO_ROLLOUT_WORK_RATIO);
     match preset {
-        Preset::Table2 => table2(seed, overrides.n.unwrap_or(16), overrides.b.unwrap_or(32), ratio),
+        Preset::Table2 => table2(
+            seed,
+            overrides.n.unwrap_or(16),
+            overrides.b.unwrap_or(32),
+            ratio,
+        ),
         Preset::Table1 => table1(seed, overrides.n, overrides.b, ratio),
     }
 }
@@ -203,26 +237,110 @@ pub fn preset_rows(preset: Preset, seed: u64, overrides: PresetOverrides) -> Vec
 fn table2(seed: u64, n: u32, b: u32, ratio: f64) -> Vec<PaperRow> {
     use ModeName::*;
     let workload = nl2repo_122b_workload();
-    let training = training_for(&workload, n, b, NL2REPO_122B_CAPACITY_PER_NODE, 4, 90.0, ratio);
+    let training = training_for(
+        &workload,
+        n,
+        b,
+        NL2REPO_122B_CAPACITY_PER_NODE,
+        4,
+        90.0,
+        ratio,
+    );
     let rows: [(&str, &str, Shape, f64, f64); 11] = [
-        ("A0", "original Async, 16 T / 16 R", shape(Async, false, 1.5, 1, 8, 4, 0, 4), 25.08, 1.556),
-        ("A1", "A0 with 8 T / 24 R", shape(Async, false, 1.5, 1, 8, 4, 0, 2), 27.01, 1.676),
-        ("A2", "A0 with multi-step bursts", shape(Async, false, 0.5, 3, 8, 4, 0, 4), 32.58, 2.021),
-        ("A3", "A0 with streaming", shape(Async, true, 1.5, 1, 8, 4, 0, 4), 22.18, 1.376),
-        ("C0", "original Colocate, 32 C / 0 S, global switch", shape(Colocate, false, 0.0, 4, 8, 4, 0, 0), 23.23, 1.442),
-        ("C1", "C0 with standalone rollout nodes, 28 C / 4 S", shape(Elastic, false, 0.5, 3, 1, 28, 4, 0), 22.56, 1.400),
-        ("C2", "C1 with streaming", shape(Elastic, true, 0.5, 3, 1, 28, 4, 0), 19.23, 1.193),
-        ("C3", "C2 with 16 C / 16 S", shape(Elastic, true, 0.5, 3, 1, 16, 16, 0), 20.69, 1.284),
-        ("E0", "C2 with fine-grained elastic cells, 8 × 4 nodes", shape(Elastic, true, 0.5, 3, 8, 4, 0, 0), 16.12, 1.000),
-        ("E1", "E0 with single-step bursts", shape(Elastic, true, 1.5, 1, 8, 4, 0, 0), 17.87, 1.109),
-        ("E2", "E0 with 4 × 8-node cells", shape(Elastic, true, 0.5, 3, 4, 8, 0, 0), 16.47, 1.022),
+        (
+            "A0",
+            "original Async, 16 T / 16 R",
+            shape(Async, false, 1.5, 1, 8, 4, 0, 4),
+            25.08,
+            1.556,
+        ),
+        (
+            "A1",
+            "A0 with 8 T / 24 R",
+            shape(Async, false, 1.5, 1, 8, 4, 0, 2),
+            27.01,
+            1.676,
+        ),
+        (
+            "A2",
+            "A0 with multi-step bursts",
+            shape(Async, false, 0.5, 3, 8, 4, 0, 4),
+            32.58,
+            2.021,
+        ),
+        (
+            "A3",
+            "A0 with streaming",
+            shape(Async, true, 1.5, 1, 8, 4, 0, 4),
+            22.18,
+            1.376,
+        ),
+        (
+            "C0",
+            "original Colocate, 32 C / 0 S, global switch",
+            shape(Colocate, false, 0.0, 4, 8, 4, 0, 0),
+            23.23,
+            1.442,
+        ),
+        (
+            "C1",
+            "C0 with standalone rollout nodes, 28 C / 4 S",
+            shape(Elastic, false, 0.5, 3, 1, 28, 4, 0),
+            22.56,
+            1.400,
+        ),
+        (
+            "C2",
+            "C1 with streaming",
+            shape(Elastic, true, 0.5, 3, 1, 28, 4, 0),
+            19.23,
+            1.193,
+        ),
+        (
+            "C3",
+            "C2 with 16 C / 16 S",
+            shape(Elastic, true, 0.5, 3, 1, 16, 16, 0),
+            20.69,
+            1.284,
+        ),
+        (
+            "E0",
+            "C2 with fine-grained elastic cells, 8 × 4 nodes",
+            shape(Elastic, true, 0.5, 3, 8, 4, 0, 0),
+            16.12,
+            1.000,
+        ),
+        (
+            "E1",
+            "E0 with single-step bursts",
+            shape(Elastic, true, 1.5, 1, 8, 4, 0, 0),
+            17.87,
+            1.109,
+        ),
+        (
+            "E2",
+            "E0 with 4 × 8-node cells",
+            shape(Elastic, true, 0.5, 3, 4, 8, 0, 0),
+            16.47,
+            1.022,
+        ),
     ];
     rows.into_iter()
         .map(|(id, description, shape, hours, ratio)| PaperRow {
             id: id.to_string(),
             reference: "E0".to_string(),
             description: description.to_string(),
-            config: build(id, seed, shape, &workload, &training, n, b, 12, NL2REPO_122B_CAPACITY_PER_NODE),
+            config: build(
+                id,
+                seed,
+                shape,
+                &workload,
+                &training,
+                n,
+                b,
+                12,
+                NL2REPO_122B_CAPACITY_PER_NODE,
+            ),
             paper_hours: Some(hours),
             paper_ratio: Some(ratio),
         })
@@ -236,8 +354,24 @@ fn table1(seed: u64, n: Option<u32>, b: Option<u32>, ratio: f64) -> Vec<PaperRow
     let swe: [(&str, WorkloadConfig, f64, f64, u32, f64, f64); 4] = [
         ("DeepSWE", deepswe_workload(), 1.0, 0.5, 2, 1.569, 1.610),
         ("DeepSWE", deepswe_workload(), 1.5, 0.5, 3, 1.572, 1.824),
-        ("TerminalBench", terminalbench_workload(), 1.0, 0.5, 2, 1.383, 1.809),
-        ("TerminalBench", terminalbench_workload(), 1.5, 0.5, 3, 1.430, 1.849),
+        (
+            "TerminalBench",
+            terminalbench_workload(),
+            1.0,
+            0.5,
+            2,
+            1.383,
+            1.809,
+        ),
+        (
+            "TerminalBench",
+            terminalbench_workload(),
+            1.5,
+            0.5,
+            3,
+            1.430,
+            1.849,
+        ),
     ];
     for (bench, workload, staleness, phi, mu, vs_async, vs_colocate) in swe {
         let (n, b) = (n.unwrap_or(16), b.unwrap_or(48));
@@ -246,15 +380,37 @@ fn table1(seed: u64, n: Option<u32>, b: Option<u32>, ratio: f64) -> Vec<PaperRow
         let gyre_id = format!("{tag} Gyre");
         let colocate_mu = (2.0 * staleness + 1.0).round() as u32;
         let variants = [
-            (format!("{tag} Gyre"), shape(Elastic, true, phi, mu, 6, 4, 0, 0), None),
-            (format!("{tag} Async"), shape(Async, false, staleness, 1, 6, 4, 0, 3), Some(vs_async)),
-            (format!("{tag} Colocate"), shape(Colocate, false, 0.0, colocate_mu, 6, 4, 0, 0), Some(vs_colocate)),
+            (
+                format!("{tag} Gyre"),
+                shape(Elastic, true, phi, mu, 6, 4, 0, 0),
+                None,
+            ),
+            (
+                format!("{tag} Async"),
+                shape(Async, false, staleness, 1, 6, 4, 0, 3),
+                Some(vs_async),
+            ),
+            (
+                format!("{tag} Colocate"),
+                shape(Colocate, false, 0.0, colocate_mu, 6, 4, 0, 0),
+                Some(vs_colocate),
+            ),
         ];
         for (id, shape, ratio) in variants {
             rows.push(PaperRow {
                 reference: gyre_id.clone(),
                 description: format!("{bench}, 24 nodes in 6 cells, 24 steps"),
-                config: build(&id, seed, shape, &workload, &training, n, b, 24, SWE_CAPACITY_PER_NODE),
+                config: build(
+                    &id,
+                    seed,
+                    shape,
+                    &workload,
+                    &training,
+                    n,
+                    b,
+                    24,
+                    SWE_CAPACITY_PER_NODE,
+                ),
                 id,
                 paper_hours: None,
                 paper_ratio: ratio,
@@ -263,18 +419,51 @@ fn table1(seed: u64, n: Option<u32>, b: Option<u32>, ratio: f64) -> Vec<PaperRow
     }
     let workload = nl2repo_flagship_workload();
     let (n, b) = (n.unwrap_or(16), b.unwrap_or(16));
-    let training = training_for(&workload, n, b, FLAGSHIP_CAPACITY_PER_NODE, 48, 300.0, ratio);
+    let training = training_for(
+        &workload,
+        n,
+        b,
+        FLAGSHIP_CAPACITY_PER_NODE,
+        48,
+        300.0,
+        ratio,
+    );
     let flagship = [
-        ("2.4T Gyre", shape(Elastic, true, 0.5, 3, 4, 48, 0, 0), 75.42, None),
-        ("2.4T Async", shape(Async, false, 1.5, 1, 4, 48, 0, 2), 134.55, Some(1.78)),
-        ("2.4T Colocate", shape(Colocate, false, 0.0, 4, 4, 48, 0, 0), 91.47, Some(1.21)),
+        (
+            "2.4T Gyre",
+            shape(Elastic, true, 0.5, 3, 4, 48, 0, 0),
+            75.42,
+            None,
+        ),
+        (
+            "2.4T Async",
+            shape(Async, false, 1.5, 1, 4, 48, 0, 2),
+            134.55,
+            Some(1.78),
+        ),
+        (
+            "2.4T Colocate",
+            shape(Colocate, false, 0.0, 4, 4, 48, 0, 0),
+            91.47,
+            Some(1.21),
+        ),
     ];
     for (id, shape, hours, ratio) in flagship {
         rows.push(PaperRow {
             id: id.to_string(),
             reference: "2.4T Gyre".to_string(),
             description: "NL2RepoBench on Qwen 3.8 2.4T, 4 cells × 48 nodes, 48 steps".to_string(),
-            config: build(id, seed, shape, &workload, &training, n, b, 48, FLAGSHIP_CAPACITY_PER_NODE),
+            config: build(
+                id,
+                seed,
+                shape,
+                &workload,
+                &training,
+                n,
+                b,
+                48,
+                FLAGSHIP_CAPACITY_PER_NODE,
+            ),
             paper_hours: Some(hours),
             paper_ratio: ratio,
         });

@@ -13,7 +13,9 @@ const LEFT: f64 = 90.0;
 const ROW: f64 = 18.0;
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 fn color(role: &str) -> &'static str {
@@ -88,7 +90,13 @@ fn bars(out: &mut String, title: &str, values: &[f64], reference: Option<f64>, u
         .chain(reference)
         .fold(0.0f64, f64::max)
         .max(1e-9);
-    let _ = writeln!(out, "<h3>{}</h3><svg width=\"{WIDTH}\" height=\"{:.0}\" role=\"img\" aria-label=\"{}\">", escape(title), height + 30.0, escape(title));
+    let _ = writeln!(
+        out,
+        "<h3>{}</h3><svg width=\"{WIDTH}\" height=\"{:.0}\" role=\"img\" aria-label=\"{}\">",
+        escape(title),
+        height + 30.0,
+        escape(title)
+    );
     let width = plot / values.len().max(1) as f64;
     for (index, value) in values.iter().enumerate() {
         let h = value / max * height;
@@ -142,8 +150,20 @@ pub fn render_html(title: &str, reports: &[RunReport], table: Option<&str>) -> S
             report.utilization.training * 100.0
         );
         timeline(&mut out, report);
-        bars(&mut out, &format!("{}: step durations (h)", report.name), &report.step_duration_hours, None, "h");
-        bars(&mut out, &format!("{}: mean staleness per step", report.name), &report.staleness_by_step, Some(report.expected_staleness), "");
+        bars(
+            &mut out,
+            &format!("{}: step durations (h)", report.name),
+            &report.step_duration_hours,
+            None,
+            "h",
+        );
+        bars(
+            &mut out,
+            &format!("{}: mean staleness per step", report.name),
+            &report.staleness_by_step,
+            Some(report.expected_staleness),
+            "",
+        );
     }
     let _ = writeln!(out, "</body></html>");
     out

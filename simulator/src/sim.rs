@@ -50,10 +50,22 @@ impl SimOutput {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Occurrence {
-    ExecutionEnds { execution: ExecutionId, generation: u32 },
-    TransitionDone { cell: CellId, role: Role },
-    MicroStepDone { step: StepId, micro_step: MicroStepId, cell: CellId },
-    OptimizerDone { step: StepId },
+    ExecutionEnds {
+        execution: ExecutionId,
+        generation: u32,
+    },
+    TransitionDone {
+        cell: CellId,
+        role: Role,
+    },
+    MicroStepDone {
+        step: StepId,
+        micro_step: MicroStepId,
+        cell: CellId,
+    },
+    OptimizerDone {
+        step: StepId,
+    },
     PublishDone,
     Wakeup,
 }
@@ -178,7 +190,8 @@ impl<'a> Simulation<'a> {
             if self.state.run_complete {
                 break;
             }
-            self.metrics.advance(&self.state, at, self.busy_training_nodes());
+            self.metrics
+                .advance(&self.state, at, self.busy_training_nodes());
             self.now = at;
             self.handle(occurrence);
             self.decide_and_react();
@@ -228,7 +241,9 @@ impl<'a> Simulation<'a> {
                 execution,
                 generation,
             } => {
-                let Some(running) = self.running.get(&execution) else { return };
+                let Some(running) = self.running.get(&execution) else {
+                    return;
+                };
                 if running.generation != generation {
                     return; // superseded by a reroute delay
                 }
@@ -413,7 +428,11 @@ impl<'a> Simulation<'a> {
     fn pack(&mut self) -> bool {
         let mut progressed = false;
         while let Some(group) = self.state.next_group_to_pack() {
-            let batch = self.state.batch.as_ref().expect("packing needs an open batch");
+            let batch = self
+                .state
+                .batch
+                .as_ref()
+                .expect("packing needs an open batch");
             let step = batch.step;
             let closes = batch.groups.len() + 1 == self.config.b as usize;
             let first = self.state.next_micro_step;
@@ -439,10 +458,13 @@ impl<'a> Simulation<'a> {
         }
         for index in 0..self.cells.len() {
             let cell = &self.state.cells[index];
-            if cell.role != Role::Training || cell.switching_to.is_some() || self.cells[index].busy {
+            if cell.role != Role::Training || cell.switching_to.is_some() || self.cells[index].busy
+            {
                 continue;
             }
-            let Some(micro_step) = self.state.next_unclaimed_micro_step() else { break };
+            let Some(micro_step) = self.state.next_unclaimed_micro_step() else {
+                break;
+            };
             let step = self.state.batch.as_ref().expect("claims need a batch").step;
             let cell_id = CellId(index as u32);
             self.record(EventBody::MicroStepClaimed {
@@ -478,7 +500,9 @@ impl<'a> Simulation<'a> {
     }
 
     fn maybe_schedule_optimizer(&mut self) {
-        let Some(batch) = &self.state.batch else { return };
+        let Some(batch) = &self.state.batch else {
+            return;
+        };
         if batch.join_window_closed && batch.all_done() && self.optimizer_scheduled.is_none() {
             let step = batch.step;
             self.optimizer_scheduled = Some(step);
@@ -492,9 +516,9 @@ impl<'a> Simulation<'a> {
     fn finish(mut self) -> SimOutput {
         self.metrics.close(self.now, &self.state);
         let digest = self.state.digest();
-        let report = self
-            .metrics
-            .report(self.config, &self.state, self.events.len() as u64, &digest);
+        let report =
+            self.metrics
+                .report(self.config, &self.state, self.events.len() as u64, &digest);
         SimOutput {
             report,
             events: self.events,

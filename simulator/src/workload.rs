@@ -104,7 +104,12 @@ impl Workload {
 
     /// The outcome of a specific execution: its index within the group is its offset from the
     /// group's first execution, which the simulator knows.
-    pub fn outcome_for(&self, query: QueryId, execution: ExecutionId, first: ExecutionId) -> ExecutionOutcome {
+    pub fn outcome_for(
+        &self,
+        query: QueryId,
+        execution: ExecutionId,
+        first: ExecutionId,
+    ) -> ExecutionOutcome {
         self.outcome(query, execution.get() - first.get())
     }
 }

@@ -100,10 +100,16 @@ impl RunConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !self.phi.is_finite() || self.phi < 0.0 {
-            return Err(bad("phi", format!("must be a finite number ≥ 0, got {}", self.phi)));
+            return Err(bad(
+                "phi",
+                format!("must be a finite number ≥ 0, got {}", self.phi),
+            ));
         }
         if self.mu < 1 {
-            return Err(bad("mu", "must be ≥ 1 (one burst takes at least one optimizer step)"));
+            return Err(bad(
+                "mu",
+                "must be ≥ 1 (one burst takes at least one optimizer step)",
+            ));
         }
         if self.n < 1 {
             return Err(bad("n", "must be ≥ 1 execution per group"));
@@ -112,7 +118,10 @@ impl RunConfig {
             return Err(bad("b", "must be ≥ 1 group per step"));
         }
         if !self.rho_min.is_finite() || self.rho_min < 0.0 || self.rho_min > 1.0 {
-            return Err(bad("rho_min", format!("must lie in [0, 1], got {}", self.rho_min)));
+            return Err(bad(
+                "rho_min",
+                format!("must lie in [0, 1], got {}", self.rho_min),
+            ));
         }
         if self.j_max < 1 {
             return Err(bad("j_max", "must be ≥ 1 trajectory per execution"));
@@ -120,7 +129,10 @@ impl RunConfig {
         if self.mode == SchedulingMode::Colocate && self.phi > 0.0 {
             return Err(bad(
                 "phi",
-                format!("colocate cannot dispatch extra groups: phi must be 0, got {}", self.phi),
+                format!(
+                    "colocate cannot dispatch extra groups: phi must be 0, got {}",
+                    self.phi
+                ),
             ));
         }
         if self.mode == SchedulingMode::Async && self.async_training_cells < 1 {

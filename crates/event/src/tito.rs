@@ -117,8 +117,15 @@ impl ModelCallRecord {
                 self.input_ids.len()
             ));
         }
-        if let Some(bad) = self.output_logprobs.iter().find(|lp| !(lp.is_finite() && **lp <= 0.0)) {
-            return Err(format!("call {}: log-prob {bad} is not a finite value ≤ 0", self.call));
+        if let Some(bad) = self
+            .output_logprobs
+            .iter()
+            .find(|lp| !(lp.is_finite() && **lp <= 0.0))
+        {
+            return Err(format!(
+                "call {}: log-prob {bad} is not a finite value ≤ 0",
+                self.call
+            ));
         }
         Ok(())
     }

@@ -60,7 +60,8 @@ impl Controller {
         if state.burst_end_pending {
             let mut out = vec![stamp(EventBody::BurstEnded { burst: state.burst })];
             if config.mode != SchedulingMode::Async {
-                for cell in state.cells.iter().skip(1) {
+                // Highest index first, so the training set stays a prefix after every event.
+                for cell in state.cells.iter().skip(1).rev() {
                     if cell.role == Role::Training && cell.switching_to.is_none() {
                         out.push(stamp(EventBody::TransitionBegun {
                             cell: cell.id,
@@ -170,11 +171,15 @@ impl Controller {
         let mut current = queue.next();
         let mut slot_index = 0;
         for _ in 0..count {
-            let Some((group, (size, started))) = current.as_mut() else { break };
+            let Some((group, (size, started))) = current.as_mut() else {
+                break;
+            };
             while slot_index < slots.len() && slots[slot_index].1 == 0 {
                 slot_index += 1;
             }
-            let Some((engine, free)) = slots.get_mut(slot_index) else { break };
+            let Some((engine, free)) = slots.get_mut(slot_index) else {
+                break;
+            };
             events.push(Event::new(
                 now,
                 EventBody::ExecutionStarted {
@@ -234,7 +239,12 @@ impl Controller {
     /// (`TransitionBegun`), destination capacity is reserved and routes move
     /// (`RoutesUpdated`); the cell worker then cancels the source's outstanding requests, which
     /// the proxy retries on the destination, and reports `TransitionCompleted`.
-    fn switch_to_training(&self, state: &SchedulerState, cell: CellId, now: Timestamp) -> Vec<Event> {
+    fn switch_to_training(
+        &self,
+        state: &SchedulerState,
+        cell: CellId,
+        now: Timestamp,
+    ) -> Vec<Event> {
         let mut events = vec![Event::new(
             now,
             EventBody::TransitionBegun {
@@ -255,8 +265,12 @@ impl Controller {
     /// After a publish: the core stays in training only if the next batch already has ρ_min·B
     /// ready groups and eq (3) w + μ·N·B ≤ C_s + Σ_{i≥1} C_e holds; otherwise it returns.
     fn core_after_publish(&self, state: &SchedulerState, now: Timestamp) -> Vec<Event> {
-        let Some(config) = state.config() else { return Vec::new() };
-        let Some(core) = state.cells.first() else { return Vec::new() };
+        let Some(config) = state.config() else {
+            return Vec::new();
+        };
+        let Some(core) = state.cells.first() else {
+            return Vec::new();
+        };
         if core.role != Role::Training || core.switching_to.is_some() {
             return Vec::new();
         }
@@ -324,7 +338,9 @@ fn place_moves(
         while index < slots.len() && slots[index].1 == 0 {
             index += 1;
         }
-        let Some((to, free)) = slots.get_mut(index) else { break };
+        let Some((to, free)) = slots.get_mut(index) else {
+            break;
+        };
         moves.push(RouteMove {
             execution,
             from: source,

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::{SchedulerState, state::Resolution};
+use crate::{state::Resolution, SchedulerState};
 use gyre_event::Role;
 
 struct Feed(Sha256);

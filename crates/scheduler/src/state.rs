@@ -290,7 +290,9 @@ impl SchedulerState {
     /// The supply threshold: ρ_min·B, but never more than the current batch still needs (so a
     /// nearly full batch cannot deadlock); without streaming, everything the burst still needs.
     pub fn supply_threshold(&self) -> u64 {
-        let Some(config) = &self.config else { return u64::MAX };
+        let Some(config) = &self.config else {
+            return u64::MAX;
+        };
         if !config.streaming {
             return self.burst_groups_needed().max(1);
         }
@@ -317,7 +319,9 @@ impl SchedulerState {
     /// The groups the open batch consumes with their staleness d = v_t − v_d, as the
     /// `OptimizerStepped` event must record them.
     pub fn batch_consumption(&self) -> Vec<ConsumedGroup> {
-        let Some(batch) = &self.batch else { return Vec::new() };
+        let Some(batch) = &self.batch else {
+            return Vec::new();
+        };
         batch
             .groups
             .iter()
@@ -349,7 +353,9 @@ impl SchedulerState {
     /// streaming the stream must be closed and the data of the rest of the burst must be ready
     /// too (the trainer shuffles minibatches across the whole burst).
     pub fn claims_open(&self) -> bool {
-        let (Some(batch), Some(config)) = (&self.batch, &self.config) else { return false };
+        let (Some(batch), Some(config)) = (&self.batch, &self.config) else {
+            return false;
+        };
         if self.awaiting_publish {
             return false;
         }
@@ -911,7 +917,11 @@ impl SchedulerState {
                     return Err(ApplyError::Invalid(format!(
                         "burst_ended for burst {burst} but burst {} is {}",
                         self.burst,
-                        if self.burst_end_pending { "ending" } else { "not complete" }
+                        if self.burst_end_pending {
+                            "ending"
+                        } else {
+                            "not complete"
+                        }
                     )));
                 }
                 self.burst += 1;
@@ -965,7 +975,11 @@ impl SchedulerState {
             .ok_or(ApplyError::UnknownExecution(execution))
     }
 
-    fn resolve(&mut self, execution: ExecutionId, resolution: Resolution) -> Result<(), ApplyError> {
+    fn resolve(
+        &mut self,
+        execution: ExecutionId,
+        resolution: Resolution,
+    ) -> Result<(), ApplyError> {
         let state = self
             .executions
             .get_mut(&execution)
@@ -988,7 +1002,8 @@ impl SchedulerState {
     fn note_if_ready(&mut self, group: GroupId) {
         if let Some(state) = self.groups.get(&group) {
             if state.ready() && state.packed_into.is_none() {
-                self.ready_unpacked.insert((state.dispatched_version, group));
+                self.ready_unpacked
+                    .insert((state.dispatched_version, group));
             }
         }
     }
@@ -1043,8 +1058,16 @@ impl SchedulerState {
             ));
         }
         if let Some(config) = &self.config {
-            // The training set is always a prefix of the cell order (elastic and colocate).
-            let out: Vec<bool> = self.cells.iter().map(|c| c.out_of_rollout()).collect();
+            // The training set (cells training and staying, or joining) is always a prefix of
+            // the cell order. Cells returning to rollout at a burst end may finish in any order.
+            let out: Vec<bool> = self
+                .cells
+                .iter()
+                .map(|c| match c.switching_to {
+                    Some(to) => to == Role::Training,
+                    None => c.role == Role::Training,
+                })
+                .collect();
             if let Some(first_in) = out.iter().position(|o| !o) {
                 if out[first_in..].iter().any(|o| *o) {
                     return Err(format!("cells out of rollout are not a prefix: {out:?}"));
@@ -1067,12 +1090,19 @@ impl SchedulerState {
                         config.b
                     ));
                 }
-                if batch.micro_steps.values().any(|m| m.done && m.claimed_by.is_none()) {
+                if batch
+                    .micro_steps
+                    .values()
+                    .any(|m| m.done && m.claimed_by.is_none())
+                {
                     return Err("a micro-step is done but unclaimed".to_string());
                 }
             }
             if self.steps_in_burst > config.mu {
-                return Err(format!("{} steps in a burst of μ = {}", self.steps_in_burst, config.mu));
+                return Err(format!(
+                    "{} steps in a burst of μ = {}",
+                    self.steps_in_burst, config.mu
+                ));
             }
         }
         for (version, group) in &self.ready_unpacked {

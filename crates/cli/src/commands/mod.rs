@@ -1,5 +1,5 @@
 //! One module per `gyre` subcommand.
 
-pub mod trajectory;
-pub mod simulate;
 pub mod quickstart;
+pub mod simulate;
+pub mod trajectory;

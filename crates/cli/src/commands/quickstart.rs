@@ -28,13 +28,33 @@ pub fn run(args: QuickstartArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let report = args.out.join("table2.html");
     let log = args.out.join("e0.log");
-    println!("gyre quickstart: simulating the paper's Table 2 (NL2RepoBench, 122B, 32 nodes, 12 steps)");
+    println!(
+        "gyre quickstart: simulating the paper's Table 2 (NL2RepoBench, 122B, 32 nodes, 12 steps)"
+    );
     println!("with the real elastic scheduler on a simulated cluster (no GPU needed).\n");
-    simulate::run(SimulateArgs::for_preset("table2", args.seed, None, Some(report.clone()), None))?;
-    simulate::run(SimulateArgs::for_preset("table2", args.seed, Some("E0"), None, Some(log.clone())))
-        .map(|_| ())?;
-    println!("\nreport:    {} (cell role timelines, step durations, staleness)", report.display());
-    println!("event log: {} (the E0 run, CRC-framed and hash-chained)", log.display());
+    simulate::run(SimulateArgs::for_preset(
+        "table2",
+        args.seed,
+        None,
+        Some(report.clone()),
+        None,
+    ))?;
+    simulate::run(SimulateArgs::for_preset(
+        "table2",
+        args.seed,
+        Some("E0"),
+        None,
+        Some(log.clone()),
+    ))
+    .map(|_| ())?;
+    println!(
+        "\nreport:    {} (cell role timelines, step durations, staleness)",
+        report.display()
+    );
+    println!(
+        "event log: {} (the E0 run, CRC-framed and hash-chained)",
+        log.display()
+    );
     println!("next:      gyre simulate --preset table2 --row E0 --print-config > e0.toml; edit; gyre simulate --config e0.toml");
     Ok(())
 }

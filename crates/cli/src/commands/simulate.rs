@@ -19,7 +19,9 @@ use gyre_simulator::{
 
 /// Arguments of `gyre simulate`.
 #[derive(Args, Debug)]
-#[command(after_long_help = "Examples:\n  gyre simulate --preset table2\n  gyre simulate --preset table2 --row E0 --print-config > e0.toml\n  gyre simulate --config e0.toml --seed 7 --json\n  gyre simulate --preset table1 --report table1.html")]
+#[command(
+    after_long_help = "Examples:\n  gyre simulate --preset table2\n  gyre simulate --preset table2 --row E0 --print-config > e0.toml\n  gyre simulate --config e0.toml --seed 7 --json\n  gyre simulate --preset table1 --report table1.html"
+)]
 pub struct SimulateArgs {
     /// A preset of the paper: `table2` (scheduling ablation A0–E2, NL2RepoBench 122B, 12 steps) or
     /// `table1` (DeepSWE / TerminalBench at E[d] = 1 and 1.5, and the 2.4T run).
@@ -129,7 +131,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             write_log(log_path, &output)?;
         }
         if let Some(report_path) = &args.report {
-            let html = render_html(&format!("Gyre simulation: {}", config.name), std::slice::from_ref(&output.report), None);
+            let html = render_html(
+                &format!("Gyre simulation: {}", config.name),
+                std::slice::from_ref(&output.report),
+                None,
+            );
             std::fs::write(report_path, html)
                 .with_context(|| format!("writing {}", report_path.display()))?;
         }
@@ -159,7 +165,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         rows.retain(|r| &r.id == row);
         if rows.is_empty() {
-            bail!("preset {preset_name} has no row `{row}`; rows: {}", known.join(", "));
+            bail!(
+                "preset {preset_name} has no row `{row}`; rows: {}",
+                known.join(", ")
+            );
         }
         if args.print_config {
             print!("{}", rows[0].config.to_toml());
@@ -187,7 +196,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let order = order_matches(&table);
     let text = render_table(preset_name, seed, &table, order);
     if let Some(report_path) = &args.report {
-        let html = render_html(&format!("Gyre simulation: {preset_name} (seed {seed})"), &reports, Some(&text));
+        let html = render_html(
+            &format!("Gyre simulation: {preset_name} (seed {seed})"),
+            &reports,
+            Some(&text),
+        );
         std::fs::write(report_path, html)
             .with_context(|| format!("writing {}", report_path.display()))?;
     }
@@ -221,7 +234,9 @@ fn write_log(path: &std::path::Path, output: &gyre_simulator::SimOutput) -> anyh
             .with_context(|| format!("appending to {}", path.display()))?;
         entries += 1;
     }
-    writer.sync().with_context(|| format!("syncing {}", path.display()))?;
+    writer
+        .sync()
+        .with_context(|| format!("syncing {}", path.display()))?;
     eprintln!(
         "event log: {} ({} entries, {} events, head {})",
         path.display(),
@@ -235,7 +250,11 @@ fn write_log(path: &std::path::Path, output: &gyre_simulator::SimOutput) -> anyh
 /// Run rows on a few threads; results come back in row order, so output is deterministic.
 fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<RunReport>> {
     let threads = threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
         .clamp(1, rows.len().max(1));
     let progress = ProgressBar::new(rows.len() as u64);
     progress.set_style(
@@ -255,7 +274,10 @@ fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<Run
                     let Some(row) = rows.get(index) else { break };
                     progress.set_message(row.id.clone());
                     let report = simulate(&row.config).report;
-                    *results[index].lock().expect("no simulation thread panics while holding a result slot") = Some(report);
+                    *results[index]
+                        .lock()
+                        .expect("no simulation thread panics while holding a result slot") =
+                        Some(report);
                     progress.inc(1);
                 })
                 .expect("spawning a simulation thread");
@@ -282,7 +304,11 @@ fn table_rows(rows: &[PaperRow], reports: &[RunReport]) -> Vec<TableRow> {
                 .find(|(r, _)| r.id == row.reference)
                 .map(|(_, rep)| rep.total_hours)
                 .unwrap_or(report.total_hours);
-            let ratio = if reference > 0.0 { report.total_hours / reference } else { 0.0 };
+            let ratio = if reference > 0.0 {
+                report.total_hours / reference
+            } else {
+                0.0
+            };
             let ratio = (ratio * 1000.0).round() / 1000.0;
             TableRow {
                 id: row.id.clone(),
@@ -311,8 +337,17 @@ fn order_matches(rows: &[TableRow]) -> Option<bool> {
     let mut by_sim: Vec<&TableRow> = with_paper.clone();
     by_sim.sort_by(|a, b| a.total_hours.total_cmp(&b.total_hours));
     let mut by_paper = with_paper;
-    by_paper.sort_by(|a, b| a.paper_hours.unwrap_or(0.0).total_cmp(&b.paper_hours.unwrap_or(0.0)));
-    Some(by_sim.iter().map(|r| &r.id).eq(by_paper.iter().map(|r| &r.id)))
+    by_paper.sort_by(|a, b| {
+        a.paper_hours
+            .unwrap_or(0.0)
+            .total_cmp(&b.paper_hours.unwrap_or(0.0))
+    });
+    Some(
+        by_sim
+            .iter()
+            .map(|r| &r.id)
+            .eq(by_paper.iter().map(|r| &r.id)),
+    )
 }
 
 fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>) -> String {
@@ -325,7 +360,10 @@ fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>)
         "{:<24} {:>9} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7}  {}\n",
         "row", "hours", "ratio", "paper h", "paper", "err %", "E[d]", "A.1", "description"
     ));
-    let fmt = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or_else(|| "—".to_string());
+    let fmt = |v: Option<f64>, d: usize| {
+        v.map(|x| format!("{x:.d$}"))
+            .unwrap_or_else(|| "—".to_string())
+    };
     for row in rows {
         out.push_str(&format!(
             "{:<24} {:>9.2} {:>7.3} {:>9} {:>7} {:>7} {:>7.3} {:>7.3}  {}\n",
@@ -354,9 +392,20 @@ fn print_single(report: &RunReport) {
     let _ = writeln!(
         stdout,
         "{}: {} ({}), streaming {}, φ={} μ={} N={} B={}",
-        report.name, report.mode, report.granularity, report.streaming, report.phi, report.mu, report.n, report.b
+        report.name,
+        report.mode,
+        report.granularity,
+        report.streaming,
+        report.phi,
+        report.mu,
+        report.n,
+        report.b
     );
-    let _ = writeln!(stdout, "total {:.2} h over {} steps", report.total_hours, report.steps);
+    let _ = writeln!(
+        stdout,
+        "total {:.2} h over {} steps",
+        report.total_hours, report.steps
+    );
     let _ = writeln!(
         stdout,
         "mean staleness {:.3} (steady state {:.3}; Theorem A.1: {:.3})",
@@ -365,7 +414,10 @@ fn print_single(report: &RunReport) {
     let _ = writeln!(
         stdout,
         "executions dispatched {} started {} finished {}; groups consumed {}",
-        report.executions.dispatched, report.executions.started, report.executions.finished, report.groups_consumed
+        report.executions.dispatched,
+        report.executions.started,
+        report.executions.finished,
+        report.groups_consumed
     );
     let _ = writeln!(
         stdout,
@@ -392,7 +444,10 @@ fn print_workload_stats(rows: &[PaperRow], seed: u64) {
             continue;
         }
         let stats = gyre_simulator::sample_stats(workload, row.config.n, seed, 20_000);
-        println!("{} (N = {}, {} sampled queries)", workload.profile, row.config.n, stats.queries);
+        println!(
+            "{} (N = {}, {} sampled queries)",
+            workload.profile, row.config.n, stats.queries
+        );
         println!(
             "  simulated: execution mean {:.2} h, query mean {:.2} h, {:.2}% of queries > 4 h, {:.2}% harness timeouts, {:.2}% overall timeouts, {:.1}% of longest executions overall-timeout",
             stats.execution_mean_h,

@@ -1,3 +1,6 @@
-//! Process tests of the `gyre` binary (one integration-test binary per crate).
+//! Process tests of the `gyre` binary (one integration-test binary per crate) and the
+//! workspace's tidy test.
 
+mod simulate;
+mod tidy;
 mod trajectory;

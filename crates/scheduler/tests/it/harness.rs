@@ -22,8 +22,8 @@
 
 use expect_test::Expect;
 use gyre_event::{
-    CellId, CloseStatus, Duration, EngineId, Event, EventBody, ExecutionId, MicroStepId,
-    PolicyVersion, Role, RunConfig, SchedulingMode, StepId, Timestamp,
+    CellId, CloseStatus, Duration, EngineId, Event, EventBody, ExecutionId, MicroStepId, Role,
+    RunConfig, SchedulingMode, StepId, Timestamp,
 };
 use gyre_scheduler::{run_decisions, Controller, SchedulerState};
 
@@ -71,7 +71,10 @@ impl Harness {
                 .apply_unchecked(event)
                 .expect("a logged event replays");
         }
-        assert_eq!(replayed, self.state, "replay diverged from the live projection");
+        assert_eq!(
+            replayed, self.state,
+            "replay diverged from the live projection"
+        );
         assert_eq!(replayed.digest(), self.state.digest());
         std::mem::take(&mut self.out)
     }
@@ -175,8 +178,13 @@ impl Harness {
         let digest_before = self.state.digest();
         match self.state.apply(&event) {
             Ok(()) => {
-                invariants::check_step(&before, &self.state)
-                    .unwrap_or_else(|violation| panic!("after {event:?}: {violation}"));
+                invariants::check_step(&before, &self.state).unwrap_or_else(|violation| {
+                    panic!(
+                        "after {event:?}: {violation}\n{}{}",
+                        self.out,
+                        render_state(&self.state)
+                    )
+                });
                 self.log.push(event);
                 Ok(())
             }
@@ -209,8 +217,13 @@ impl Harness {
                 let mut previous = before;
                 for event in &events {
                     stepwise.apply(event).expect("a decided event applies");
-                    invariants::check_step(&previous, &stepwise)
-                        .unwrap_or_else(|violation| panic!("after decided {event:?}: {violation}"));
+                    invariants::check_step(&previous, &stepwise).unwrap_or_else(|violation| {
+                        panic!(
+                            "after decided {event:?}: {violation}\n{}{}",
+                            self.out,
+                            render_state(&stepwise)
+                        )
+                    });
                     previous = stepwise.clone();
                 }
                 assert_eq!(stepwise, self.state);
@@ -422,7 +435,9 @@ impl Harness {
         }
         let mut packed = 0;
         while packed < count {
-            let Some(group) = self.state.next_group_to_pack() else { break };
+            let Some(group) = self.state.next_group_to_pack() else {
+                break;
+            };
             let batch = self.state.batch.as_ref().expect("packing needs a batch");
             let b = self.state.config().expect("config").b as usize;
             let first = self.state.next_micro_step;
@@ -630,8 +645,16 @@ pub fn render_state(state: &SchedulerState) -> String {
             b.micro_steps.len(),
             b.claimed_count,
             b.micro_steps.values().filter(|m| m.done).count(),
-            if b.stream_closed { " stream-closed" } else { "" },
-            if b.join_window_closed { " window-closed" } else { "" },
+            if b.stream_closed {
+                " stream-closed"
+            } else {
+                ""
+            },
+            if b.join_window_closed {
+                " window-closed"
+            } else {
+                ""
+            },
         ),
     };
     let mut flags = Vec::new();
@@ -682,9 +705,4 @@ pub fn render_state(state: &SchedulerState) -> String {
         since,
         wakeup,
     )
-}
-
-/// The policy version as the harness renders it; kept for scenario helpers.
-pub fn version(value: u64) -> PolicyVersion {
-    PolicyVersion(value)
 }

@@ -1,0 +1,10 @@
+//! The scheduler's integration tests: one binary (STYLE rule 15).
+//!
+//! `harness` is the tests-as-data script runner, `scenarios` holds one scripted scenario per rule
+//! of DESIGN.md §4, `rejections` shows that nonsense is refused with the state unchanged,
+//! `invariants` holds one function per invariant (each with a test that it can fail), and
+//! `properties` drives random legal event sequences through the projection and the controller.
+
+mod harness;
+mod invariants;
+mod scenarios;
