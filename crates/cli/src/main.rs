@@ -29,6 +29,8 @@ enum Command {
     ///
     /// Same seed, same output, byte for byte.
     Simulate(commands::simulate::SimulateArgs),
+    /// Benchmarks: print measured figures beside their goals (medians of several runs).
+    Bench(commands::bench::BenchArgs),
     /// Build trajectory trees from recorded model calls, admit trajectories, pack micro-steps.
     ///
     /// Input is JSONL on stdin, one model call per line, in call order.
@@ -41,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Quickstart(args) => commands::quickstart::run(args),
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Trajectory(args) => commands::trajectory::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

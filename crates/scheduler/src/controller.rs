@@ -122,9 +122,16 @@ impl Controller {
             return starts;
         }
 
-        // The join window closes once the stream is closed and every micro-step is claimed.
+        // The join window closes once the stream is closed and every micro-step is claimed, but
+        // never under a cell still switching into training: closed early, the burst could end
+        // without it, and it would finish joining after the burst, behind satellites already
+        // back in rollout (the training set would no longer be a prefix).
         if let Some(batch) = &state.batch {
-            if batch.stream_closed && batch.all_claimed() && !batch.join_window_closed {
+            let joining = state
+                .cells
+                .iter()
+                .any(|c| c.switching_to == Some(Role::Training));
+            if batch.stream_closed && batch.all_claimed() && !batch.join_window_closed && !joining {
                 return vec![stamp(EventBody::JoinWindowClosed { step: batch.step })];
             }
         }

@@ -931,6 +931,13 @@ impl SchedulerState {
             }
             EventBody::WeightsPublished { policy_version, .. } => {
                 let config = self.config_or("weights_published")?.clone();
+                // Weights are published once per burst, after `BurstEnded`; a publish at any
+                // other time would dispatch μ·B groups inside a burst.
+                if !self.awaiting_publish {
+                    return Err(ApplyError::Invalid(format!(
+                        "published {policy_version} but no burst has ended awaiting a publish"
+                    )));
+                }
                 if *policy_version != self.training_version {
                     return Err(ApplyError::Invalid(format!(
                         "published {policy_version} but the training version is {}",

@@ -356,8 +356,14 @@ fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>)
         &mut out,
         format_args!("preset {preset}, seed {seed}; ratio = hours / reference row's hours\n"),
     );
+    let width = rows
+        .iter()
+        .map(|r| r.id.chars().count())
+        .max()
+        .unwrap_or(3)
+        .max(3);
     out.push_str(&format!(
-        "{:<24} {:>9} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7}  {}\n",
+        "{:<width$} {:>9} {:>7} {:>9} {:>7} {:>7} {:>7} {:>7}  {}\n",
         "row", "hours", "ratio", "paper h", "paper", "err %", "E[d]", "A.1", "description"
     ));
     let fmt = |v: Option<f64>, d: usize| {
@@ -366,7 +372,7 @@ fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>)
     };
     for row in rows {
         out.push_str(&format!(
-            "{:<24} {:>9.2} {:>7.3} {:>9} {:>7} {:>7} {:>7.3} {:>7.3}  {}\n",
+            "{:<width$} {:>9.2} {:>7.3} {:>9} {:>7} {:>7} {:>7.3} {:>7.3}  {}\n",
             row.id,
             row.total_hours,
             row.ratio,

@@ -7,4 +7,6 @@
 
 mod harness;
 mod invariants;
+mod properties;
+mod rejections;
 mod scenarios;

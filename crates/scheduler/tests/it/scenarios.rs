@@ -1050,9 +1050,11 @@ fn join_under_way_keeps_the_join_window_open() {
          at 12 claim cell1
          at 13 done-all
          at 13 decide
+         at 14 optimizer
          at 14 decide
          at 15 complete cell2 training
          at 15 decide
+         at 15 claim cell2
          at 16 optimizer
          at 16 decide
          at 17 complete cell1 rollout
@@ -1078,17 +1080,21 @@ fn join_under_way_keeps_the_join_window_open() {
               = d=2 p=2 f=2 w=0 C_R=2 k=3 v_t=0 v_pub=0 burst=0.0
                 roles=[T T R>T] engines=[0:0/2! 1:0/2! 2:0/2x 100:0/2] ready=[g0,g1] batch=step0{none ms=0 claimed=0 done=0} supply=2/1 since=12 wakeup=-
             at 13 decide
-              join-window-closed step0
+              (nothing)
               = d=2 p=2 f=2 w=0 C_R=2 k=3 v_t=0 v_pub=0 burst=0.0
-                roles=[T T R>T] engines=[0:0/2! 1:0/2! 2:0/2x 100:0/2] ready=[] batch=step0{g0,g1 ms=2 claimed=2 done=2 stream-closed window-closed} supply=0/1 since=- wakeup=-
+                roles=[T T R>T] engines=[0:0/2! 1:0/2! 2:0/2x 100:0/2] ready=[] batch=step0{g0,g1 ms=2 claimed=2 done=2 stream-closed} supply=0/1 since=- wakeup=-
+            at 14 optimizer
+              rejected: optimizer step for step0 before all micro-steps were done (state unchanged)
             at 14 decide
               (nothing)
               = d=2 p=2 f=2 w=0 C_R=2 k=3 v_t=0 v_pub=0 burst=0.0
-                roles=[T T R>T] engines=[0:0/2! 1:0/2! 2:0/2x 100:0/2] ready=[] batch=step0{g0,g1 ms=2 claimed=2 done=2 stream-closed window-closed} supply=0/1 since=- wakeup=-
+                roles=[T T R>T] engines=[0:0/2! 1:0/2! 2:0/2x 100:0/2] ready=[] batch=step0{g0,g1 ms=2 claimed=2 done=2 stream-closed} supply=0/1 since=- wakeup=-
             at 15 decide
-              (nothing)
+              join-window-closed step0
               = d=2 p=2 f=2 w=0 C_R=2 k=3 v_t=0 v_pub=0 burst=0.0
                 roles=[T T T] engines=[0:0/2! 1:0/2! 2:0/2! 100:0/2] ready=[] batch=step0{g0,g1 ms=2 claimed=2 done=2 stream-closed window-closed} supply=0/1 since=- wakeup=-
+            at 15 claim cell2
+              nothing to claim
             at 16 optimizer
               step0 -> v1 consumed g0:d=0 g1:d=0
             at 16 decide

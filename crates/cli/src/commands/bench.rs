@@ -1,0 +1,139 @@
+//! `gyre bench`: benchmarks are commands, not tests (STYLE rule 14).
+//!
+//! `gyre bench simulate` times the simulator on the paper's largest runs and measures Theorem A.1
+//! (mean staleness against φ + (μ − 1)/2) across (φ, μ) and modes. Figures print as medians of
+//! several runs beside their goals, because this machine is noisy.
+
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+
+use gyre_simulator::{preset_rows, simulate, Preset, PresetOverrides, SimConfig};
+
+/// Arguments of `gyre bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Simulator wall time (48-step 2.4T run, Table 2 and Table 1 sweeps) and Theorem A.1.
+    Simulate {
+        /// Repetitions per timing; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+    },
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Simulate { repeat } => bench_simulate(repeat.max(1)),
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn time_runs(configs: &[SimConfig], repeat: usize) -> f64 {
+    let samples = (0..repeat)
+        .map(|_| {
+            let start = Instant::now();
+            for config in configs {
+                std::hint::black_box(simulate(config));
+            }
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(samples)
+}
+
+fn bench_simulate(repeat: usize) -> anyhow::Result<()> {
+    let table1 = preset_rows(Preset::Table1, 1, PresetOverrides::default());
+    let table2 = preset_rows(Preset::Table2, 1, PresetOverrides::default());
+    let flagship: Vec<SimConfig> = table1
+        .iter()
+        .filter(|row| row.id == "2.4T Gyre")
+        .map(|row| row.config.clone())
+        .collect();
+    let table1_configs: Vec<SimConfig> = table1.iter().map(|row| row.config.clone()).collect();
+    let table2_configs: Vec<SimConfig> = table2.iter().map(|row| row.config.clone()).collect();
+    println!("simulator wall time, single thread, median of {repeat}");
+    println!(
+        "{:<40} {:>10} {:>10} {:>8}",
+        "run", "seconds", "goal", "ratio"
+    );
+    for (name, configs, goal) in [
+        ("2.4T Gyre, 48 steps", &flagship, 5.0),
+        ("Table 2 sweep, 11 rows × 12 steps", &table2_configs, 60.0),
+        (
+            "Table 1 sweep, 15 rows × 24–48 steps",
+            &table1_configs,
+            60.0,
+        ),
+    ] {
+        let seconds = time_runs(configs, repeat);
+        println!(
+            "{name:<40} {seconds:>10.3} {goal:>10.1} {:>8.4}",
+            seconds / goal
+        );
+    }
+    println!();
+    println!(
+        "Theorem A.1: steady-state mean staleness (48 steps, E0 cluster, seed 1) vs φ + (μ−1)/2"
+    );
+    println!(
+        "{:<9} {:>5} {:>3} {:>9} {:>12} {:>9} {:>8}",
+        "mode", "φ", "μ", "A.1", "steady-state", "all steps", "error"
+    );
+    let e0 = table2
+        .iter()
+        .find(|row| row.id == "E0")
+        .map(|row| row.config.clone())
+        .expect("table2 has E0");
+    let a0 = table2
+        .iter()
+        .find(|row| row.id == "A0")
+        .map(|row| row.config.clone())
+        .expect("table2 has A0");
+    let c0 = table2
+        .iter()
+        .find(|row| row.id == "C0")
+        .map(|row| row.config.clone())
+        .expect("table2 has C0");
+    let cases: [(&SimConfig, f64, u32); 10] = [
+        (&e0, 0.5, 3),
+        (&e0, 0.5, 2),
+        (&e0, 1.0, 1),
+        (&e0, 1.5, 1),
+        (&e0, 0.25, 4),
+        (&e0, 2.0, 2),
+        (&a0, 1.5, 1),
+        (&a0, 0.5, 3),
+        (&c0, 0.0, 4),
+        (&c0, 0.0, 3),
+    ];
+    for (base, phi, mu) in cases {
+        let mut config = base.clone();
+        config.phi = phi;
+        config.mu = mu;
+        config.steps = 48;
+        config.validate()?;
+        let report = simulate(&config).report;
+        let expected = config.phi + (mu as f64 - 1.0) / 2.0;
+        println!(
+            "{:<9} {:>5} {:>3} {:>9.3} {:>12.3} {:>9.3} {:>+8.3}",
+            report.mode,
+            phi,
+            mu,
+            expected,
+            report.steady_state_mean_staleness,
+            report.mean_staleness,
+            report.steady_state_mean_staleness - expected
+        );
+    }
+    Ok(())
+}
