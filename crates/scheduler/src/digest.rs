@@ -52,7 +52,14 @@ impl SchedulerState {
             feed.u64(config.n as u64);
             feed.u64(config.b as u64);
             feed.u64(config.steps as u64);
+            feed.u64(config.rho_min.to_bits());
+            feed.u64(config.tau.nanos());
+            feed.u64(config.j_max as u64);
+            feed.u64(config.async_training_cells as u64);
         }
+        feed.u64(self.next_group);
+        feed.u64(self.next_execution);
+        feed.u64(self.next_micro_step);
         feed.u64(self.now.nanos());
         feed.u64(self.dispatched);
         feed.u64(self.started);

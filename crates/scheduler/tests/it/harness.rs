@@ -517,11 +517,10 @@ fn role_named(text: &str) -> Role {
 }
 
 fn seconds(at: Timestamp) -> String {
-    let nanos = at.nanos();
-    if nanos % Timestamp::NANOS_PER_SECOND == 0 {
-        format!("{}", nanos / Timestamp::NANOS_PER_SECOND)
-    } else {
-        format!("{:.3}", at.as_secs_f64())
+    let text = format!("{:.3}", at.as_secs_f64());
+    match text.strip_suffix(".000") {
+        Some(whole) => whole.to_string(),
+        None => text,
     }
 }
 

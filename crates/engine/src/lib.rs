@@ -1,0 +1,1 @@
+//! gyre-engine (stub while being written).

@@ -1,0 +1,1 @@
+//! gyre-model (stub while being written).
