@@ -14,7 +14,8 @@ use gyre_event::{
     CellId, CloseStatus, Duration, EngineId, Event, EventBody, ExecutionId, GroupId, MicroStepId,
     Role, StepId, Timestamp,
 };
-use gyre_scheduler::{run_decisions, Controller, SchedulerState};
+use gyre_scheduler::{run_decisions, Controller};
+use gyre_state::ControlState;
 
 use crate::metrics::Metrics;
 use crate::workload::{ExecutionOutcome, Workload};
@@ -89,7 +90,7 @@ struct RunningExecution {
 struct Simulation<'a> {
     config: &'a SimConfig,
     workload: Workload,
-    state: SchedulerState,
+    control: ControlState,
     queue: BinaryHeap<Reverse<(u64, u64, Occurrence)>>,
     sequence: u64,
     now: u64,
@@ -122,7 +123,7 @@ impl<'a> Simulation<'a> {
         Self {
             config,
             workload: Workload::new(config.workload.clone(), config.seed),
-            state: SchedulerState::new(),
+            control: ControlState::new(),
             queue: BinaryHeap::new(),
             sequence: 0,
             now: 0,
@@ -147,10 +148,10 @@ impl<'a> Simulation<'a> {
     /// Apply an event that the simulated cluster (not the controller) produced.
     fn record(&mut self, body: EventBody) {
         let event = Event::new(Timestamp(self.now), body);
-        self.state
-            .apply_unchecked(&event)
+        self.control
+            .apply(&event)
             .unwrap_or_else(|error| panic!("simulated event {event:?} rejected: {error}"));
-        debug_assert_eq!(self.state.validate(), Ok(()));
+        debug_assert_eq!(self.control.scheduler.validate(), Ok(()));
         self.observe(&event);
         self.events.push(event);
     }
@@ -178,7 +179,7 @@ impl<'a> Simulation<'a> {
             });
         }
         for index in 0..self.cells.len() {
-            if self.state.cells[index].role == Role::Rollout {
+            if self.control.scheduler.cells[index].role == Role::Rollout {
                 self.record(EventBody::EngineReady {
                     engine: EngineId(index as u32),
                 });
@@ -187,24 +188,24 @@ impl<'a> Simulation<'a> {
         self.decide_and_react();
         self.end_entry();
         while let Some(Reverse((at, _, occurrence))) = self.queue.pop() {
-            if self.state.run_complete {
+            if self.control.scheduler.run_complete {
                 break;
             }
             self.metrics
-                .advance(&self.state, at, self.busy_training_nodes());
+                .advance(&self.control.scheduler, at, self.busy_training_nodes());
             self.now = at;
             self.handle(occurrence);
             self.decide_and_react();
             self.end_entry();
         }
         assert!(
-            self.state.run_complete,
+            self.control.scheduler.run_complete,
             "simulation of {} stalled at {:.2} h with nothing scheduled (d={} p={} f={})",
             config.name,
             self.now as f64 / 3.6e12,
-            self.state.dispatched,
-            self.state.started,
-            self.state.finished
+            self.control.scheduler.dispatched,
+            self.control.scheduler.started,
+            self.control.scheduler.finished
         );
     }
 
@@ -217,7 +218,7 @@ impl<'a> Simulation<'a> {
         self.batch_ends.push(self.events.len());
         let entries = self.batch_ends.len() as u64;
         if entries % DIGEST_EVERY_ENTRIES == 0 {
-            let hash = self.state.digest();
+            let hash = self.control.digest();
             self.record(EventBody::ProjectionDigest {
                 upto: gyre_event::LogIndex(entries),
                 hash,
@@ -253,8 +254,8 @@ impl<'a> Simulation<'a> {
                     execution,
                     status: outcome.status,
                 });
-                let group = self
-                    .state
+                let group = self.control
+                    .scheduler
                     .executions
                     .get(&execution)
                     .map(|e| e.group)
@@ -267,6 +268,12 @@ impl<'a> Simulation<'a> {
                         reason: "overall timeout: evaluation budget exhausted".to_string(),
                     });
                 } else {
+                    self.record(EventBody::EvaluationRequested {
+                        execution,
+                        attempt: 0,
+                        artifact_version: 1,
+                        branch_ref: "main".to_string(),
+                    });
                     self.record(EventBody::EvaluationCompleted {
                         execution,
                         attempt: 0,
@@ -298,11 +305,11 @@ impl<'a> Simulation<'a> {
                 });
             }
             Occurrence::OptimizerDone { step } => {
-                let consumed = self.state.batch_consumption();
+                let consumed = self.control.scheduler.batch_consumption();
                 self.optimizer_scheduled = None;
                 self.record(EventBody::OptimizerStepped {
                     step,
-                    policy_version: self.state.training_version.next(),
+                    policy_version: self.control.scheduler.training_version.next(),
                     consumed,
                 });
                 self.metrics.step_ended(self.now);
@@ -310,7 +317,7 @@ impl<'a> Simulation<'a> {
             Occurrence::PublishDone => {
                 self.publish_scheduled = false;
                 self.record(EventBody::WeightsPublished {
-                    policy_version: self.state.training_version,
+                    policy_version: self.control.scheduler.training_version,
                     took: Duration::from_secs_f64(self.config.training.publish_s),
                 });
             }
@@ -324,9 +331,13 @@ impl<'a> Simulation<'a> {
     /// Let the controller decide, then let the simulated runtime react, until both are quiet.
     fn decide_and_react(&mut self) {
         loop {
-            let decided = run_decisions(&mut self.state, Timestamp(self.now));
+            let decided = run_decisions(&mut self.control.scheduler, Timestamp(self.now));
             let mut progressed = !decided.is_empty();
             for event in decided {
+                self.control
+                    .trajectories
+                    .apply(&event)
+                    .unwrap_or_else(|error| panic!("decided event {event:?} rejected: {error}"));
                 self.observe(&event);
                 self.react(&event);
                 self.events.push(event);
@@ -338,7 +349,7 @@ impl<'a> Simulation<'a> {
                 break;
             }
         }
-        if let Some(due) = Controller.next_wakeup(&self.state) {
+        if let Some(due) = Controller.next_wakeup(&self.control.scheduler) {
             let due = due.nanos();
             if due > self.now && self.wakeup_at.is_none_or(|at| at > due) {
                 self.wakeup_at = Some(due);
@@ -348,7 +359,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn observe(&mut self, event: &Event) {
-        self.metrics.observe(event, &self.state);
+        self.metrics.observe(event, &self.control.scheduler);
     }
 
     /// The simulated runtime's reaction to a decided event.
@@ -427,15 +438,15 @@ impl<'a> Simulation<'a> {
     /// The simulated packer: take ready groups, oldest policy version first, into the open batch.
     fn pack(&mut self) -> bool {
         let mut progressed = false;
-        while let Some(group) = self.state.next_group_to_pack() {
-            let batch = self
-                .state
+        while let Some(group) = self.control.scheduler.next_group_to_pack() {
+            let batch = self.control
+                .scheduler
                 .batch
                 .as_ref()
                 .expect("packing needs an open batch");
             let step = batch.step;
             let closes = batch.groups.len() + 1 == self.config.b as usize;
-            let first = self.state.next_micro_step;
+            let first = self.control.scheduler.next_micro_step;
             let micro_steps = (0..self.config.training.micro_steps_per_group as u64)
                 .map(|offset| MicroStepId(first + offset))
                 .collect();
@@ -453,19 +464,19 @@ impl<'a> Simulation<'a> {
     /// Idle training cells claim micro-steps, lowest cell index first.
     fn claim(&mut self) -> bool {
         let mut progressed = false;
-        if !self.state.claims_open() {
+        if !self.control.scheduler.claims_open() {
             return false;
         }
         for index in 0..self.cells.len() {
-            let cell = &self.state.cells[index];
+            let cell = &self.control.scheduler.cells[index];
             if cell.role != Role::Training || cell.switching_to.is_some() || self.cells[index].busy
             {
                 continue;
             }
-            let Some(micro_step) = self.state.next_unclaimed_micro_step() else {
+            let Some(micro_step) = self.control.scheduler.next_unclaimed_micro_step() else {
                 break;
             };
-            let step = self.state.batch.as_ref().expect("claims need a batch").step;
+            let step = self.control.scheduler.batch.as_ref().expect("claims need a batch").step;
             let cell_id = CellId(index as u32);
             self.record(EventBody::MicroStepClaimed {
                 step,
@@ -500,7 +511,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn maybe_schedule_optimizer(&mut self) {
-        let Some(batch) = &self.state.batch else {
+        let Some(batch) = &self.control.scheduler.batch else {
             return;
         };
         if batch.join_window_closed && batch.all_done() && self.optimizer_scheduled.is_none() {
@@ -514,11 +525,11 @@ impl<'a> Simulation<'a> {
     }
 
     fn finish(mut self) -> SimOutput {
-        self.metrics.close(self.now, &self.state);
-        let digest = self.state.digest();
+        self.metrics.close(self.now, &self.control.scheduler);
+        let digest = self.control.digest();
         let report =
             self.metrics
-                .report(self.config, &self.state, self.events.len() as u64, &digest);
+                .report(self.config, &self.control.scheduler, self.events.len() as u64, &digest);
         SimOutput {
             report,
             events: self.events,

@@ -31,6 +31,13 @@ enum Command {
     Simulate(commands::simulate::SimulateArgs),
     /// Benchmarks: print measured figures beside their goals (medians of several runs).
     Bench(commands::bench::BenchArgs),
+    /// Verify an event log (CRCs, hash chain, digests) and print a post-mortem.
+    ///
+    /// `--at INDEX` dumps the state at an entry; `--recompute` re-runs the controller at every
+    /// decision point and reports the first divergence.
+    Replay(commands::replay::ReplayArgs),
+    /// Evidence for a reward dispute: bundle one execution's facts from a log, or verify a bundle.
+    Audit(commands::audit::AuditArgs),
     /// Build trajectory trees from recorded model calls, admit trajectories, pack micro-steps.
     ///
     /// Input is JSONL on stdin, one model call per line, in call order.
@@ -44,6 +51,8 @@ fn main() -> std::process::ExitCode {
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Trajectory(args) => commands::trajectory::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Replay(args) => commands::replay::run(args),
+        Command::Audit(args) => commands::audit::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

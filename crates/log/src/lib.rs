@@ -10,11 +10,12 @@
 //!   per record. The framing is the one the Raft log segments use, so `gyre replay` reads a
 //!   simulator's run and an exported log the same way.
 //!
-//! The Raft log store, snapshots and the proposer arrive with the replicated-log work and build
-//! on these modules.
+//! - [`raft`]: the Raft-replicated log — openraft 0.9.25 storage (segmented log store, snapshot
+//!   files, a state machine folding batches into a [`raft::Projection`]) behind a thin adapter.
 
 pub mod codec;
 pub mod file;
+pub mod raft;
 
 pub use codec::{decode_batch, encode_batch, BodyError, CodecError};
 pub use file::{

@@ -1,11 +1,11 @@
 //! `gyre simulate` and `gyre quickstart` as processes: byte-identical output for a seed, the JSON
 //! schema, config round trips, clear errors on bad configs, the HTML report, and the event log
-//! replaying to the run's final scheduler digest.
+//! replaying to the run's final projection digest.
 
 use std::process::Command;
 
 use gyre_event::EventBody;
-use gyre_scheduler::SchedulerState;
+use gyre_state::ControlState;
 use serde_json::Value;
 
 fn gyre(args: &[&str]) -> (i32, String, String) {
@@ -158,7 +158,7 @@ fn report_and_event_log_replay_to_the_final_digest() {
 
     // Replay: fold every entry into a fresh projection, checking each digest checkpoint.
     let entries = gyre_log::EventFileReader::read_all_events(&log).expect("log reads back");
-    let mut state = SchedulerState::new();
+    let mut state = ControlState::new();
     let mut checkpoints = 0;
     for (_, events) in &entries {
         for event in events {

@@ -17,7 +17,7 @@
 //! All integers are little-endian. The record framing is the Raft log segment's (issue 4), so
 //! the same scanner serves both.
 //!
-//! **Hash chain.** Each record's chain hash is `h_i = SHA-256(h_{i-1} ‖ index ‖ term ‖ payload)`
+//! **Hash chain.** Each record's chain hash is `h_i = SHA-256(h_{i-1} ‖ index ‖ term ‖ SHA-256(payload))`
 //! (index and term as u64 LE) with `h_{first-1} = base_hash`. It is not stored in the record: the
 //! writer returns it from every append and the reader recomputes it for every record it yields.
 //! The CRC catches accidents; the chain makes tampering evident: whoever holds a trusted head
@@ -130,13 +130,31 @@ pub fn record_crc(index: u64, term: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, payload)
 }
 
-/// The next chain value: `SHA-256(previous ‖ index ‖ term ‖ payload)`.
+/// SHA-256 of a record's payload.
+pub fn payload_digest(payload: &[u8]) -> ChainHash {
+    Sha256::digest(payload).into()
+}
+
+/// The next chain value: `SHA-256(previous ‖ index ‖ term ‖ SHA-256(payload))`.
+///
+/// The chain covers the payload through its digest so that an audit bundle can prove an entry is
+/// chained to the log head while carrying only the digests of the entries it does not include.
 pub fn chain_hash(previous: &ChainHash, index: u64, term: u64, payload: &[u8]) -> ChainHash {
+    chain_hash_of_digest(previous, index, term, &payload_digest(payload))
+}
+
+/// The chain step from a payload digest (what `gyre audit verify` recomputes).
+pub fn chain_hash_of_digest(
+    previous: &ChainHash,
+    index: u64,
+    term: u64,
+    digest: &ChainHash,
+) -> ChainHash {
     let mut hasher = Sha256::new();
     hasher.update(previous);
     hasher.update(index.to_le_bytes());
     hasher.update(term.to_le_bytes());
-    hasher.update(payload);
+    hasher.update(digest);
     hasher.finalize().into()
 }
 

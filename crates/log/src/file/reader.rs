@@ -20,7 +20,7 @@ pub struct FileRecord {
     pub term: u64,
     /// Byte offset of the record's frame in the file.
     pub offset: u64,
-    /// `SHA-256(previous hash ‖ index ‖ term ‖ payload)`.
+    /// `SHA-256(previous hash ‖ index ‖ term ‖ SHA-256(payload))`.
     pub hash: ChainHash,
     /// One encoded `EventBatch`.
     pub payload: Vec<u8>,

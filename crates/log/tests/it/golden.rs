@@ -67,7 +67,7 @@ const GOLDENS: &[Golden] = &[
         name: "file_f1_three_records.bin",
         contents: Contents::File {
             expected: three_records_expected,
-            head_hash_hex: "3d74d58bf6dd8b420169532d303be9b1b4b8fdfb032343fd0788571f45132dc7",
+            head_hash_hex: "7ae2746e79c72371745369c7539f3e066c1bedb6cfd7942cbb3806f8f81ae709",
             generate: Some(three_records_file),
         },
     },

@@ -5,5 +5,8 @@ mod file;
 mod fixtures;
 mod golden;
 mod properties;
+mod raft_cluster;
+mod raft_store;
+mod raft_support;
 mod strategies;
 mod upcast;

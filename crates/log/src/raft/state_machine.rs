@@ -1,0 +1,333 @@
+//! `StateMachineStore<P>`: openraft's `RaftStateMachine` as a fold of committed entries into a
+//! [`Projection`], with snapshots as files.
+//!
+//! The state machine is not persisted on `apply`; snapshots are. On restart the projection is
+//! restored from the newest good snapshot before `Raft::new`, and openraft re-applies the log
+//! suffix up to the persisted committed id (`LogStore::save_committed`), then the rest as the
+//! leader commits it.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+
+use super::error::RaftStoreError;
+use super::snapshot::{
+    decode_snapshot, encode_snapshot, SnapshotDir, SnapshotFile, SnapshotHeader,
+};
+use super::types::{
+    Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use super::writer::lock;
+use crate::file::hex;
+
+/// A deterministic fold of committed events: what the log is for.
+pub trait Projection: Send + Sync + 'static {
+    /// Fold one committed entry's events (already decoded) at `index`.
+    fn apply_events(&mut self, index: u64, events: &[gyre_event::Event]) -> Result<(), String>;
+    /// The projection's state as bytes for a snapshot file body, and back.
+    fn snapshot_body(&self) -> Vec<u8>;
+    fn restore(body: &[u8]) -> Result<Self, String>
+    where
+        Self: Sized;
+    fn digest(&self) -> [u8; 32];
+    fn empty() -> Self
+    where
+        Self: Sized;
+}
+
+struct State<P> {
+    projection: P,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+}
+
+struct Inner<P> {
+    state: Mutex<State<P>>,
+    snapshots: Mutex<SnapshotDir>,
+}
+
+/// The state machine of one node; cheap to clone (clones share the state), so the node can keep
+/// one to read the projection after handing one to `Raft::new`.
+pub struct StateMachineStore<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P> Clone for StateMachineStore<P> {
+    fn clone(&self) -> Self {
+        StateMachineStore {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Builds a snapshot of the state as it is when `build_snapshot` starts.
+pub struct SnapshotBuilder<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P: Projection> StateMachineStore<P> {
+    /// Opens the snapshot directory `<dir>/snapshots` and restores the projection from the
+    /// newest snapshot that reads back intact (header and body checksums, and the restored
+    /// digest equal to the recorded one). With no snapshot the projection starts empty.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, RaftStoreError> {
+        let (mut snapshots, newest_first) = SnapshotDir::open(dir.as_ref().join("snapshots"))?;
+        let mut state = State {
+            projection: P::empty(),
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+        };
+        let mut failures = Vec::new();
+        for path in &newest_first {
+            match load_snapshot::<P>(path) {
+                Ok((header, projection)) => {
+                    tracing::info!(
+                        snapshot = %path.display(),
+                        last_log_id = ?header.last_log_id,
+                        "restored projection from snapshot"
+                    );
+                    state = State {
+                        projection,
+                        last_applied: header.last_log_id,
+                        last_membership: header.last_membership.clone(),
+                    };
+                    snapshots.current = Some((header.meta(), path.clone()));
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "snapshot unusable, trying an older one");
+                    failures.push(error.to_string());
+                }
+            }
+        }
+        if snapshots.current.is_none() && !failures.is_empty() {
+            return Err(RaftStoreError::BadSnapshot {
+                path: snapshots.dir.clone(),
+                detail: format!("no snapshot is usable: {}", failures.join("; ")),
+            });
+        }
+        Ok(StateMachineStore {
+            inner: Arc::new(Inner {
+                state: Mutex::new(state),
+                snapshots: Mutex::new(snapshots),
+            }),
+        })
+    }
+
+    /// Runs `read` on the projection and the last applied log id.
+    pub fn with_projection<R>(&self, read: impl FnOnce(&P, Option<LogId>) -> R) -> R {
+        let state = lock(&self.inner.state);
+        read(&state.projection, state.last_applied)
+    }
+
+    /// The last applied log id and the projection's digest at it.
+    pub fn digest(&self) -> (Option<LogId>, [u8; 32]) {
+        self.with_projection(|projection, last_applied| (last_applied, projection.digest()))
+    }
+
+    fn apply_entry(state: &mut State<P>, entry: Entry) -> Result<Applied, StorageError> {
+        let log_id = entry.log_id;
+        let index = log_id.index;
+        state.last_applied = Some(log_id);
+        let applied = match entry.payload {
+            EntryPayload::Blank => Applied {
+                index,
+                events: 0,
+                rejected: None,
+            },
+            EntryPayload::Membership(membership) => {
+                state.last_membership = StoredMembership::new(Some(log_id), membership);
+                Applied {
+                    index,
+                    events: 0,
+                    rejected: None,
+                }
+            }
+            EntryPayload::Normal(batch) => {
+                // A batch that does not decode was committed by a quorum, so every replica
+                // holds it: stop rather than diverge from a future fixed build.
+                let events = crate::codec::decode_batch(&batch.0).map_err(|source| {
+                    RaftStoreError::Decode { index, source }
+                        .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read)
+                })?;
+                let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+                let rejected = match state.projection.apply_events(index, &events) {
+                    Ok(()) => None,
+                    Err(detail) => {
+                        tracing::warn!(index, detail = %detail, "projection rejected a committed batch");
+                        Some(detail)
+                    }
+                };
+                Applied {
+                    index,
+                    events: count,
+                    rejected,
+                }
+            }
+        };
+        Ok(applied)
+    }
+}
+
+fn load_snapshot<P: Projection>(path: &Path) -> Result<(SnapshotHeader, P), RaftStoreError> {
+    let bytes = std::fs::read(path).map_err(RaftStoreError::io(path, "read snapshot"))?;
+    let (header, body) = decode_snapshot(path, &bytes)?;
+    let projection = restore_checked::<P>(path, &header, body)?;
+    Ok((header, projection))
+}
+
+fn restore_checked<P: Projection>(
+    path: &Path,
+    header: &SnapshotHeader,
+    body: &[u8],
+) -> Result<P, RaftStoreError> {
+    let projection = P::restore(body).map_err(|detail| RaftStoreError::BadSnapshot {
+        path: path.to_path_buf(),
+        detail: format!("projection does not restore: {detail}"),
+    })?;
+    let digest = hex(&projection.digest());
+    if digest != header.digest {
+        return Err(RaftStoreError::BadSnapshot {
+            path: path.to_path_buf(),
+            detail: format!(
+                "restored projection digest {digest} differs from the recorded {}",
+                header.digest
+            ),
+        });
+    }
+    Ok(projection)
+}
+
+fn snapshot_error(error: RaftStoreError, verb: ErrorVerb) -> StorageError {
+    error.into_storage(ErrorSubject::Snapshot(None), verb)
+}
+
+impl<P: Projection> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<P> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (body, digest, last_log_id, last_membership) = {
+            let state = lock(&self.inner.state);
+            (
+                state.projection.snapshot_body(),
+                state.projection.digest(),
+                state.last_applied,
+                state.last_membership.clone(),
+            )
+        };
+        let inner = self.inner.clone();
+        let build = move || -> Result<Snapshot, RaftStoreError> {
+            let mut snapshots = lock(&inner.snapshots);
+            let header = SnapshotHeader {
+                last_log_id,
+                last_membership,
+                snapshot_id: snapshots.next_snapshot_id(last_log_id),
+                body_len: body.len() as u64,
+                body_crc32c: crc32c::crc32c(&body),
+                digest: hex(&digest),
+            };
+            let bytes = encode_snapshot(&header, &body);
+            let meta = header.meta();
+            let path = snapshots.store(meta.clone(), &bytes)?;
+            tracing::info!(snapshot = %path.display(), last_log_id = ?last_log_id, "built snapshot");
+            Ok(Snapshot {
+                meta,
+                snapshot: Box::new(SnapshotFile { path }),
+            })
+        };
+        tokio::task::spawn_blocking(build)
+            .await
+            .map_err(|join| {
+                snapshot_error(
+                    RaftStoreError::Raft {
+                        detail: format!("snapshot writer task failed: {join}"),
+                    },
+                    ErrorVerb::Write,
+                )
+            })?
+            .map_err(|error| snapshot_error(error, ErrorVerb::Write))
+    }
+}
+
+impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
+    type SnapshotBuilder = SnapshotBuilder<P>;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let state = lock(&self.inner.state);
+        Ok((state.last_applied, state.last_membership.clone()))
+    }
+
+    /// Returns exactly one `Applied` per entry, blank and membership entries included
+    /// (openraft 0.9 pairs responses with entries and panics on a short list).
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut state = lock(&self.inner.state);
+        entries
+            .into_iter()
+            .map(|entry| Self::apply_entry(&mut state, entry))
+            .collect()
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            inner: self.inner.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        let path = lock(&self.inner.snapshots).incoming_path();
+        Ok(Box::new(SnapshotFile { path }))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<SnapshotFile>,
+    ) -> Result<(), StorageError> {
+        let install = || -> Result<(), RaftStoreError> {
+            let bytes = snapshot.read_bytes()?;
+            let (header, body) = decode_snapshot(&snapshot.path, &bytes)?;
+            if header.meta() != *meta {
+                return Err(RaftStoreError::BadSnapshot {
+                    path: snapshot.path.clone(),
+                    detail: format!(
+                        "file holds snapshot {:?}, openraft is installing {:?}",
+                        header.meta(),
+                        meta
+                    ),
+                });
+            }
+            let projection = restore_checked::<P>(&snapshot.path, &header, body)?;
+            lock(&self.inner.snapshots).store(meta.clone(), &bytes)?;
+            let own_incoming = snapshot.path.starts_with(&lock(&self.inner.snapshots).dir)
+                && snapshot
+                    .path
+                    .file_name()
+                    .is_some_and(|name| name.to_string_lossy().starts_with("incoming-"));
+            if own_incoming {
+                // The stored copy replaces it; a leftover would be removed at the next open.
+                let _ = std::fs::remove_file(&snapshot.path);
+            }
+            let mut state = lock(&self.inner.state);
+            state.projection = projection;
+            state.last_applied = meta.last_log_id;
+            state.last_membership = meta.last_membership.clone();
+            Ok(())
+        };
+        install().map_err(|error| snapshot_error(error, ErrorVerb::Write))?;
+        tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        Ok(lock(&self.inner.snapshots)
+            .current
+            .as_ref()
+            .map(|(meta, path)| Snapshot {
+                meta: meta.clone(),
+                snapshot: Box::new(SnapshotFile { path: path.clone() }),
+            }))
+    }
+}

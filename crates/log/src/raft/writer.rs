@@ -1,0 +1,894 @@
+//! The log writer: one thread that owns the segment files and the meta file.
+//!
+//! Every write-IO of the log store goes through its command queue, in order (openraft requires
+//! vote and log writes to be serialised). Consecutive appends that are queued together form one
+//! group: their records are written, then the active segment gets **one `fdatasync`**, then
+//! every group member's `LogFlushed` is called. A segment that fills up is synced before the
+//! next one is created, so a rollover adds a sync; `WriterStats` counts the two apart.
+//!
+//! The queue is unbounded, but its depth is bounded by the protocol: openraft 0.9 awaits each
+//! append's flush before it submits the next, and awaits every truncate, purge and vote.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use openraft::EntryPayload;
+use tokio::sync::{oneshot, watch};
+
+use crate::file::{chain_hash, ChainHash, FRAME_HEADER_LEN, GENESIS_HASH};
+
+use super::error::RaftStoreError;
+use super::index::{LogIndex, Place, SegmentFile, Slot};
+use super::meta::{read_meta, sync_directory, write_meta, Meta};
+use super::record::encode_payload;
+use super::segment::{
+    append_frame, parse_segment_file_name, scan_segment, segment_file_name, SegmentHeader,
+    FLAG_DETACHED, SEGMENT_HEADER_LEN,
+};
+use super::types::{Entry, LogFlushed, LogId, Vote};
+
+/// How often, at most, a changed committed log id is written to the meta file. Committed is
+/// advisory (a stale value only means less is re-applied at restart), so it rides along.
+const COMMITTED_PERSIST_INTERVAL: Duration = Duration::from_millis(100);
+/// Commands drained into one group at most.
+const GROUP_COMMANDS_MAX: usize = 4096;
+
+/// Who to tell when an append is durable.
+pub(crate) enum Completion {
+    Raft(LogFlushed),
+    Callback(Box<dyn FnOnce(std::io::Result<()>) + Send>),
+}
+
+impl Completion {
+    fn complete(self, result: std::io::Result<()>) {
+        match self {
+            Completion::Raft(flushed) => flushed.log_io_completed(result),
+            Completion::Callback(callback) => callback(result),
+        }
+    }
+}
+
+pub(crate) enum Command {
+    Append {
+        entries: Vec<Arc<Entry>>,
+        callback: Completion,
+    },
+    Truncate {
+        index: u64,
+        done: oneshot::Sender<Result<(), RaftStoreError>>,
+    },
+    Purge {
+        upto: LogId,
+        done: oneshot::Sender<Result<(), RaftStoreError>>,
+    },
+    SaveVote {
+        vote: Vote,
+        done: oneshot::Sender<Result<(), RaftStoreError>>,
+    },
+}
+
+/// Counters kept by the writer, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub(crate) struct WriterStats {
+    pub groups: AtomicU64,
+    pub group_syncs: AtomicU64,
+    pub rollover_syncs: AtomicU64,
+    pub meta_writes: AtomicU64,
+    pub records: AtomicU64,
+    pub bytes: AtomicU64,
+    pub segments_created: AtomicU64,
+    pub segments_deleted: AtomicU64,
+}
+
+/// A copy of the writer's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Groups of appends made durable (each with records costs exactly one `group_syncs`).
+    pub groups: u64,
+    /// `fdatasync` calls that completed a group.
+    pub group_syncs: u64,
+    /// `fdatasync` calls on a full segment before moving to the next.
+    pub rollover_syncs: u64,
+    /// Meta file replacements (vote, purge, committed).
+    pub meta_writes: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub segments_created: u64,
+    pub segments_deleted: u64,
+}
+
+impl WriterStats {
+    pub fn snapshot(&self) -> LogStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Acquire);
+        LogStats {
+            groups: load(&self.groups),
+            group_syncs: load(&self.group_syncs),
+            rollover_syncs: load(&self.rollover_syncs),
+            meta_writes: load(&self.meta_writes),
+            records: load(&self.records),
+            bytes: load(&self.bytes),
+            segments_created: load(&self.segments_created),
+            segments_deleted: load(&self.segments_deleted),
+        }
+    }
+}
+
+/// State shared by the log store, its readers and the writer.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub index: RwLock<LogIndex>,
+    pub vote: Mutex<Option<Vote>>,
+    pub committed: Mutex<Option<LogId>>,
+    pub stats: WriterStats,
+    /// Held by a test to stop the writer between receiving a command and draining the queue.
+    pub pause: Mutex<()>,
+    /// Set when the writer has failed; every later write is refused with this message.
+    pub failed: Mutex<Option<String>>,
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One segment as the writer knows it.
+struct WriterSegment {
+    first_index: u64,
+    /// The index the next record in this segment would carry.
+    next_index: u64,
+    len: u64,
+    read: Arc<SegmentFile>,
+    write: Option<File>,
+    dirty: bool,
+}
+
+/// Where one record not yet purged sits, and its chain value.
+#[derive(Clone, Copy)]
+struct RecordPosition {
+    offset: u64,
+    hash: ChainHash,
+}
+
+pub(crate) struct Writer {
+    root: PathBuf,
+    log_dir: PathBuf,
+    segment_bytes: u64,
+    shared: Arc<Shared>,
+    segments: Vec<WriterSegment>,
+    /// Positions of records `records_first ..`.
+    records: VecDeque<RecordPosition>,
+    records_first: u64,
+    /// Chain value before `records_first` (None: unknown, the log resumed after a snapshot).
+    base_hash: Option<ChainHash>,
+    meta: Meta,
+    last_meta_write: Instant,
+    frame: Vec<u8>,
+    callbacks: Vec<Completion>,
+    written: Vec<(u64, Arc<Entry>, Arc<SegmentFile>, u64, u32)>,
+    failed: Option<String>,
+}
+
+/// What recovery hands to the log store.
+pub(crate) struct Recovered {
+    pub writer: Writer,
+    pub index: LogIndex,
+    pub meta: Meta,
+}
+
+impl Writer {
+    /// Opens the log under `root`: reads the meta file, scans every segment, truncates a torn
+    /// tail of the last segment, refuses any other damage, and rebuilds the index.
+    pub fn recover(root: &Path, segment_bytes: u64) -> Result<Recovered, RaftStoreError> {
+        let log_dir = root.join("log");
+        fs::create_dir_all(&log_dir).map_err(RaftStoreError::io(&log_dir, "create log dir"))?;
+        let mut meta = read_meta(root)?;
+        let purged = meta.last_purged.map(|log_id| log_id.index);
+
+        let mut files = Vec::new();
+        for dir_entry in
+            fs::read_dir(&log_dir).map_err(RaftStoreError::io(&log_dir, "list log dir"))?
+        {
+            let dir_entry = dir_entry.map_err(RaftStoreError::io(&log_dir, "list log dir"))?;
+            let name = dir_entry.file_name();
+            let name = name.to_string_lossy();
+            let path = dir_entry.path();
+            if name.ends_with(".tmp") {
+                // A segment whose creation did not finish: it never held a record.
+                fs::remove_file(&path).map_err(RaftStoreError::io(&path, "remove temp file"))?;
+            } else if let Some(first_index) = parse_segment_file_name(&name) {
+                files.push((first_index, path));
+            }
+        }
+        files.sort();
+
+        // Segments wholly at or below the purge point are leftovers of an interrupted purge.
+        let mut deleted_any = false;
+        while files.len() > 1 {
+            let next_first = files[1].0;
+            match purged {
+                Some(purged) if next_first <= purged + 1 => {
+                    let (_, path) = files.remove(0);
+                    fs::remove_file(&path)
+                        .map_err(RaftStoreError::io(&path, "remove purged segment"))?;
+                    deleted_any = true;
+                }
+                _ => break,
+            }
+        }
+        if deleted_any {
+            sync_directory(&log_dir)?;
+        }
+
+        let mut index = LogIndex {
+            last_purged: meta.last_purged,
+            first: purged.map_or(0, |purged| purged + 1),
+            slots: VecDeque::new(),
+        };
+        let mut records = VecDeque::new();
+        let mut records_first = index.first;
+        let mut base_hash = if purged.is_some() {
+            meta.last_purged_hash
+        } else {
+            Some(GENESIS_HASH)
+        };
+        let mut segments = Vec::new();
+        let mut previous: Option<(PathBuf, u64, ChainHash)> = None;
+        let file_count = files.len();
+        for (position, (first_index, path)) in files.into_iter().enumerate() {
+            let is_last = position + 1 == file_count;
+            let read = SegmentFile::open(path.clone())?;
+            let mut scanned = Vec::new();
+            let scan = scan_segment(&path, |record, _payload| {
+                scanned.push(*record);
+                Ok(())
+            })?;
+            if scan.header.first_index != first_index {
+                return Err(RaftStoreError::BadSegment {
+                    segment: path,
+                    detail: format!(
+                        "header says first index {}, file name says {first_index}",
+                        scan.header.first_index
+                    ),
+                });
+            }
+            if let Some((previous_path, previous_next, previous_head)) = &previous {
+                if first_index != *previous_next {
+                    return Err(RaftStoreError::BadLog {
+                        dir: log_dir,
+                        detail: format!(
+                            "segment {} starts at index {first_index} but {} ends before \
+                             index {previous_next}: the log has a hole or an overlap",
+                            path.display(),
+                            previous_path.display()
+                        ),
+                    });
+                }
+                if !scan.header.detached() && scan.header.base_hash != *previous_head {
+                    return Err(RaftStoreError::BadLog {
+                        dir: log_dir,
+                        detail: format!(
+                            "segment {} does not continue the hash chain of {}: \
+                             base {} but the previous head is {}",
+                            path.display(),
+                            previous_path.display(),
+                            crate::file::hex(&scan.header.base_hash),
+                            crate::file::hex(previous_head)
+                        ),
+                    });
+                }
+            }
+            let mut len = scan.end_offset;
+            if scan.torn {
+                if !is_last {
+                    return Err(RaftStoreError::CorruptRecord {
+                        segment: path,
+                        offset: scan.end_offset,
+                        index: scan.next_index,
+                        detail: "incomplete record at the end of a segment that is not the \
+                                 last one"
+                            .to_string(),
+                    });
+                }
+                tracing::warn!(
+                    segment = %path.display(),
+                    offset = scan.end_offset,
+                    index = scan.next_index,
+                    "truncating torn tail of the log"
+                );
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(RaftStoreError::io(&path, "open to truncate torn tail"))?;
+                file.set_len(scan.end_offset)
+                    .map_err(RaftStoreError::io(&path, "truncate torn tail"))?;
+                file.sync_all()
+                    .map_err(RaftStoreError::io(&path, "sync truncation"))?;
+                len = scan.end_offset;
+            }
+            // Index the records above the purge point.
+            let mut chain_before = if scan.header.detached() {
+                None
+            } else {
+                Some(scan.header.base_hash)
+            };
+            for record in &scanned {
+                if purged.is_some_and(|purged| record.index <= purged) {
+                    chain_before = Some(record.hash);
+                    continue;
+                }
+                if index.slots.is_empty() {
+                    if let Some(purged) = purged {
+                        if record.index != purged + 1 {
+                            return Err(RaftStoreError::BadLog {
+                                dir: log_dir,
+                                detail: format!(
+                                    "entries after the purge point {purged} start at {} \
+                                     (segment {}): the log has a hole",
+                                    record.index,
+                                    path.display()
+                                ),
+                            });
+                        }
+                    }
+                    records_first = record.index;
+                    base_hash = chain_before.or(base_hash.filter(|_| purged.is_some()));
+                    index.first = record.index;
+                }
+                index.slots.push_back(Slot {
+                    log_id: super::types::log_id(record.term, record.leader_node_id, record.index),
+                    place: Place::Disk {
+                        segment: read.clone(),
+                        offset: record.offset,
+                        payload_len: record.payload_len,
+                    },
+                    payload_len: record.payload_len,
+                });
+                records.push_back(RecordPosition {
+                    offset: record.offset,
+                    hash: record.hash,
+                });
+                chain_before = Some(record.hash);
+            }
+            if index.slots.is_empty() && purged.is_some() {
+                // Every record so far is purged; remember the chain value after them.
+                if let Some(last) = scanned.last() {
+                    if purged == Some(last.index) {
+                        base_hash = Some(last.hash);
+                    }
+                }
+            }
+            previous = Some((path.clone(), scan.next_index, scan.head_hash));
+            segments.push(WriterSegment {
+                first_index,
+                next_index: scan.next_index,
+                len,
+                read,
+                write: None,
+                dirty: false,
+            });
+        }
+        if purged.is_none() && index.slots.is_empty() {
+            // A log that never held a record (or only torn ones).
+            if let Some(segment) = segments.first() {
+                records_first = segment.first_index;
+                index.first = segment.first_index;
+            }
+        }
+
+        // Committed is written lazily and never ahead of what was flushed, but a torn tail can
+        // still leave it past the end; clamp it to the log.
+        if let (Some(committed), Some(last)) = (meta.committed, index.last_log_id()) {
+            if committed.index > last.index {
+                meta.committed = Some(last);
+            }
+        } else if index.last_log_id().is_none() {
+            meta.committed = None;
+        }
+
+        let shared_placeholder = Arc::new(Shared {
+            index: RwLock::new(LogIndex::default()),
+            vote: Mutex::new(None),
+            committed: Mutex::new(None),
+            stats: WriterStats::default(),
+            pause: Mutex::new(()),
+            failed: Mutex::new(None),
+        });
+        let writer = Writer {
+            root: root.to_path_buf(),
+            log_dir,
+            segment_bytes,
+            shared: shared_placeholder,
+            segments,
+            records,
+            records_first,
+            base_hash,
+            meta: meta.clone(),
+            last_meta_write: Instant::now(),
+            frame: Vec::new(),
+            callbacks: Vec::new(),
+            written: Vec::new(),
+            failed: None,
+        };
+        Ok(Recovered {
+            writer,
+            index,
+            meta,
+        })
+    }
+
+    pub fn attach(&mut self, shared: Arc<Shared>) {
+        self.shared = shared;
+    }
+
+    /// The writer thread's loop. Returns when every sender is gone.
+    pub fn run(mut self, commands: Receiver<Command>, exited: watch::Sender<bool>) {
+        loop {
+            let first = match commands.recv_timeout(COMMITTED_PERSIST_INTERVAL) {
+                Ok(command) => command,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.persist_committed(true);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let shared = self.shared.clone();
+            let pause = lock(&shared.pause);
+            let mut group = vec![first];
+            while group.len() < GROUP_COMMANDS_MAX {
+                match commands.try_recv() {
+                    Ok(command) => group.push(command),
+                    Err(_) => break,
+                }
+            }
+            drop(pause);
+            for command in group {
+                self.handle(command);
+            }
+            self.flush_group();
+            self.persist_committed(false);
+        }
+        self.flush_group();
+        self.persist_committed(true);
+        // Receivers learn of the exit from the value or from the sender being dropped.
+        let _ = exited.send(true);
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Append { entries, callback } => {
+                if let Some(failed) = &self.failed {
+                    callback.complete(Err(std::io::Error::other(failed.clone())));
+                    return;
+                }
+                for entry in entries {
+                    if let Err(error) = self.write_entry(entry) {
+                        self.fail(&error);
+                        callback.complete(Err(error.to_io_error()));
+                        return;
+                    }
+                }
+                self.callbacks.push(callback);
+            }
+            Command::Truncate { index, done } => {
+                self.flush_group();
+                let result = self.check_failed().and_then(|()| self.truncate(index));
+                self.reply(done, result);
+            }
+            Command::Purge { upto, done } => {
+                self.flush_group();
+                let result = self.check_failed().and_then(|()| self.purge(upto));
+                self.reply(done, result);
+            }
+            Command::SaveVote { vote, done } => {
+                self.flush_group();
+                let result = self.check_failed().and_then(|()| {
+                    self.meta.vote = Some(vote);
+                    self.write_meta()
+                });
+                self.reply(done, result);
+            }
+        }
+    }
+
+    fn reply(
+        &mut self,
+        done: oneshot::Sender<Result<(), RaftStoreError>>,
+        result: Result<(), RaftStoreError>,
+    ) {
+        if let Err(error) = &result {
+            self.fail(error);
+        }
+        // The caller may have given up waiting; nothing to do then.
+        let _ = done.send(result);
+    }
+
+    fn check_failed(&self) -> Result<(), RaftStoreError> {
+        match &self.failed {
+            Some(detail) => Err(RaftStoreError::WriterGone {
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// After a failed write or sync the state of the files is unknown (the kernel may have
+    /// dropped dirty pages), so the writer refuses everything after it.
+    fn fail(&mut self, error: &RaftStoreError) {
+        if self.failed.is_none() {
+            tracing::error!(error = %error, "log writer failed; refusing further writes");
+            let detail = error.to_string();
+            *lock(&self.shared.failed) = Some(detail.clone());
+            self.failed = Some(detail);
+        }
+    }
+
+    /// The chain value before `index`, if this writer knows it.
+    fn chain_before(&self, index: u64) -> Option<ChainHash> {
+        let end = self.records_first + self.records.len() as u64;
+        if index != end {
+            return None;
+        }
+        match self.records.back() {
+            Some(position) => Some(position.hash),
+            None => self.base_hash,
+        }
+    }
+
+    fn write_entry(&mut self, entry: Arc<Entry>) -> Result<(), RaftStoreError> {
+        let index = entry.log_id.index;
+        let term = entry.log_id.leader_id.term;
+        self.frame.clear();
+        let payload_len = append_frame(&mut self.frame, index, term, |out| {
+            encode_payload(&entry, out)
+        })
+        .map_err(|len| RaftStoreError::BadEntry {
+            index,
+            detail: format!(
+                "payload of {len} bytes exceeds the record limit of {} bytes",
+                crate::file::PAYLOAD_MAX_BYTES
+            ),
+        })?;
+        let frame_len = self.frame.len() as u64;
+        let end = self.records_first + self.records.len() as u64;
+        if index >= self.records_first && index < end {
+            // An append over existing entries replaces them, as a conflict truncation would.
+            self.truncate(index)?;
+        }
+        let needs_new_segment = match self.segments.last() {
+            None => true,
+            Some(active) => {
+                active.next_index != index
+                    || (active.next_index > active.first_index
+                        && active.len + frame_len > self.segment_bytes)
+            }
+        };
+        let previous_hash = self.chain_before(index);
+        if self.records_first + self.records.len() as u64 != index {
+            // The log restarts here (a fresh log, or after a snapshot install past its end).
+            self.records.clear();
+            self.records_first = index;
+            self.base_hash = previous_hash;
+        }
+        if needs_new_segment {
+            self.start_segment(index, previous_hash)?;
+        }
+        let active = self
+            .segments
+            .last_mut()
+            .expect("a segment was just ensured");
+        if active.write.is_none() {
+            let path = active.read.path.clone();
+            active.write = Some(
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(RaftStoreError::io(&path, "open segment for writing"))?,
+            );
+        }
+        let offset = active.len;
+        active
+            .write
+            .as_ref()
+            .expect("opened above")
+            .write_all_at(&self.frame, offset)
+            .map_err(RaftStoreError::io(&active.read.path, "append record"))?;
+        active.len += frame_len;
+        active.next_index = index + 1;
+        active.dirty = true;
+        let previous = previous_hash.unwrap_or(GENESIS_HASH);
+        let hash = chain_hash(
+            &previous,
+            index,
+            term,
+            &self.frame[FRAME_HEADER_LEN as usize..],
+        );
+        self.records.push_back(RecordPosition { offset, hash });
+        let segment = active.read.clone();
+        self.written
+            .push((index, entry, segment, offset, payload_len));
+        self.shared.stats.records.fetch_add(1, Ordering::AcqRel);
+        self.shared
+            .stats
+            .bytes
+            .fetch_add(frame_len, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Creates the segment whose first record is `first_index`, syncing the one before it.
+    fn start_segment(
+        &mut self,
+        first_index: u64,
+        base_hash: Option<ChainHash>,
+    ) -> Result<(), RaftStoreError> {
+        if let Some(active) = self.segments.last_mut() {
+            if active.dirty {
+                active
+                    .write
+                    .as_ref()
+                    .expect("a dirty segment has a write handle")
+                    .sync_data()
+                    .map_err(RaftStoreError::io(&active.read.path, "sync full segment"))?;
+                active.dirty = false;
+                self.shared
+                    .stats
+                    .rollover_syncs
+                    .fetch_add(1, Ordering::AcqRel);
+            }
+            active.write = None;
+        }
+        // A segment that starts at the same index is being replaced (a restarted log).
+        self.segments
+            .retain(|segment| segment.first_index != first_index);
+        let header = SegmentHeader {
+            flags: if base_hash.is_some() {
+                0
+            } else {
+                FLAG_DETACHED
+            },
+            first_index,
+            base_hash: base_hash.unwrap_or(GENESIS_HASH),
+        };
+        let path = self.log_dir.join(segment_file_name(first_index));
+        super::meta::write_file_atomically(&path, &header.encode())?;
+        let write = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(RaftStoreError::io(&path, "open new segment"))?;
+        let read = SegmentFile::open(path)?;
+        self.segments.push(WriterSegment {
+            first_index,
+            next_index: first_index,
+            len: SEGMENT_HEADER_LEN,
+            read,
+            write: Some(write),
+            dirty: false,
+        });
+        self.shared
+            .stats
+            .segments_created
+            .fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Makes the group durable with one `fdatasync`, then publishes and acknowledges it.
+    fn flush_group(&mut self) {
+        if self.written.is_empty() && self.callbacks.is_empty() {
+            return;
+        }
+        let mut result = Ok(());
+        if let Some(active) = self.segments.last_mut() {
+            if active.dirty {
+                result = active
+                    .write
+                    .as_ref()
+                    .expect("a dirty segment has a write handle")
+                    .sync_data()
+                    .map_err(RaftStoreError::io(&active.read.path, "sync log"));
+                active.dirty = false;
+                self.shared.stats.group_syncs.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if !self.written.is_empty() {
+            self.shared.stats.groups.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Err(error) = &result {
+            self.fail(error);
+        }
+        // Written entries are readable from their files now; drop the in-memory copies.
+        {
+            let mut index = self
+                .shared
+                .index
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (entry_index, entry, segment, offset, payload_len) in self.written.drain(..) {
+                if let Some(slot) = index
+                    .get(entry_index)
+                    .filter(|slot| matches!(&slot.place, Place::Pending(pending) if Arc::ptr_eq(pending, &entry)))
+                    .cloned()
+                {
+                    let position = usize::try_from(entry_index - index.first)
+                        .expect("the slot was just found");
+                    index.slots[position] = Slot {
+                        place: Place::Disk {
+                            segment,
+                            offset,
+                            payload_len,
+                        },
+                        ..slot
+                    };
+                }
+            }
+        }
+        for callback in self.callbacks.drain(..) {
+            match &result {
+                Ok(()) => callback.complete(Ok(())),
+                Err(error) => callback.complete(Err(error.to_io_error())),
+            }
+        }
+    }
+
+    fn truncate(&mut self, index: u64) -> Result<(), RaftStoreError> {
+        let end = self.records_first + self.records.len() as u64;
+        if index >= end {
+            return Ok(());
+        }
+        let mut cut_offset = None;
+        if index >= self.records_first {
+            let keep = usize::try_from(index - self.records_first).expect("within the log");
+            cut_offset = Some(self.records[keep].offset);
+            self.records.truncate(keep);
+        } else {
+            self.records.clear();
+            self.records_first = index;
+        }
+        let mut deleted = false;
+        while let Some(last) = self.segments.last() {
+            if last.first_index < index {
+                break;
+            }
+            let path = last.read.path.clone();
+            fs::remove_file(&path)
+                .map_err(RaftStoreError::io(&path, "delete truncated segment"))?;
+            self.segments.pop();
+            deleted = true;
+            self.shared
+                .stats
+                .segments_deleted
+                .fetch_add(1, Ordering::AcqRel);
+        }
+        if deleted {
+            sync_directory(&self.log_dir)?;
+        }
+        if let (Some(last), Some(offset)) = (self.segments.last_mut(), cut_offset) {
+            if last.next_index > index {
+                let path = last.read.path.clone();
+                let file = match last.write.take() {
+                    Some(file) => file,
+                    None => OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(RaftStoreError::io(&path, "open segment to truncate"))?,
+                };
+                file.set_len(offset)
+                    .map_err(RaftStoreError::io(&path, "truncate segment"))?;
+                file.sync_data()
+                    .map_err(RaftStoreError::io(&path, "sync truncated segment"))?;
+                last.write = Some(file);
+                last.len = offset;
+                last.next_index = index;
+                last.dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn purge(&mut self, upto: LogId) -> Result<(), RaftStoreError> {
+        if self
+            .meta
+            .last_purged
+            .is_some_and(|purged| purged.index >= upto.index)
+        {
+            return Ok(());
+        }
+        let end = self.records_first + self.records.len() as u64;
+        let purged_hash = if upto.index >= self.records_first && upto.index < end {
+            let position = usize::try_from(upto.index - self.records_first).expect("within");
+            Some(self.records[position].hash)
+        } else if upto.index + 1 == self.records_first {
+            self.base_hash
+        } else {
+            None
+        };
+        // The meta file first: after a crash, recovery finishes deleting what it says is purged.
+        self.meta.last_purged = Some(upto);
+        self.meta.last_purged_hash = purged_hash;
+        self.write_meta()?;
+        if upto.index >= end {
+            self.records.clear();
+            self.records_first = upto.index + 1;
+        } else {
+            while self.records_first <= upto.index {
+                self.records.pop_front();
+                self.records_first += 1;
+            }
+        }
+        self.base_hash = purged_hash;
+        let mut deleted = false;
+        while self.segments.len() > 1 && self.segments[0].next_index <= upto.index + 1 {
+            let segment = self.segments.remove(0);
+            fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
+                &segment.read.path,
+                "delete purged segment",
+            ))?;
+            deleted = true;
+            self.shared
+                .stats
+                .segments_deleted
+                .fetch_add(1, Ordering::AcqRel);
+        }
+        if deleted {
+            sync_directory(&self.log_dir)?;
+        }
+        Ok(())
+    }
+
+    fn write_meta(&mut self) -> Result<(), RaftStoreError> {
+        let flushed_end = self.records_first + self.records.len() as u64;
+        let committed = *lock(&self.shared.committed);
+        // Never record a committed id past what this log has flushed.
+        self.meta.committed = match (committed, self.meta.committed) {
+            (Some(new), _) if new.index < flushed_end => Some(new),
+            (_, old) => old,
+        };
+        write_meta(&self.root, &self.meta)?;
+        self.last_meta_write = Instant::now();
+        self.shared.stats.meta_writes.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Writes the meta file if the committed id changed and it is due (or `force`).
+    fn persist_committed(&mut self, force: bool) {
+        if self.failed.is_some() {
+            return;
+        }
+        let committed = *lock(&self.shared.committed);
+        let flushed_end = self.records_first + self.records.len() as u64;
+        let changed = committed != self.meta.committed
+            && committed.is_some_and(|committed| committed.index < flushed_end);
+        if !changed || (!force && self.last_meta_write.elapsed() < COMMITTED_PERSIST_INTERVAL) {
+            return;
+        }
+        if let Err(error) = self.write_meta() {
+            self.fail(&error);
+        }
+    }
+}
+
+/// Rebuilds an entry for a slot, reading it from its segment if it was written.
+pub(crate) fn read_slot(index: u64, slot: &Slot) -> Result<Entry, RaftStoreError> {
+    match &slot.place {
+        Place::Pending(entry) => Ok(Entry {
+            log_id: entry.log_id,
+            payload: match &entry.payload {
+                EntryPayload::Blank => EntryPayload::Blank,
+                EntryPayload::Normal(batch) => EntryPayload::Normal(batch.clone()),
+                EntryPayload::Membership(membership) => {
+                    EntryPayload::Membership(membership.clone())
+                }
+            },
+        }),
+        Place::Disk {
+            segment,
+            offset,
+            payload_len,
+        } => segment.read_entry(index, *offset, *payload_len),
+    }
+}

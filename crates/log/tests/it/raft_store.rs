@@ -1,0 +1,449 @@
+//! The Raft log store and state machine on their own: openraft's conformance suite, recovery
+//! from a torn tail, refusal of mid-log corruption, segment rollover and purge, group commit,
+//! large entries, and restart after purge + snapshot.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gyre_event::{Event, EventBody, Timestamp};
+use gyre_log::raft::openraft::storage::{RaftLogStorage, RaftStateMachine};
+use gyre_log::raft::openraft::testing::{StoreBuilder, Suite};
+use gyre_log::raft::openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder, StorageHelper};
+use gyre_log::raft::segment::scan_segment;
+use gyre_log::raft::{
+    log_id, open_storage, Entry, EventBatchBytes, LogStore, LogStoreOptions, Membership,
+    RaftStoreError, StateMachineStore, StorageError,
+};
+use tempfile::TempDir;
+
+use super::fixtures::model_call;
+use super::raft_support::{
+    append_durable, batch, blank, close, normal, segment_files, CountingProjection,
+};
+
+type Sm = StateMachineStore<CountingProjection>;
+
+fn tiny_segments() -> LogStoreOptions {
+    LogStoreOptions {
+        segment_bytes: 1024,
+        ..LogStoreOptions::default()
+    }
+}
+
+struct Builder;
+
+impl StoreBuilder<gyre_log::raft::TypeConfig, LogStore, Sm, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, Sm), StorageError> {
+        let dir = TempDir::new().expect("temp dir");
+        let (log, sm) = open_storage::<CountingProjection>(dir.path(), tiny_segments())
+            .expect("fresh storage opens");
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn openraft_suite_passes() {
+    Suite::test_all(Builder).expect("openraft's storage suite passes");
+}
+
+/// Entries 0..count: a membership entry, then batches whose marker is the index.
+fn sample_entries(count: u64) -> Vec<Entry> {
+    (0..count)
+        .map(|index| {
+            if index == 0 {
+                Entry {
+                    log_id: log_id(1, 1, 0),
+                    payload: EntryPayload::Membership(Membership::new(
+                        vec![[1u64, 2, 3].into_iter().collect()],
+                        None,
+                    )),
+                }
+            } else {
+                normal(1, index, batch(index, 3))
+            }
+        })
+        .collect()
+}
+
+async fn read_all(log: &mut LogStore) -> Vec<Entry> {
+    log.try_get_log_entries(..).await.expect("log reads")
+}
+
+fn open_log(dir: &Path) -> Result<LogStore, RaftStoreError> {
+    LogStore::open(dir, tiny_segments())
+}
+
+#[tokio::test]
+async fn entries_are_readable_when_append_returns_and_after_reopen() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = open_log(dir.path()).expect("opens");
+    let entries = sample_entries(12);
+    let handle = log.handle();
+    {
+        // Hold the writer so nothing is written yet: the entries must still be readable.
+        let pause = handle.pause_writer();
+        log.append_then(entries.clone(), |_| {}).expect("accepted");
+        let read = read_all(&mut log).await;
+        assert_eq!(format!("{read:?}"), format!("{entries:?}"));
+        drop(pause);
+    }
+    close(log).await;
+    let mut log = open_log(dir.path()).expect("reopens");
+    let read = read_all(&mut log).await;
+    assert_eq!(format!("{read:?}"), format!("{entries:?}"));
+    for (read, written) in read.iter().zip(&entries) {
+        if let (EntryPayload::Normal(read), EntryPayload::Normal(written)) =
+            (&read.payload, &written.payload)
+        {
+            assert_eq!(read, written, "payload bytes survive");
+        }
+    }
+}
+
+#[tokio::test]
+async fn torn_tail_is_truncated_on_open() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = open_log(dir.path()).expect("opens");
+    append_durable(&mut log, sample_entries(10)).await;
+    close(log).await;
+
+    // Cut the last record in half, as a crash in the middle of a write would.
+    let last = segment_files(dir.path()).pop().expect("a segment");
+    let len = std::fs::metadata(&last).expect("metadata").len();
+    OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .expect("open")
+        .set_len(len - 7)
+        .expect("cut");
+
+    let mut log = open_log(dir.path()).expect("a torn tail is recovered, not refused");
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id, Some(log_id(1, 1, 8)));
+    assert_eq!(read_all(&mut log).await.len(), 9);
+    // The log continues where it was cut.
+    append_durable(&mut log, vec![normal(2, 9, batch(99, 1))]).await;
+    close(log).await;
+
+    // A zero-filled tail (the file grew but the data never arrived) is torn too.
+    let last = segment_files(dir.path()).pop().expect("a segment");
+    let mut file = OpenOptions::new().append(true).open(&last).expect("open");
+    file.write_all(&[0u8; 100]).expect("extend with zeros");
+    drop(file);
+    let mut log = open_log(dir.path()).expect("zero tail is recovered");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len(), 10);
+    assert_eq!(entries[9].log_id, log_id(2, 1, 9));
+}
+
+#[tokio::test]
+async fn mid_log_corruption_is_refused_naming_segment_and_offset() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = open_log(dir.path()).expect("opens");
+    append_durable(&mut log, sample_entries(30)).await;
+    close(log).await;
+    let segments = segment_files(dir.path());
+    assert!(segments.len() >= 3, "tiny segments roll over: {segments:?}");
+
+    // Flip one payload byte of the second record of the second segment.
+    let victim = &segments[1];
+    let mut records = Vec::new();
+    scan_segment(victim, |record, _| {
+        records.push(*record);
+        Ok(())
+    })
+    .expect("intact before the flip");
+    let record = records[1];
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(victim)
+        .expect("open");
+    let at = record.offset + 24 + 12;
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, at).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x40], at).expect("flip");
+    drop(file);
+
+    let error = open_log(dir.path()).err().expect("corruption is refused");
+    match &error {
+        RaftStoreError::CorruptRecord {
+            segment,
+            offset,
+            index,
+            ..
+        } => {
+            assert_eq!(segment, victim);
+            assert_eq!(*offset, record.offset);
+            assert_eq!(*index, record.index);
+        }
+        other => panic!("expected CorruptRecord, got {other:?}"),
+    }
+    let message = error.to_string();
+    assert!(
+        message.contains(&victim.display().to_string())
+            && message.contains(&format!("byte offset {}", record.offset))
+            && message.contains("checksum mismatch"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn rollover_and_purge_delete_whole_segments() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = open_log(dir.path()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    let before = segment_files(dir.path());
+    assert!(before.len() >= 4, "{before:?}");
+    let stats = log.stats();
+    assert_eq!(stats.segments_created as usize, before.len());
+
+    log.purge(log_id(1, 1, 20)).await.expect("purge");
+    let after = segment_files(dir.path());
+    assert!(after.len() < before.len(), "whole segments were deleted");
+    // Every remaining segment holds something above the purge point, except possibly the
+    // first, which holds index 21.
+    let first_remaining = gyre_log::raft::segment::parse_segment_file_name(
+        &after[0].file_name().expect("name").to_string_lossy(),
+    )
+    .expect("segment name");
+    assert!(first_remaining <= 21, "entry 21 is still on disk");
+    let second = gyre_log::raft::segment::parse_segment_file_name(
+        &after[1].file_name().expect("name").to_string_lossy(),
+    )
+    .expect("segment name");
+    assert!(second > 21, "the first kept segment is the one holding 21");
+
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 20)));
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.first().map(|entry| entry.log_id.index), Some(21));
+    assert_eq!(entries.len(), 19);
+    close(log).await;
+
+    // After a restart the purge point holds and the chain still verifies across segments.
+    let mut log = open_log(dir.path()).expect("reopens after purge");
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 20)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 1, 39)));
+    assert_eq!(read_all(&mut log).await.len(), 19);
+}
+
+#[tokio::test]
+async fn truncate_across_segments_then_append_survives_reopen() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = open_log(dir.path()).expect("opens");
+    append_durable(&mut log, sample_entries(30)).await;
+    log.truncate(log_id(1, 1, 12)).await.expect("truncate");
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id, Some(log_id(1, 1, 11)));
+    let replacement: Vec<Entry> = (12..16)
+        .map(|index| normal(3, index, batch(1000 + index, 2)))
+        .collect();
+    append_durable(&mut log, replacement).await;
+    close(log).await;
+
+    let mut log = open_log(dir.path()).expect("reopens");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len(), 16);
+    assert_eq!(entries[11].log_id, log_id(1, 1, 11));
+    assert_eq!(entries[12].log_id, log_id(3, 1, 12));
+    assert_eq!(entries[15].log_id, log_id(3, 1, 15));
+}
+
+#[tokio::test]
+async fn group_commit_uses_one_fdatasync_per_group() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), LogStoreOptions::default()).expect("opens");
+    let handle = log.handle();
+    let durable = Arc::new(AtomicUsize::new(0));
+    let appends = 50u64;
+    let (all_done, all_durable) = tokio::sync::oneshot::channel();
+    let all_done = Arc::new(std::sync::Mutex::new(Some(all_done)));
+    {
+        let pause = handle.pause_writer();
+        for index in 0..appends {
+            let durable = durable.clone();
+            let all_done = all_done.clone();
+            log.append_then(vec![normal(1, index, batch(index, 4))], move |result| {
+                result.expect("durable");
+                if durable.fetch_add(1, Ordering::AcqRel) + 1 == appends as usize {
+                    if let Some(done) = all_done.lock().expect("lock").take() {
+                        let _ = done.send(());
+                    }
+                }
+            })
+            .expect("accepted");
+        }
+        drop(pause);
+    }
+    all_durable.await.expect("every append completes");
+    let stats = handle.stats();
+    assert_eq!(stats.records, appends);
+    assert_eq!(stats.groups, 1, "{stats:?}");
+    assert_eq!(
+        stats.group_syncs, 1,
+        "one fdatasync for 50 queued appends: {stats:?}"
+    );
+    assert_eq!(stats.rollover_syncs, 0);
+
+    // One append of many entries is one group too.
+    let many: Vec<Entry> = (appends..appends + 200)
+        .map(|index| normal(1, index, batch(index, 2)))
+        .collect();
+    append_durable(&mut log, many).await;
+    let stats = handle.stats();
+    assert_eq!(
+        (stats.groups, stats.group_syncs, stats.records),
+        (2, 2, appends + 200)
+    );
+}
+
+fn token_record_events(tokens_count: usize) -> Vec<Event> {
+    let mut call = model_call();
+    call.input_ids = (0..tokens_count as u32).collect();
+    call.input_provenance = vec![gyre_event::ProvenanceSpan {
+        provenance: gyre_event::Provenance::Template,
+        tokens_count: tokens_count as u32,
+    }];
+    vec![Event {
+        at: Timestamp(1),
+        body: EventBody::ModelCall(Box::new(call)),
+    }]
+}
+
+#[tokio::test]
+async fn multi_megabyte_entries_round_trip_and_replication_reads_are_bounded_by_bytes() {
+    let dir = TempDir::new().expect("temp dir");
+    let options = LogStoreOptions {
+        segment_bytes: 4 << 20,
+        read_batch_bytes_max: 8 << 20,
+        read_batch_entries_max: 300,
+    };
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    // ~3 MiB each: 768k token ids of 4 bytes.
+    let big = EventBatchBytes::encode(&token_record_events(768 << 10));
+    assert!(big.len() > 3 << 20, "{} bytes", big.len());
+    let entries: Vec<Entry> = (0..5).map(|index| normal(1, index, big.clone())).collect();
+    append_durable(&mut log, entries).await;
+
+    let mut reader = log.reader();
+    let limited = reader.limited_get_log_entries(0, 5).await.expect("reads");
+    assert_eq!(
+        limited.len(),
+        2,
+        "two ~3 MiB entries fit in 8 MiB, three do not"
+    );
+    let one = reader.limited_get_log_entries(4, 5).await.expect("reads");
+    assert_eq!(one.len(), 1);
+    close(log).await;
+
+    let mut log = LogStore::open(dir.path(), options).expect("reopens");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len(), 5);
+    for entry in entries {
+        match entry.payload {
+            EntryPayload::Normal(batch) => {
+                assert_eq!(batch, big);
+                let events = gyre_log::decode_batch(&batch.0).expect("decodes");
+                assert_eq!(events, token_record_events(768 << 10));
+            }
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn restart_after_purge_and_snapshot_restores_then_replays_the_suffix() {
+    let dir = TempDir::new().expect("temp dir");
+    let (mut log, mut sm) =
+        open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("opens");
+    let entries = sample_entries(51);
+    append_durable(&mut log, entries.clone()).await;
+    let replies = sm.apply(entries[..31].to_vec()).await.expect("apply");
+    assert_eq!(
+        replies.len(),
+        31,
+        "one reply per entry, membership included"
+    );
+    let snapshot = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("snapshot");
+    assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 1, 30)));
+    sm.apply(entries[31..].to_vec())
+        .await
+        .expect("apply the rest");
+    let before = sm.digest();
+    assert_eq!(before.0, Some(log_id(1, 1, 50)));
+    log.purge(log_id(1, 1, 25)).await.expect("purge");
+    log.save_committed(Some(log_id(1, 1, 50)))
+        .await
+        .expect("committed");
+    close(log).await;
+    drop(sm);
+
+    let (mut log, mut sm) =
+        open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("reopens");
+    assert_eq!(
+        sm.digest().0,
+        Some(log_id(1, 1, 30)),
+        "restored from the snapshot"
+    );
+    // What Raft::new does: re-apply the committed suffix on top of the snapshot.
+    let state = StorageHelper::new(&mut log, &mut sm)
+        .get_initial_state()
+        .await
+        .expect("initial state after purge + snapshot");
+    assert_eq!(state.committed, Some(log_id(1, 1, 50)));
+    assert_eq!(sm.digest(), before, "the suffix replays to the same state");
+    sm.with_projection(|projection, _| {
+        assert_eq!(projection.batches, 50);
+        assert_eq!(projection.markers.len(), 50);
+    });
+}
+
+#[tokio::test]
+async fn snapshots_keep_the_last_two_and_a_damaged_newest_falls_back() {
+    let dir = TempDir::new().expect("temp dir");
+    let (_log, mut sm) =
+        open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("opens");
+    let entries = sample_entries(10);
+    let mut digests = Vec::new();
+    for upto in [3usize, 6, 10] {
+        let done = digests.len();
+        let start = [0usize, 3, 6][done];
+        sm.apply(entries[start..upto].to_vec())
+            .await
+            .expect("apply");
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        digests.push(sm.digest());
+    }
+    let mut files: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
+        .expect("snapshot dir")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    drop(sm);
+
+    // Damage the newest body: the older one is used.
+    let newest = files.last().expect("newest");
+    let len = std::fs::metadata(newest).expect("metadata").len();
+    let file = OpenOptions::new().write(true).open(newest).expect("open");
+    file.write_all_at(&[0xFF], len - 1).expect("flip");
+    drop(file);
+    let sm = StateMachineStore::<CountingProjection>::open(dir.path()).expect("falls back");
+    assert_eq!(sm.digest(), digests[1]);
+    let _ = blank(1, 0);
+}
