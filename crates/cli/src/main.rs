@@ -42,6 +42,8 @@ enum Command {
     ///
     /// Input is JSONL on stdin, one model call per line, in call order.
     Trajectory(commands::trajectory::TrajectoryArgs),
+    /// The embedded CPU policy: `model bench` figures and the SmolLM2-135M profile.
+    Model(commands::model::ModelArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Quickstart(args) => commands::quickstart::run(args),
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Trajectory(args) => commands::trajectory::run(args),
+        Command::Model(args) => commands::model::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Replay(args) => commands::replay::run(args),
         Command::Audit(args) => commands::audit::run(args),

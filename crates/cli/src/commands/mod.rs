@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod model;
 pub mod quickstart;
 pub mod simulate;
 pub mod trajectory;
