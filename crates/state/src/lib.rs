@@ -9,11 +9,11 @@
 //!
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
-use std::fmt::Write;
-
 use gyre_event::Event;
 use gyre_scheduler::{ApplyError, SchedulerState};
-use gyre_trajectory::{ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig};
+use gyre_trajectory::{
+    AttemptOutcome, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
+};
 use sha2::{Digest, Sha256};
 
 /// Which projection refused an event, and why.
@@ -74,23 +74,111 @@ impl ControlState {
         self.scheduler.validate()
     }
 
-    /// SHA-256 over the scheduler digest and a canonical summary of the trajectory buffer (tree
-    /// shapes and token counts, scoring state, admissions, packed groups). Token arrays enter
-    /// through their counts and the trees' own structure, which keeps checkpoints cheap.
+    /// SHA-256 over the scheduler digest and a canonical encoding of the trajectory buffer:
+    /// tree shapes and token counts, every execution's scoring state (close, attempts with their
+    /// bindings and outcomes, dummy, exclusion), groups, admissions and packed groups. Fields are
+    /// fed in `BTreeMap` order with explicit tags and lengths; floats by their bits.
     pub fn digest(&self) -> [u8; 32] {
-        let mut hasher = Sha256::new();
-        hasher.update(b"gyre-state-digest-v1");
-        hasher.update(self.scheduler.digest());
-        let mut summary = String::new();
-        for (execution, tree) in &self.trajectories.trees {
+        let mut feed = Feed(Sha256::new());
+        feed.bytes(b"gyre-state-digest-v2");
+        feed.bytes(&self.scheduler.digest());
+        let buffer = &self.trajectories;
+        feed.u64(buffer.trees.len() as u64);
+        for (execution, tree) in &buffer.trees {
             let tokens: u64 = tree.nodes().iter().map(|n| n.segment_len()).sum();
-            let _ = write!(summary, "t{}:{}:{}:{};", execution.get(), tree.len(), tree.leaves().count(), tokens);
+            feed.u64(execution.get());
+            feed.u64(tree.len() as u64);
+            feed.u64(tree.leaves().count() as u64);
+            feed.u64(tokens);
         }
-        // Debug output of BTreeMap-based state is deterministic (ordered keys, exact floats).
-        let _ = write!(summary, "s{:?};", self.trajectories.scoring);
-        let _ = write!(summary, "a{:?};", self.trajectories.admissions);
-        let _ = write!(summary, "p{:?}", self.trajectories.packed_groups);
-        hasher.update(summary.as_bytes());
-        hasher.finalize().into()
+        let scoring = &buffer.scoring;
+        feed.u64(scoring.executions.len() as u64);
+        for (execution, score) in &scoring.executions {
+            feed.u64(execution.get());
+            feed.u64(score.group.get());
+            feed.u64(score.started_at.nanos());
+            match score.closed {
+                Some((status, at)) => {
+                    feed.u64(1 + status as u64);
+                    feed.u64(at.nanos());
+                }
+                None => feed.u64(0),
+            }
+            feed.u64(score.attempts.len() as u64);
+            for (attempt, record) in &score.attempts {
+                feed.u64(*attempt as u64);
+                feed.u64(record.artifact_version);
+                feed.bytes(record.branch_ref.as_bytes());
+                feed.u64(record.requested_at.nanos());
+                match &record.outcome {
+                    None => feed.u64(0),
+                    Some(AttemptOutcome::Completed {
+                        score,
+                        valid,
+                        evaluated_state_ref,
+                        evaluator,
+                    }) => {
+                        feed.u64(1);
+                        feed.u64(score.to_bits());
+                        feed.u64(*valid as u64);
+                        feed.bytes(evaluated_state_ref.as_bytes());
+                        feed.bytes(evaluator.as_bytes());
+                    }
+                    Some(AttemptOutcome::Failed { reason }) => {
+                        feed.u64(2);
+                        feed.bytes(reason.as_bytes());
+                    }
+                }
+            }
+            feed.u64(score.dummy as u64);
+            match &score.excluded {
+                Some(reason) => feed.bytes(reason.as_bytes()),
+                None => feed.u64(u64::MAX),
+            }
+        }
+        feed.u64(scoring.groups.len() as u64);
+        for (group, state) in &scoring.groups {
+            feed.u64(group.get());
+            feed.u64(state.executions_per_group as u64);
+            feed.u64(state.policy_version.get());
+            feed.u64(state.members.len() as u64);
+            for member in &state.members {
+                feed.u64(member.get());
+            }
+        }
+        feed.u64(buffer.admissions.len() as u64);
+        for (execution, trajectories) in &buffer.admissions {
+            feed.u64(execution.get());
+            feed.u64(trajectories.len() as u64);
+            for trajectory in trajectories {
+                feed.u64(trajectory.leaf_call.get());
+                feed.u64(trajectory.class as u64);
+                feed.u64(trajectory.targets.len() as u64);
+                for target in &trajectory.targets {
+                    feed.u64(target.call.get());
+                    feed.u64(target.start as u64);
+                    feed.u64(target.end as u64);
+                }
+            }
+        }
+        feed.u64(buffer.packed_groups.len() as u64);
+        for group in &buffer.packed_groups {
+            feed.u64(group.get());
+        }
+        feed.0.finalize().into()
+    }
+}
+
+/// Length-prefixed, tagged input to the digest.
+struct Feed(Sha256);
+
+impl Feed {
+    fn u64(&mut self, value: u64) {
+        self.0.update(value.to_le_bytes());
+    }
+
+    fn bytes(&mut self, value: &[u8]) {
+        self.u64(value.len() as u64);
+        self.0.update(value);
     }
 }
