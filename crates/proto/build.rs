@@ -1,5 +1,6 @@
 //! Compiles `proto/*.proto` into Rust with prost-build, using the protoc binary vendored by
-//! `protoc-bin-vendored` so that a fresh machine needs no system protoc.
+//! `protoc-bin-vendored` so that a fresh machine needs no system protoc. `control.proto` also gets
+//! tonic client and server stubs (tonic-prost-build).
 
 use std::path::PathBuf;
 
@@ -9,7 +10,9 @@ fn main() {
     );
     let proto_dir = manifest_dir.join("../../proto");
     let events = proto_dir.join("events.proto");
+    let control = proto_dir.join("control.proto");
     println!("cargo:rerun-if-changed={}", events.display());
+    println!("cargo:rerun-if-changed={}", control.display());
 
     let protoc = protoc_bin_vendored::protoc_bin_path()
         .expect("protoc-bin-vendored ships a protoc binary for this host");
@@ -18,6 +21,11 @@ fn main() {
     std::env::set_var("PROTOC", protoc);
 
     prost_build::Config::new()
-        .compile_protos(&[events], &[proto_dir])
+        .compile_protos(&[events], std::slice::from_ref(&proto_dir))
         .expect("proto/events.proto compiles (see the protoc error above)");
+
+    // The control API (gRPC services): tonic client and server stubs over prost messages.
+    tonic_prost_build::configure()
+        .compile_protos(&[control], &[proto_dir])
+        .expect("proto/control.proto compiles (see the protoc error above)");
 }

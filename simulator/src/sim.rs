@@ -254,7 +254,8 @@ impl<'a> Simulation<'a> {
                     execution,
                     status: outcome.status,
                 });
-                let group = self.control
+                let group = self
+                    .control
                     .scheduler
                     .executions
                     .get(&execution)
@@ -439,7 +440,8 @@ impl<'a> Simulation<'a> {
     fn pack(&mut self) -> bool {
         let mut progressed = false;
         while let Some(group) = self.control.scheduler.next_group_to_pack() {
-            let batch = self.control
+            let batch = self
+                .control
                 .scheduler
                 .batch
                 .as_ref()
@@ -476,7 +478,13 @@ impl<'a> Simulation<'a> {
             let Some(micro_step) = self.control.scheduler.next_unclaimed_micro_step() else {
                 break;
             };
-            let step = self.control.scheduler.batch.as_ref().expect("claims need a batch").step;
+            let step = self
+                .control
+                .scheduler
+                .batch
+                .as_ref()
+                .expect("claims need a batch")
+                .step;
             let cell_id = CellId(index as u32);
             self.record(EventBody::MicroStepClaimed {
                 step,
@@ -527,9 +535,12 @@ impl<'a> Simulation<'a> {
     fn finish(mut self) -> SimOutput {
         self.metrics.close(self.now, &self.control.scheduler);
         let digest = self.control.digest();
-        let report =
-            self.metrics
-                .report(self.config, &self.control.scheduler, self.events.len() as u64, &digest);
+        let report = self.metrics.report(
+            self.config,
+            &self.control.scheduler,
+            self.events.len() as u64,
+            &digest,
+        );
         SimOutput {
             report,
             events: self.events,

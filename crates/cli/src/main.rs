@@ -44,6 +44,10 @@ enum Command {
     Trajectory(commands::trajectory::TrajectoryArgs),
     /// The embedded CPU policy: `model bench` figures and the SmolLM2-135M profile.
     Model(commands::model::ModelArgs),
+    /// The control quorum: `init`, `run` a node, `status`, `bench` the replicated log.
+    Control(commands::control::ControlArgs),
+    /// Operator tools on the replicated log: `append` JSON events, `tail`, `export` to a file.
+    Log(commands::log::LogArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +60,8 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Replay(args) => commands::replay::run(args),
         Command::Audit(args) => commands::audit::run(args),
+        Command::Control(args) => commands::control::run(args),
+        Command::Log(args) => commands::log::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

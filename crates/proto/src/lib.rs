@@ -10,3 +10,9 @@
 pub mod events {
     include!(concat!(env!("OUT_DIR"), "/gyre.events.rs"));
 }
+
+/// `proto/control.proto`: the Raft transport and the control API (tonic clients and servers).
+#[allow(clippy::all, missing_docs)]
+pub mod control {
+    include!(concat!(env!("OUT_DIR"), "/gyre.control.rs"));
+}

@@ -75,7 +75,8 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
     match args.command {
         Some(AuditCommand::Verify { bundle, head }) => verify(&bundle, &head),
         None => {
-            let (Some(log), Some(execution), Some(out)) = (args.log, args.execution, args.out) else {
+            let (Some(log), Some(execution), Some(out)) = (args.log, args.execution, args.out)
+            else {
                 bail!("usage: gyre audit LOG --execution E --out bundle.json, or gyre audit verify BUNDLE --head HASH");
             };
             build(&log, &execution, &out)
@@ -119,7 +120,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     let mut group: Option<GroupId> = None;
     for (_, events) in entries {
         for event in events {
-            if let EventBody::ExecutionStarted { execution: e, group: g, .. } = &event.body {
+            if let EventBody::ExecutionStarted {
+                execution: e,
+                group: g,
+                ..
+            } = &event.body
+            {
                 if *e == execution {
                     group = Some(*g);
                 }
@@ -130,7 +136,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     if let Some(group) = group {
         for (_, events) in entries {
             for event in events {
-                if let EventBody::ExecutionStarted { execution: e, group: g, .. } = &event.body {
+                if let EventBody::ExecutionStarted {
+                    execution: e,
+                    group: g,
+                    ..
+                } = &event.body
+                {
                     if *g == group {
                         members.insert(*e);
                     }
@@ -153,11 +164,18 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
             let at_s = event.at.as_secs_f64();
             let mut cite = false;
             match &event.body {
-                EventBody::ExecutionStarted { execution: e, group: g, engine } if *e == execution => {
+                EventBody::ExecutionStarted {
+                    execution: e,
+                    group: g,
+                    engine,
+                } if *e == execution => {
                     started = json!({"entry": index, "at_s": at_s, "group": g.to_string(), "engine": engine.to_string()});
                     cite = true;
                 }
-                EventBody::ExecutionClosed { execution: e, status } if *e == execution => {
+                EventBody::ExecutionClosed {
+                    execution: e,
+                    status,
+                } if *e == execution => {
                     closed = json!({"entry": index, "at_s": at_s, "status": status.as_str()});
                     cite = true;
                 }
@@ -182,11 +200,25 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     }));
                     cite = true;
                 }
-                EventBody::EvaluationRequested { execution: e, attempt, artifact_version, branch_ref } if *e == execution => {
+                EventBody::EvaluationRequested {
+                    execution: e,
+                    attempt,
+                    artifact_version,
+                    branch_ref,
+                } if *e == execution => {
                     evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "requested", "attempt": attempt, "artifact_version": artifact_version, "branch_ref": branch_ref}));
                     cite = true;
                 }
-                EventBody::EvaluationCompleted { execution: e, attempt, score, valid, evaluated_state_ref, artifact_version, branch_ref, evaluator } => {
+                EventBody::EvaluationCompleted {
+                    execution: e,
+                    attempt,
+                    score,
+                    valid,
+                    evaluated_state_ref,
+                    artifact_version,
+                    branch_ref,
+                    evaluator,
+                } => {
                     if members.contains(e) && *valid {
                         member_results.entry(*e).or_insert(Some(*score));
                         cite = true;
@@ -196,7 +228,11 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                         cite = true;
                     }
                 }
-                EventBody::EvaluationFailed { execution: e, attempt, reason } if *e == execution => {
+                EventBody::EvaluationFailed {
+                    execution: e,
+                    attempt,
+                    reason,
+                } if *e == execution => {
                     evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "failed", "attempt": attempt, "reason": reason}));
                     cite = true;
                 }
@@ -205,14 +241,20 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     dummy |= *e == execution;
                     cite = true;
                 }
-                EventBody::ExecutionExcluded { execution: e, reason } if members.contains(e) => {
+                EventBody::ExecutionExcluded {
+                    execution: e,
+                    reason,
+                } if members.contains(e) => {
                     member_results.entry(*e).or_insert(None);
                     if *e == execution {
                         excluded = json!({"entry": index, "reason": reason});
                     }
                     cite = true;
                 }
-                EventBody::TrajectoriesAdmitted { execution: e, trajectories } if *e == execution => {
+                EventBody::TrajectoriesAdmitted {
+                    execution: e,
+                    trajectories,
+                } if *e == execution => {
                     admitted = json!({"entry": index, "trajectories": trajectories.iter().map(|t| json!({
                         "leaf_call": t.leaf_call.to_string(),
                         "class": t.class,
@@ -220,7 +262,11 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     })).collect::<Vec<_>>()});
                     cite = true;
                 }
-                EventBody::OptimizerStepped { step, policy_version, consumed } => {
+                EventBody::OptimizerStepped {
+                    step,
+                    policy_version,
+                    consumed,
+                } => {
                     if let Some(record) = consumed.iter().find(|c| Some(c.group) == group) {
                         consumed_by = json!({"entry": index, "at_s": at_s, "step": step.get(), "policy_version_after": policy_version.get(), "staleness": record.staleness});
                         cite = true;
@@ -266,14 +312,16 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
 
 fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyhow::Result<()> {
     let execution = parse_execution(execution)?;
-    let reader = EventFileReader::open(log).with_context(|| format!("opening {}", log.display()))?;
+    let reader =
+        EventFileReader::open(log).with_context(|| format!("opening {}", log.display()))?;
     let base = reader.header().base_hash;
     let mut entries = Vec::new();
     let mut links = Vec::new();
     let mut payloads = BTreeMap::new();
     let mut hashes = Vec::new();
     for record in reader {
-        let record = record.with_context(|| format!("reading {} (audit needs an undamaged log)", log.display()))?;
+        let record = record
+            .with_context(|| format!("reading {} (audit needs an undamaged log)", log.display()))?;
         let events = record.decode_events_in(log)?;
         links.push(ChainLink {
             index: record.index,
@@ -288,12 +336,19 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
     if facts["started"].is_null() {
         bail!("execution {execution} never started in {}", log.display());
     }
-    let first = *cited.iter().next().expect("a started execution cites at least one entry");
+    let first = *cited
+        .iter()
+        .next()
+        .expect("a started execution cites at least one entry");
     let position = links
         .iter()
         .position(|l| l.index == first)
         .expect("cited entries come from the log");
-    let base_hash = if position == 0 { base } else { hashes[position - 1] };
+    let base_hash = if position == 0 {
+        base
+    } else {
+        hashes[position - 1]
+    };
     let head = *hashes.last().expect("the log has entries");
     let bundle = Bundle {
         format: BUNDLE_FORMAT.to_string(),
@@ -320,34 +375,52 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
 }
 
 fn verify(path: &std::path::Path, trusted_head: &str) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let bundle: Bundle = serde_json::from_str(&text).with_context(|| format!("{} is not an audit bundle", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bundle: Bundle = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not an audit bundle", path.display()))?;
     if bundle.format != BUNDLE_FORMAT {
-        bail!("unknown bundle format `{}` (expected {BUNDLE_FORMAT})", bundle.format);
+        bail!(
+            "unknown bundle format `{}` (expected {BUNDLE_FORMAT})",
+            bundle.format
+        );
     }
     let trusted = hash_from_hex(trusted_head).context("--head")?;
     let mut hash = hash_from_hex(&bundle.base_hash).context("base_hash")?;
     let mut entries = Vec::new();
     for link in &bundle.chain {
-        let digest = hash_from_hex(&link.payload_sha256).with_context(|| format!("entry {}", link.index))?;
+        let digest =
+            hash_from_hex(&link.payload_sha256).with_context(|| format!("entry {}", link.index))?;
         if let Some(payload_hex) = bundle.payloads.get(&link.index) {
-            let payload = from_hex(payload_hex).with_context(|| format!("payload of entry {}", link.index))?;
+            let payload = from_hex(payload_hex)
+                .with_context(|| format!("payload of entry {}", link.index))?;
             if payload_digest(&payload) != digest {
-                bail!("entry {}: payload does not match its digest in the chain", link.index);
+                bail!(
+                    "entry {}: payload does not match its digest in the chain",
+                    link.index
+                );
             }
-            let events = decode_batch(&payload).with_context(|| format!("entry {} does not decode", link.index))?;
+            let events = decode_batch(&payload)
+                .with_context(|| format!("entry {} does not decode", link.index))?;
             entries.push((link.index, events));
         }
         hash = chain_hash_of_digest(&hash, link.index, link.term, &digest);
     }
-    if bundle.payloads.keys().any(|index| !bundle.chain.iter().any(|l| l.index == *index)) {
+    if bundle
+        .payloads
+        .keys()
+        .any(|index| !bundle.chain.iter().any(|l| l.index == *index))
+    {
         bail!("the bundle carries a payload that is not on its chain");
     }
     if hash != trusted {
         bail!("the chain ends at {} but the trusted head is {}: the bundle does not belong to that log", hex(&hash), trusted_head);
     }
     if hex(&hash) != bundle.head {
-        bail!("the bundle's stated head {} differs from its chain", bundle.head);
+        bail!(
+            "the bundle's stated head {} differs from its chain",
+            bundle.head
+        );
     }
     let execution = parse_execution(&bundle.execution)?;
     let (facts, _) = extract(&entries, execution);

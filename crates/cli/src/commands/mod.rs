@@ -2,8 +2,10 @@
 
 pub mod audit;
 pub mod bench;
+pub mod control;
+pub mod log;
 pub mod model;
 pub mod quickstart;
+pub mod replay;
 pub mod simulate;
 pub mod trajectory;
-pub mod replay;

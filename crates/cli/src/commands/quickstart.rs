@@ -30,7 +30,8 @@ pub fn run(args: QuickstartArgs) -> anyhow::Result<()> {
     let log = args.out.join("e0.log");
     // The event file writer never overwrites; quickstart owns this file, so replace it.
     if log.exists() {
-        std::fs::remove_file(&log).with_context(|| format!("removing the previous {}", log.display()))?;
+        std::fs::remove_file(&log)
+            .with_context(|| format!("removing the previous {}", log.display()))?;
     }
     println!(
         "gyre quickstart: simulating the paper's Table 2 (NL2RepoBench, 122B, 32 nodes, 12 steps)"

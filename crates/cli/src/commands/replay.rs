@@ -21,7 +21,9 @@ use gyre_state::ControlState;
 
 /// Arguments of `gyre replay`.
 #[derive(Args, Debug)]
-#[command(after_long_help = "Exit status: 0 when every record, digest and (with --recompute) decision verified; 2 when the file is damaged, a digest differs or a decision diverges (the report still covers everything before the problem).")]
+#[command(
+    after_long_help = "Exit status: 0 when every record, digest and (with --recompute) decision verified; 2 when the file is damaged, a digest differs or a decision diverges (the report still covers everything before the problem)."
+)]
 pub struct ReplayArgs {
     /// The event log (a file written by `gyre simulate --log` or exported from a node).
     log: PathBuf,
@@ -154,7 +156,11 @@ fn dump(state: &ControlState, entry: u64) -> StateDump {
                 batch.groups.len(),
                 batch.claimed_count,
                 batch.micro_steps.len(),
-                if batch.stream_closed { "closed" } else { "open" }
+                if batch.stream_closed {
+                    "closed"
+                } else {
+                    "open"
+                }
             )
         }),
         ready_unpacked_groups: scheduler.ready_unpacked.len(),
@@ -264,7 +270,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 report.problem = Some(Problem {
                     kind: "rejected_event",
                     entry: Some(record.index),
-                    message: format!("event {position} ({}) of entry {}: {error}", event.kind_name(), record.index),
+                    message: format!(
+                        "event {position} ({}) of entry {}: {error}",
+                        event.kind_name(),
+                        record.index
+                    ),
                 });
                 break 'records;
             }
@@ -334,7 +344,10 @@ fn observe(event: &Event, report: &mut PostMortem, score_sum: &mut f64, stalenes
         EventBody::OptimizerStepped { step, consumed, .. } => {
             let sum: u64 = consumed.iter().map(|c| c.staleness).sum();
             for record in consumed {
-                *report.staleness_histogram.entry(record.staleness).or_insert(0) += 1;
+                *report
+                    .staleness_histogram
+                    .entry(record.staleness)
+                    .or_insert(0) += 1;
             }
             *staleness_sum += sum;
             report.groups_consumed += consumed.len();
@@ -342,7 +355,11 @@ fn observe(event: &Event, report: &mut PostMortem, score_sum: &mut f64, stalenes
                 step: step.get(),
                 end_hours: (hours(event) * 10_000.0).round() / 10_000.0,
                 groups: consumed.len(),
-                mean_staleness: if consumed.is_empty() { 0.0 } else { sum as f64 / consumed.len() as f64 },
+                mean_staleness: if consumed.is_empty() {
+                    0.0
+                } else {
+                    sum as f64 / consumed.len() as f64
+                },
             });
         }
         EventBody::BurstEnded { .. } => report.bursts_ended_hours.push(hours(event)),
@@ -365,7 +382,10 @@ fn observe(event: &Event, report: &mut PostMortem, score_sum: &mut f64, stalenes
 }
 
 fn print_text(report: &PostMortem) {
-    println!("log {}: {} entries, {} events, head {}", report.log, report.entries, report.events, report.head_hash);
+    println!(
+        "log {}: {} entries, {} events, head {}",
+        report.log, report.entries, report.events, report.head_hash
+    );
     println!(
         "verified: CRC and hash chain of every record read; {} digest checkpoints; {} decisions recomputed",
         report.digests_verified, report.decisions_recomputed
@@ -377,19 +397,38 @@ fn print_text(report: &PostMortem) {
     println!("\nrole transitions (completed):");
     let mut by_cell: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for transition in report.transitions.iter().filter(|t| t.event == "completed") {
-        by_cell
-            .entry(transition.cell)
-            .or_default()
-            .push(format!("{:.2}h→{}", transition.at_hours, if transition.role == Role::Training.as_str() { "T" } else { "R" }));
+        by_cell.entry(transition.cell).or_default().push(format!(
+            "{:.2}h→{}",
+            transition.at_hours,
+            if transition.role == Role::Training.as_str() {
+                "T"
+            } else {
+                "R"
+            }
+        ));
     }
     for (cell, list) in &by_cell {
         let shown: Vec<&String> = list.iter().take(12).collect();
-        let more = if list.len() > 12 { format!(" … (+{})", list.len() - 12) } else { String::new() };
-        println!("  cell{cell}: {}{more}", shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "));
+        let more = if list.len() > 12 {
+            format!(" … (+{})", list.len() - 12)
+        } else {
+            String::new()
+        };
+        println!(
+            "  cell{cell}: {}{more}",
+            shown
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     println!("\nsteps (end time, groups, mean staleness):");
     for step in &report.steps {
-        println!("  {:>4}  {:>8.3} h  {:>4} groups  d̄ = {:.3}", step.step, step.end_hours, step.groups, step.mean_staleness);
+        println!(
+            "  {:>4}  {:>8.3} h  {:>4} groups  d̄ = {:.3}",
+            step.step, step.end_hours, step.groups, step.mean_staleness
+        );
     }
     println!(
         "\nbursts ended: {}; publishes: {}",
@@ -428,8 +467,14 @@ fn print_text(report: &PostMortem) {
     if let Some(batch) = &state.open_batch {
         println!("  open batch {batch}");
     }
-    println!("  ready unpacked groups: {}; digest {}", state.ready_unpacked_groups, state.digest);
+    println!(
+        "  ready unpacked groups: {}; digest {}",
+        state.ready_unpacked_groups, state.digest
+    );
     if let Some(problem) = &report.problem {
-        println!("\nPROBLEM ({}) at entry {:?}: {}", problem.kind, problem.entry, problem.message);
+        println!(
+            "\nPROBLEM ({}) at entry {:?}: {}",
+            problem.kind, problem.entry, problem.message
+        );
     }
 }

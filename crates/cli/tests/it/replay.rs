@@ -22,7 +22,16 @@ fn gyre(args: &[&str]) -> (i32, String, String) {
 /// A small E0 run (B = 8, N = 4, 6 steps) written as an event log.
 fn small_log(dir: &std::path::Path) -> std::path::PathBuf {
     let (code, toml, stderr) = gyre(&[
-        "simulate", "--preset", "table2", "--row", "E0", "--b", "8", "--n", "4", "--print-config",
+        "simulate",
+        "--preset",
+        "table2",
+        "--row",
+        "E0",
+        "--b",
+        "8",
+        "--n",
+        "4",
+        "--print-config",
     ]);
     assert_eq!(code, 0, "{stderr}");
     let config = dir.join("small.toml");
@@ -41,7 +50,8 @@ fn small_log(dir: &std::path::Path) -> std::path::PathBuf {
 
 fn replay_json(args: &[&str]) -> (i32, Value) {
     let (code, stdout, stderr) = gyre(args);
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{error}: {stdout} {stderr}"));
+    let report =
+        serde_json::from_str(&stdout).unwrap_or_else(|error| panic!("{error}: {stdout} {stderr}"));
     (code, report)
 }
 
@@ -49,7 +59,12 @@ fn replay_json(args: &[&str]) -> (i32, Value) {
 fn clean_log_replays_with_recompute() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = small_log(dir.path());
-    let (code, report) = replay_json(&["replay", log.to_str().expect("utf-8"), "--recompute", "--json"]);
+    let (code, report) = replay_json(&[
+        "replay",
+        log.to_str().expect("utf-8"),
+        "--recompute",
+        "--json",
+    ]);
     assert_eq!(code, 0, "{report}");
     assert!(report["problem"].is_null());
     assert!(report["digests_verified"].as_u64() > Some(0));
@@ -58,10 +73,19 @@ fn clean_log_replays_with_recompute() {
     assert_eq!(report["groups_consumed"], 6 * 8);
     assert!(report["events_by_kind"]["transition_completed"].as_u64() > Some(0));
 
-    let (code, early) = replay_json(&["replay", log.to_str().expect("utf-8"), "--at", "40", "--json"]);
+    let (code, early) = replay_json(&[
+        "replay",
+        log.to_str().expect("utf-8"),
+        "--at",
+        "40",
+        "--json",
+    ]);
     assert_eq!(code, 0);
     assert_eq!(early["final_state"]["entry"], 40);
-    assert_ne!(early["final_state"]["digest"], report["final_state"]["digest"]);
+    assert_ne!(
+        early["final_state"]["digest"],
+        report["final_state"]["digest"]
+    );
 }
 
 #[test]
@@ -78,7 +102,10 @@ fn flipped_byte_is_reported_and_the_prefix_still_replays() {
     let problem = &report["problem"];
     assert_eq!(problem["kind"], "damaged_record", "{problem}");
     let message = problem["message"].as_str().expect("message");
-    assert!(message.contains("damaged.log") && message.contains("offset"), "{message}");
+    assert!(
+        message.contains("damaged.log") && message.contains("offset"),
+        "{message}"
+    );
     let entries = report["entries"].as_u64().expect("entries");
     assert!(entries > 0, "the records before the damage replay");
     assert_eq!(report["final_state"]["entry"], entries);
@@ -101,15 +128,35 @@ fn audit_bundle_verifies_and_refuses_tampering() {
     let text = std::fs::read_to_string(&bundle).expect("bundle");
     let mut value: Value = serde_json::from_str(&text).expect("bundle is JSON");
     let head = value["head"].as_str().expect("head").to_string();
-    assert!(value["facts"]["consumed_by"]["step"].is_u64(), "the group was consumed: {}", value["facts"]["consumed_by"]);
+    assert!(
+        value["facts"]["consumed_by"]["step"].is_u64(),
+        "the group was consumed: {}",
+        value["facts"]["consumed_by"]
+    );
     assert!(value["facts"]["advantage"].is_f64() || value["facts"]["excluded"].is_object());
-    let (code, stdout, stderr) = gyre(&["audit", "verify", bundle.to_str().expect("utf-8"), "--head", &head]);
+    let (code, stdout, stderr) = gyre(&[
+        "audit",
+        "verify",
+        bundle.to_str().expect("utf-8"),
+        "--head",
+        &head,
+    ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("ok:"));
 
     // A different trusted head: the bundle does not belong to that log.
-    let wrong = format!("{}{}", if head.starts_with('0') { "1" } else { "0" }, &head[1..]);
-    let (code, _, stderr) = gyre(&["audit", "verify", bundle.to_str().expect("utf-8"), "--head", &wrong]);
+    let wrong = format!(
+        "{}{}",
+        if head.starts_with('0') { "1" } else { "0" },
+        &head[1..]
+    );
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        "verify",
+        bundle.to_str().expect("utf-8"),
+        "--head",
+        &wrong,
+    ]);
     assert_eq!(code, 2);
     assert!(stderr.contains("trusted head"), "{stderr}");
 
@@ -117,7 +164,13 @@ fn audit_bundle_verifies_and_refuses_tampering() {
     value["facts"]["closed"]["status"] = Value::String("failed".into());
     let forged = dir.path().join("forged.json");
     std::fs::write(&forged, serde_json::to_string(&value).expect("json")).expect("write forged");
-    let (code, _, stderr) = gyre(&["audit", "verify", forged.to_str().expect("utf-8"), "--head", &head]);
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        "verify",
+        forged.to_str().expect("utf-8"),
+        "--head",
+        &head,
+    ]);
     assert_eq!(code, 2);
     assert!(stderr.contains("facts differ"), "{stderr}");
 }

@@ -35,6 +35,12 @@ pub trait Projection: Send + Sync + 'static {
     fn empty() -> Self
     where
         Self: Sized;
+    /// Why this replica must stop (for example a `ProjectionDigest` that does not match what it
+    /// computed). Checked after every applied batch; `Some` fails the state machine, which stops
+    /// the Raft node: a diverged replica must not keep serving.
+    fn halted(&self) -> Option<String> {
+        None
+    }
 }
 
 struct State<P> {
@@ -152,7 +158,13 @@ impl<P: Projection> StateMachineStore<P> {
                         .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read)
                 })?;
                 let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-                let rejected = match state.projection.apply_events(index, &events) {
+                let outcome = state.projection.apply_events(index, &events);
+                if let Some(detail) = state.projection.halted() {
+                    tracing::error!(index, detail = %detail, "projection halted the state machine");
+                    return Err(RaftStoreError::BadEntry { index, detail }
+                        .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read));
+                }
+                let rejected = match outcome {
                     Ok(()) => None,
                     Err(detail) => {
                         tracing::warn!(index, detail = %detail, "projection rejected a committed batch");

@@ -40,7 +40,11 @@ fn folding_is_deterministic_and_sensitive() {
     assert_eq!(first.digest(), second.digest());
     assert_eq!(first.events_applied, events.len() as u64);
     let shorter = fold(&events[..events.len() - 1]);
-    assert_ne!(first.digest(), shorter.digest(), "dropping the last event must change the digest");
+    assert_ne!(
+        first.digest(),
+        shorter.digest(),
+        "dropping the last event must change the digest"
+    );
 }
 
 #[test]
@@ -50,5 +54,8 @@ fn a_refused_event_names_its_projection() {
     let error = state
         .apply(&events[1])
         .expect_err("a cell registered before the run started is refused");
-    assert!(error.to_string().starts_with("scheduler projection:"), "{error}");
+    assert!(
+        error.to_string().starts_with("scheduler projection:"),
+        "{error}"
+    );
 }

@@ -1,0 +1,423 @@
+//! The `Control` gRPC service: appends (through the proposer, forwarded to the leader when this
+//! node is not it), subscriptions and export read from the local log, status, membership.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use gyre_log::raft::openraft::{BasicNode, EntryPayload, RaftLogReader};
+use gyre_log::raft::{read_meta, LogStoreHandle, NodeId, Raft, StateMachineStore};
+use gyre_proto::control as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::error::ControlError;
+use crate::network::{channel, MESSAGE_BYTES_MAX};
+use crate::projection::ControlProjection;
+use crate::proposer::AppendJob;
+use crate::status::{from_status, to_status};
+
+/// Metadata key set on a forwarded append, so a request is forwarded at most once.
+const FORWARDED: &str = "gyre-forwarded";
+/// Entries read from the log per step of a subscription or export.
+const READ_ENTRIES_MAX: u64 = 256;
+/// Buffered messages per subscription stream.
+const STREAM_BUFFER: usize = 64;
+
+pub struct ControlService {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state_machine: StateMachineStore<ControlProjection>,
+    pub log: LogStoreHandle,
+    pub data_dir: std::path::PathBuf,
+    pub jobs: mpsc::Sender<AppendJob>,
+    pub leader_channels: Arc<std::sync::Mutex<BTreeMap<String, Channel>>>,
+    pub fatal: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+pub fn control_client(channel: Channel) -> pb::control_client::ControlClient<Channel> {
+    pb::control_client::ControlClient::new(channel)
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX)
+}
+
+impl ControlService {
+    pub fn server(self) -> pb::control_server::ControlServer<Self> {
+        pb::control_server::ControlServer::new(self)
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX)
+    }
+
+    fn leader_client(
+        &self,
+        address: &str,
+    ) -> Result<pb::control_client::ControlClient<Channel>, ControlError> {
+        let mut channels = self
+            .leader_channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let made = match channels.get(address) {
+            Some(channel) => channel.clone(),
+            None => {
+                let made = channel(address).map_err(ControlError::BadRequest)?;
+                channels.insert(address.to_string(), made.clone());
+                made
+            }
+        };
+        Ok(control_client(made))
+    }
+
+    async fn append(
+        &self,
+        batch: Vec<u8>,
+        forwarded: bool,
+    ) -> Result<pb::AppendEventsReply, ControlError> {
+        let events = gyre_log::decode_batch(&batch)?;
+        if events.is_empty() {
+            return Err(ControlError::BadRequest(
+                "the batch holds no events".to_string(),
+            ));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(AppendJob { events, reply })
+            .await
+            .map_err(|_| ControlError::ShuttingDown)?;
+        match answer.await.map_err(|_| ControlError::ShuttingDown)? {
+            Ok(outcome) => Ok(pb::AppendEventsReply {
+                sequences: outcome
+                    .sequences
+                    .iter()
+                    .map(|(index, position)| pb::Sequence {
+                        index: *index,
+                        position: *position,
+                    })
+                    .collect(),
+                rejected: outcome
+                    .rejected
+                    .into_iter()
+                    .map(Option::unwrap_or_default)
+                    .collect(),
+            }),
+            Err(ControlError::NotLeader { leader }) if !forwarded => {
+                let mut request = Request::new(pb::AppendEventsRequest { batch });
+                request
+                    .metadata_mut()
+                    .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+                self.leader_client(&leader)?
+                    .append_events(request)
+                    .await
+                    .map(Response::into_inner)
+                    .map_err(|status| from_status(&leader, status))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    fn status(&self) -> pb::StatusReply {
+        let metrics = self.raft.metrics().borrow().clone();
+        let (last_applied, digest, events_applied) =
+            self.state_machine.with_projection(|projection, last| {
+                (
+                    last.map_or(0, |log_id| log_id.index),
+                    gyre_log::file::hex(&gyre_log::raft::Projection::digest(projection)),
+                    projection.state.events_applied,
+                )
+            });
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| pb::Member {
+                id: *id,
+                address: node.addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect();
+        let leader_address = metrics
+            .current_leader
+            .and_then(|leader| membership.get_node(&leader).map(|node| node.addr.clone()))
+            .unwrap_or_default();
+        let commit_index = read_meta(&self.data_dir)
+            .ok()
+            .and_then(|meta| meta.committed)
+            .map_or(0, |log_id| log_id.index)
+            .max(last_applied);
+        let mut fatal = self
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        if let Err(error) = &metrics.running_state {
+            fatal = error.to_string();
+        }
+        pb::StatusReply {
+            node_id: self.id,
+            leader_id: metrics.current_leader.unwrap_or(0),
+            leader_address,
+            term: metrics.current_term,
+            commit_index,
+            last_applied_index: last_applied,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            digest_hex: digest,
+            server_state: format!("{:?}", metrics.state),
+            members,
+            events_applied,
+            fatal,
+        }
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.state_machine
+            .with_projection(|_, last| last.map_or(0, |log_id| log_id.index))
+    }
+}
+
+fn members_map(members: &[pb::Member]) -> Result<BTreeMap<NodeId, BasicNode>, ControlError> {
+    if members.is_empty() {
+        return Err(ControlError::BadRequest("no members given".to_string()));
+    }
+    let mut map = BTreeMap::new();
+    for member in members {
+        if member.id == 0 {
+            return Err(ControlError::BadRequest(
+                "node id 0 is reserved; ids start at 1".to_string(),
+            ));
+        }
+        if member.address.is_empty() {
+            return Err(ControlError::BadRequest(format!(
+                "node {} has no address",
+                member.id
+            )));
+        }
+        if map
+            .insert(member.id, BasicNode::new(member.address.clone()))
+            .is_some()
+        {
+            return Err(ControlError::BadRequest(format!(
+                "node {} is listed twice",
+                member.id
+            )));
+        }
+    }
+    Ok(map)
+}
+
+/// Reads up to `READ_ENTRIES_MAX` entries from `next` to `upto` (inclusive); an index below the
+/// first kept entry is `Purged`.
+async fn read_entries(
+    log: &LogStoreHandle,
+    next: u64,
+    upto: u64,
+) -> Result<Vec<gyre_log::raft::Entry>, ControlError> {
+    let end = upto
+        .saturating_add(1)
+        .min(next.saturating_add(READ_ENTRIES_MAX));
+    let mut reader = log.reader();
+    let entries = reader
+        .try_get_log_entries(next..end)
+        .await
+        .map_err(|error| ControlError::Raft(error.to_string()))?;
+    if let Some(first) = entries.first() {
+        if first.log_id.index > next && next > 0 {
+            return Err(ControlError::Purged {
+                index: next,
+                first: first.log_id.index,
+            });
+        }
+    } else if next < end {
+        return Err(ControlError::Purged {
+            index: next,
+            first: end,
+        });
+    }
+    Ok(entries)
+}
+
+#[tonic::async_trait]
+impl pb::control_server::Control for ControlService {
+    async fn append_events(
+        &self,
+        request: Request<pb::AppendEventsRequest>,
+    ) -> Result<Response<pb::AppendEventsReply>, Status> {
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        self.append(request.into_inner().batch, forwarded)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    type SubscribeStream = ReceiverStream<Result<pb::CommittedEntry, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let request = request.into_inner();
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let log = self.log.clone();
+        let state_machine = self.state_machine.clone();
+        let mut metrics = self.raft.metrics();
+        // Task "subscribe": owned by its stream; it ends when the client goes away.
+        tokio::spawn(async move {
+            let mut next = request.from_index.max(1);
+            let mut skip = request.from_position;
+            loop {
+                let applied =
+                    state_machine.with_projection(|_, last| last.map_or(0, |log_id| log_id.index));
+                if next > applied {
+                    if request.stop_at_end {
+                        return;
+                    }
+                    tokio::select! {
+                        changed = metrics.changed() => if changed.is_err() { return },
+                        _ = sender.closed() => return,
+                    }
+                    continue;
+                }
+                let entries = match read_entries(&log, next, applied).await {
+                    Ok(entries) => entries,
+                    Err(error) => {
+                        let _ = sender.send(Err(to_status(error))).await;
+                        return;
+                    }
+                };
+                for entry in entries {
+                    next = entry.log_id.index + 1;
+                    let EntryPayload::Normal(batch) = entry.payload else {
+                        continue;
+                    };
+                    let message = if skip > 0 {
+                        let Ok(events) = gyre_log::decode_batch(&batch.0) else {
+                            continue;
+                        };
+                        let from = (skip as usize).min(events.len());
+                        let message = pb::CommittedEntry {
+                            index: entry.log_id.index,
+                            first_position: u32::try_from(from).unwrap_or(u32::MAX),
+                            batch: gyre_log::encode_batch(&events[from..]),
+                        };
+                        skip = 0;
+                        message
+                    } else {
+                        pb::CommittedEntry {
+                            index: entry.log_id.index,
+                            first_position: 0,
+                            batch: batch.0.to_vec(),
+                        }
+                    };
+                    if sender.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn initialize(
+        &self,
+        request: Request<pb::MembershipRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
+        let members = members_map(&request.into_inner().members).map_err(to_status)?;
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|error| to_status(ControlError::Raft(error.to_string())))?;
+        Ok(Response::new(self.status()))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<pb::MembershipRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
+        let request = request.into_inner();
+        let members = members_map(&request.members).map_err(to_status)?;
+        let known: BTreeSet<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        for (id, node) in &members {
+            if !known.contains(id) {
+                self.raft
+                    .add_learner(*id, node.clone(), true)
+                    .await
+                    .map_err(|error| to_status(ControlError::Raft(error.to_string())))?;
+            }
+        }
+        let voters: BTreeSet<NodeId> = request
+            .members
+            .iter()
+            .filter(|m| m.voter)
+            .map(|m| m.id)
+            .collect();
+        if !voters.is_empty() {
+            self.raft
+                .change_membership(voters, false)
+                .await
+                .map_err(|error| to_status(ControlError::Raft(error.to_string())))?;
+        }
+        Ok(Response::new(self.status()))
+    }
+
+    type ExportLogStream = ReceiverStream<Result<pb::ExportedEntry, Status>>;
+
+    async fn export_log(
+        &self,
+        request: Request<pb::ExportRequest>,
+    ) -> Result<Response<Self::ExportLogStream>, Status> {
+        let first_kept = self
+            .raft
+            .metrics()
+            .borrow()
+            .purged
+            .map_or(1, |log_id| log_id.index + 1);
+        let mut next = request.into_inner().from_index.max(first_kept);
+        let upto = self.applied_index();
+        let log = self.log.clone();
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        // Task "export": owned by its stream; it ends at the applied index of the request time.
+        tokio::spawn(async move {
+            let empty = gyre_log::encode_batch(&[]);
+            while next <= upto {
+                let entries = match read_entries(&log, next, upto).await {
+                    Ok(entries) => entries,
+                    Err(error) => {
+                        let _ = sender.send(Err(to_status(error))).await;
+                        return;
+                    }
+                };
+                for entry in entries {
+                    next = entry.log_id.index + 1;
+                    let batch = match entry.payload {
+                        EntryPayload::Normal(batch) => batch.0.to_vec(),
+                        EntryPayload::Blank | EntryPayload::Membership(_) => empty.clone(),
+                    };
+                    let message = pb::ExportedEntry {
+                        index: entry.log_id.index,
+                        term: entry.log_id.leader_id.term,
+                        batch,
+                    };
+                    if sender.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+}

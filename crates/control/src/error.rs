@@ -1,0 +1,37 @@
+//! The control crate's one error type. `status` maps it to `tonic::Status` for the servers;
+//! the client maps `tonic::Status` back into it, naming the node it talked to.
+
+use gyre_log::raft::RaftStoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("events do not decode: {0}")]
+    Decode(#[from] gyre_log::CodecError),
+    #[error("not the leader; the leader is {leader}")]
+    NotLeader { leader: String },
+    #[error("no leader is known yet (election in progress?)")]
+    NoLeader,
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("storage: {0}")]
+    Storage(#[from] RaftStoreError),
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    #[error("the node halted: {0}")]
+    Halted(String),
+    #[error("{address}: {detail}")]
+    Rpc { address: String, detail: String },
+    #[error("cannot reach {address}: {detail}")]
+    Unreachable { address: String, detail: String },
+    #[error("{address}: listen: {source}")]
+    Listen {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("entry {index} was purged from this node's log (earliest kept: {first})")]
+    Purged { index: u64, first: u64 },
+}

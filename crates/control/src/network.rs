@@ -1,0 +1,275 @@
+//! openraft's network over tonic: [`Network`] is the factory (one cached `Channel` per peer
+//! address, shared by every client openraft makes), [`PeerClient`] sends one RPC at a time.
+//!
+//! Wire form (`proto/control.proto`, service `Raft`): openraft's types as JSON, except entry
+//! payloads, which travel as protobuf bytes. Errors map as openraft expects: a transport failure
+//! or a `Unavailable` status is `Unreachable` (back off), a message over the size limit is
+//! `PayloadTooLarge` (openraft retries with fewer entries), the remote's `RaftError` is a
+//! `RemoteError`, anything else a `NetworkError`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gyre_log::raft::openraft::error::{
+    Fatal, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Unreachable,
+};
+use gyre_log::raft::openraft::network::RPCOption;
+use gyre_log::raft::openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use gyre_log::raft::openraft::{EntryPayload, RaftNetwork, RaftNetworkFactory};
+use gyre_log::raft::{log_id, Entry, EventBatchBytes, Node, NodeId, Snapshot, TypeConfig, Vote};
+use gyre_proto::control as pb;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+/// Largest gRPC message either side accepts: well above the log store's 8 MiB replication read
+/// batch, so a batch of TITO records of a few MiB each fits.
+pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
+/// Snapshot data chunk size in a `FullSnapshot` stream.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Deadline for sending a whole snapshot (a large body on a slow disk).
+pub const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A lazily connected channel to `address` (`host:port`).
+pub fn channel(address: &str) -> Result<Channel, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|error| format!("bad address {address:?}: {error}"))?
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(endpoint.connect_lazy())
+}
+
+pub fn raft_client(channel: Channel) -> pb::raft_client::RaftClient<Channel> {
+    pb::raft_client::RaftClient::new(channel)
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX)
+}
+
+/// The network factory: one channel per peer address, reused by every client.
+#[derive(Clone, Default)]
+pub struct Network {
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+}
+
+impl Network {
+    fn channel_for(&self, address: &str) -> Result<Channel, String> {
+        let mut channels = self
+            .channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        let made = channel(address)?;
+        channels.insert(address.to_string(), made.clone());
+        Ok(made)
+    }
+}
+
+pub struct PeerClient {
+    target: NodeId,
+    address: String,
+    client: Result<pb::raft_client::RaftClient<Channel>, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        PeerClient {
+            target,
+            address: node.addr.clone(),
+            client: self.channel_for(&node.addr).map(raft_client),
+        }
+    }
+}
+
+type RpcError<E = RaftError<NodeId>> = RPCError<NodeId, Node, E>;
+
+fn unreachable(detail: String) -> Unreachable {
+    Unreachable::new(&std::io::Error::other(detail))
+}
+
+fn network_error(detail: String) -> NetworkError {
+    NetworkError::new(&std::io::Error::other(detail))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("openraft's message types always serialise")
+}
+
+/// openraft entries as protobuf entries: payload bytes stay bytes.
+pub fn entries_to_proto(entries: &[Entry]) -> Vec<pb::RaftEntry> {
+    entries
+        .iter()
+        .map(|entry| pb::RaftEntry {
+            term: entry.log_id.leader_id.term,
+            leader_node_id: entry.log_id.leader_id.node_id,
+            index: entry.log_id.index,
+            payload: Some(match &entry.payload {
+                EntryPayload::Blank => pb::raft_entry::Payload::Blank(true),
+                EntryPayload::Membership(membership) => {
+                    pb::raft_entry::Payload::MembershipJson(to_json(membership))
+                }
+                EntryPayload::Normal(batch) => pb::raft_entry::Payload::Batch(batch.0.to_vec()),
+            }),
+        })
+        .collect()
+}
+
+/// Back to openraft entries; a malformed entry is an error, never a panic.
+pub fn entries_from_proto(entries: Vec<pb::RaftEntry>) -> Result<Vec<Entry>, String> {
+    entries
+        .into_iter()
+        .map(|entry| {
+            let payload = match entry.payload {
+                Some(pb::raft_entry::Payload::Blank(_)) => EntryPayload::Blank,
+                Some(pb::raft_entry::Payload::MembershipJson(json)) => EntryPayload::Membership(
+                    serde_json::from_slice(&json)
+                        .map_err(|error| format!("entry {}: membership: {error}", entry.index))?,
+                ),
+                Some(pb::raft_entry::Payload::Batch(bytes)) => {
+                    EntryPayload::Normal(EventBatchBytes(bytes::Bytes::from(bytes)))
+                }
+                None => return Err(format!("entry {} has no payload", entry.index)),
+            };
+            Ok(Entry {
+                log_id: log_id(entry.term, entry.leader_node_id, entry.index),
+                payload,
+            })
+        })
+        .collect()
+}
+
+impl PeerClient {
+    fn client(&self) -> Result<pb::raft_client::RaftClient<Channel>, Unreachable> {
+        self.client.clone().map_err(unreachable)
+    }
+
+    /// A reply's JSON `Result<T, E>` as the openraft result.
+    fn reply<T, E>(&self, reply: pb::RaftReply) -> Result<Result<T, E>, NetworkError>
+    where
+        T: serde::de::DeserializeOwned,
+        E: serde::de::DeserializeOwned,
+    {
+        serde_json::from_slice(&reply.result_json).map_err(|error| {
+            network_error(format!(
+                "node {} sent a reply that does not parse: {error}",
+                self.target
+            ))
+        })
+    }
+
+    fn transport<E: std::error::Error>(
+        &self,
+        status: tonic::Status,
+        entries: usize,
+    ) -> RPCError<NodeId, Node, E> {
+        let detail = format!(
+            "node {} at {}: {}",
+            self.target,
+            self.address,
+            status.message()
+        );
+        match status.code() {
+            Code::OutOfRange | Code::ResourceExhausted if entries > 1 => {
+                RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint((entries / 2) as u64))
+            }
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                RPCError::Unreachable(unreachable(detail))
+            }
+            _ => RPCError::Network(network_error(detail)),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        let entries_count = rpc.entries.len();
+        let request = pb::AppendEntriesRequest {
+            vote_json: to_json(&rpc.vote),
+            prev_log_id_json: to_json(&rpc.prev_log_id),
+            leader_commit_json: to_json(&rpc.leader_commit),
+            entries: entries_to_proto(&rpc.entries),
+        };
+        let mut request = tonic::Request::new(request);
+        request.set_timeout(option.hard_ttl());
+        let reply = self
+            .client()?
+            .append_entries(request)
+            .await
+            .map_err(|status| self.transport(status, entries_count))?
+            .into_inner();
+        self.reply::<_, RaftError<NodeId>>(reply)?
+            .map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        let mut request = tonic::Request::new(pb::JsonMessage {
+            json: to_json(&rpc),
+        });
+        request.set_timeout(option.hard_ttl());
+        let reply = self
+            .client()?
+            .vote(request)
+            .await
+            .map_err(|status| self.transport(status, 0))?
+            .into_inner();
+        self.reply::<_, RaftError<NodeId>>(reply)?
+            .map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let file = snapshot.snapshot.clone();
+        let bytes = tokio::task::spawn_blocking(move || file.read_bytes())
+            .await
+            .map_err(|join| network_error(format!("snapshot reader task failed: {join}")))?
+            .map_err(|error| network_error(format!("reading snapshot to send: {error}")))?;
+        let mut chunks = vec![pb::SnapshotChunk {
+            vote_json: to_json(&vote),
+            meta_json: to_json(&snapshot.meta),
+            data: Vec::new(),
+        }];
+        for chunk in bytes.chunks(SNAPSHOT_CHUNK_BYTES) {
+            chunks.push(pb::SnapshotChunk {
+                vote_json: Vec::new(),
+                meta_json: Vec::new(),
+                data: chunk.to_vec(),
+            });
+        }
+        let mut request = tonic::Request::new(tokio_stream::iter(chunks));
+        request.set_timeout(SNAPSHOT_DEADLINE);
+        let reply = self
+            .client()?
+            .full_snapshot(request)
+            .await
+            .map_err(|status| match self.transport::<Fatal<NodeId>>(status, 0) {
+                RPCError::Unreachable(error) => StreamingError::Unreachable(error),
+                RPCError::Timeout(error) => StreamingError::Timeout(error),
+                RPCError::Network(error) => StreamingError::Network(error),
+                other => StreamingError::Network(network_error(other.to_string())),
+            })?
+            .into_inner();
+        self.reply::<_, Fatal<NodeId>>(reply)?
+            .map_err(|error| StreamingError::RemoteError(RemoteError::new(self.target, error)))
+    }
+}

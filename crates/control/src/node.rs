@@ -1,0 +1,251 @@
+//! [`ControlNode`]: one control quorum member — its Raft, storage, gRPC server, proposer and
+//! controller loop — and the handles that own them.
+//!
+//! Tasks (each owned by the node; all end at [`ControlNode::shutdown`]):
+//! - "grpc-server": tonic serving the `Raft` and `Control` services on the listen address;
+//! - "proposer": the single batching proposer (`proposer`);
+//! - "controller": the leader's decision / tick loop (`controller`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gyre_log::raft::openraft::{Config, SnapshotPolicy};
+use gyre_log::raft::{start_node, LogStoreOptions, NodeId, RaftNode};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::control_service::ControlService;
+use crate::controller::{ControllerLoop, ControllerOptions};
+use crate::error::ControlError;
+use crate::network::Network;
+use crate::projection::ControlProjection;
+use crate::proposer::{Proposer, ProposerOptions};
+use crate::raft_service::RaftService;
+
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms_min: u64,
+    pub election_timeout_ms_max: u64,
+    /// Build a snapshot after this many entries since the last one.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot (so `Subscribe` / `ExportLog` reach far back).
+    pub entries_kept_behind_snapshot: u64,
+    pub log: LogStoreOptions,
+    pub proposer: ProposerOptions,
+    pub controller: ControllerOptions,
+}
+
+impl NodeOptions {
+    pub fn new(id: NodeId, data_dir: PathBuf, listen: SocketAddr) -> Self {
+        NodeOptions {
+            id,
+            data_dir,
+            listen,
+            heartbeat_ms: 100,
+            election_timeout_ms_min: 600,
+            election_timeout_ms_max: 1200,
+            snapshot_every_entries: 20_000,
+            entries_kept_behind_snapshot: 1_000_000,
+            log: LogStoreOptions::default(),
+            proposer: ProposerOptions::default(),
+            controller: ControllerOptions::default(),
+        }
+    }
+
+    fn raft_config(&self) -> Result<Arc<Config>, ControlError> {
+        let config = Config {
+            cluster_name: "gyre-control".to_string(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_ms_min,
+            election_timeout_max: self.election_timeout_ms_max,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: self.entries_kept_behind_snapshot,
+            install_snapshot_timeout: 120_000,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|error| ControlError::BadRequest(format!("raft config: {error}")))?;
+        Ok(Arc::new(config))
+    }
+}
+
+pub struct ControlNode {
+    pub id: NodeId,
+    pub address: SocketAddr,
+    pub raft: RaftNode<ControlProjection>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    fatal: Arc<Mutex<Option<String>>>,
+}
+
+impl ControlNode {
+    /// Opens the node's storage, starts Raft and binds the gRPC server. A fresh data directory
+    /// is an uninitialised node; `Control.Initialize` on one node forms the cluster.
+    pub async fn start(options: NodeOptions) -> Result<ControlNode, ControlError> {
+        let config = options.raft_config()?;
+        let listener = tokio::net::TcpListener::bind(options.listen)
+            .await
+            .map_err(|source| ControlError::Listen {
+                address: options.listen.to_string(),
+                source,
+            })?;
+        let address = listener.local_addr()?;
+        let node = start_node::<ControlProjection, _>(
+            options.id,
+            &options.data_dir,
+            config,
+            Network::default(),
+            options.log,
+        )
+        .await?;
+        let (shutdown, shutdown_seen) = watch::channel(false);
+        let (jobs, job_queue) = mpsc::channel(options.proposer.queue_max);
+        let fatal = Arc::new(Mutex::new(None));
+        let mut tasks = Vec::new();
+
+        let raft_for_address = node.raft.clone();
+        let leader_address = Arc::new(move |leader: NodeId| {
+            raft_for_address
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map_or_else(|| format!("node {leader}"), |node| node.addr.clone())
+        });
+        let proposer = Proposer {
+            raft: node.raft.clone(),
+            state_machine: node.state_machine.clone(),
+            log: node.log.clone(),
+            leader_address,
+            options: options.proposer,
+        };
+        tasks.push(("proposer", tokio::spawn(proposer.run(job_queue))));
+
+        let controller = ControllerLoop {
+            id: options.id,
+            raft: node.raft.clone(),
+            state_machine: node.state_machine.clone(),
+            jobs: jobs.clone(),
+            options: options.controller,
+        };
+        tasks.push((
+            "controller",
+            tokio::spawn(controller.run(shutdown_seen.clone())),
+        ));
+
+        let raft_service = RaftService::new(node.raft.clone(), options.data_dir.clone());
+        let control_service = ControlService {
+            id: options.id,
+            raft: node.raft.clone(),
+            state_machine: node.state_machine.clone(),
+            log: node.log.clone(),
+            data_dir: options.data_dir.clone(),
+            jobs,
+            leader_channels: Arc::default(),
+            fatal: fatal.clone(),
+        };
+        let mut stop = shutdown_seen.clone();
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(raft_service.server())
+            .add_service(control_service.server())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+            );
+        let server_fatal = fatal.clone();
+        tasks.push((
+            "grpc-server",
+            tokio::spawn(async move {
+                if let Err(error) = server.await {
+                    tracing::error!(%error, "grpc server stopped");
+                    *server_fatal.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("grpc server: {error}"));
+                }
+            }),
+        ));
+        tracing::info!(id = options.id, %address, "control node serving");
+        Ok(ControlNode {
+            id: options.id,
+            address,
+            raft: node,
+            shutdown,
+            tasks,
+            fatal,
+        })
+    }
+
+    /// Resolves when the node can no longer serve: Raft stopped with a fatal error (a storage
+    /// failure or a projection digest mismatch) or the server failed. Returns why.
+    pub async fn halted(&self) -> String {
+        let mut metrics = self.raft.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow().running_state {
+                return fatal.to_string();
+            }
+            if let Some(reason) = self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return reason;
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    }
+
+    /// Stops the server and every task, then Raft and the log writer.
+    pub async fn shutdown(self) -> Result<(), ControlError> {
+        let _ = self.shutdown.send(true);
+        for (name, task) in self.tasks {
+            if name == "proposer" {
+                // The proposer ends when its last sender (held by the services) is dropped; the
+                // server is down by now, so aborting loses no acknowledged write.
+                task.abort();
+            }
+            let _ = task.await;
+        }
+        self.raft.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// Parses `1=host:port,2=host:port`.
+pub fn parse_nodes(text: &str) -> Result<BTreeMap<NodeId, String>, ControlError> {
+    let mut nodes = BTreeMap::new();
+    for part in text
+        .split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+    {
+        let (id, address) = part
+            .split_once('=')
+            .ok_or_else(|| ControlError::BadRequest(format!("{part:?} is not ID=HOST:PORT")))?;
+        let id: NodeId = id.trim().parse().map_err(|_| {
+            ControlError::BadRequest(format!("node id {id:?} is not a positive integer"))
+        })?;
+        if id == 0 {
+            return Err(ControlError::BadRequest(
+                "node id 0 is reserved; ids start at 1".to_string(),
+            ));
+        }
+        if nodes.insert(id, address.trim().to_string()).is_some() {
+            return Err(ControlError::BadRequest(format!(
+                "node {id} is listed twice"
+            )));
+        }
+    }
+    if nodes.is_empty() {
+        return Err(ControlError::BadRequest(
+            "no nodes given (expected 1=HOST:PORT,...)".to_string(),
+        ));
+    }
+    Ok(nodes)
+}

@@ -1,0 +1,244 @@
+//! The proposer: the single task on a node that turns append requests into Raft entries.
+//!
+//! Requests queue on a bounded channel. The task takes the first, then keeps collecting for a
+//! short window (`window`, 1 ms by default) or until `events_max` events / `bytes_max` bytes,
+//! stamps every event's `at` with the leader's clock (never earlier than anything already
+//! folded or stamped, so time is monotonic across leader changes), encodes the lot as one
+//! `EventBatch` and hands it to `client_write` on its own task, so up to `in_flight_max` entries
+//! pipeline. Each request's events stay contiguous in one batch, so a decision commits
+//! atomically. When the entry is applied, each request gets its sequence numbers
+//! (raft index, position) and any per-event refusal.
+//!
+//! Every `digest_every_entries` entries the proposer drains the pipeline and, if the node's log
+//! holds nothing beyond what it applied, appends a `ProjectionDigest` of the applied state in an
+//! entry of its own: the digest of the state just before that entry, which every replica checks.
+//!
+//! On a node that is not the leader `client_write` refuses with the leader's id; the request gets
+//! `NotLeader` and the control service forwards it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gyre_event::{Event, EventBody, LogIndex, Timestamp};
+use gyre_log::raft::{EventBatchBytes, LogStoreHandle, Raft, StateMachineStore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::error::ControlError;
+use crate::projection::{refused_positions, ControlProjection};
+
+/// What an append got back.
+#[derive(Clone, Debug, Default)]
+pub struct AppendOutcome {
+    /// (raft index, position in batch), one per event.
+    pub sequences: Vec<(u64, u32)>,
+    /// Per event: `None` if folded, else the projection's refusal.
+    pub rejected: Vec<Option<String>>,
+}
+
+pub struct AppendJob {
+    pub events: Vec<Event>,
+    pub reply: oneshot::Sender<Result<AppendOutcome, ControlError>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ProposerOptions {
+    pub window: Duration,
+    pub events_max: usize,
+    pub bytes_max: usize,
+    pub in_flight_max: usize,
+    pub digest_every_entries: u64,
+    pub queue_max: usize,
+}
+
+impl Default for ProposerOptions {
+    fn default() -> Self {
+        ProposerOptions {
+            window: Duration::from_millis(1),
+            events_max: 4096,
+            bytes_max: 4 << 20,
+            in_flight_max: 4,
+            digest_every_entries: 256,
+            queue_max: 4096,
+        }
+    }
+}
+
+/// The leader's clock, in nanoseconds since the Unix epoch.
+pub fn wall_clock() -> Timestamp {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        });
+    Timestamp(nanos)
+}
+
+pub struct Proposer {
+    pub raft: Raft,
+    pub state_machine: StateMachineStore<ControlProjection>,
+    pub log: LogStoreHandle,
+    pub leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    pub options: ProposerOptions,
+}
+
+fn approximate_bytes(event: &Event) -> usize {
+    match &event.body {
+        EventBody::ModelCall(record) => {
+            64 + 4
+                * (record.input_ids.len() + record.output_ids.len() + record.output_logprobs.len())
+        }
+        _ => 64,
+    }
+}
+
+impl Proposer {
+    /// Runs until every sender is gone.
+    pub async fn run(self, mut jobs: mpsc::Receiver<AppendJob>) {
+        let in_flight = Arc::new(Semaphore::new(self.options.in_flight_max));
+        let mut last_stamp = Timestamp::ZERO;
+        let mut entries_since_digest = 0u64;
+        while let Some(first) = jobs.recv().await {
+            // Wait for a pipeline slot before closing the batch: while the pipeline is full,
+            // requests queue up and the next entry carries all of them (adaptive batching).
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            let mut events = batch[0].events.len();
+            let mut bytes: usize = batch[0].events.iter().map(approximate_bytes).sum();
+            let deadline = tokio::time::Instant::now() + self.options.window;
+            while events < self.options.events_max && bytes < self.options.bytes_max {
+                if let Ok(job) = jobs.try_recv() {
+                    events += job.events.len();
+                    bytes += job.events.iter().map(approximate_bytes).sum::<usize>();
+                    batch.push(job);
+                    continue;
+                }
+                match tokio::time::timeout_at(deadline, jobs.recv()).await {
+                    Ok(Some(job)) => {
+                        events += job.events.len();
+                        bytes += job.events.iter().map(approximate_bytes).sum::<usize>();
+                        batch.push(job);
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let folded_at = self
+                .state_machine
+                .with_projection(|projection, _| projection.last_at);
+            let now = wall_clock().max(folded_at).max(last_stamp);
+            last_stamp = now;
+            let raft = self.raft.clone();
+            let leader_address = self.leader_address.clone();
+            // Task "client-write": owned by the semaphore permit it holds; the proposer drains
+            // all permits before a digest and at shutdown.
+            tokio::spawn(async move {
+                write_batch(raft, batch, now, leader_address).await;
+                drop(permit);
+            });
+            entries_since_digest += 1;
+            if entries_since_digest >= self.options.digest_every_entries {
+                entries_since_digest = 0;
+                let all = u32::try_from(self.options.in_flight_max).unwrap_or(u32::MAX);
+                // Drain the pipeline: with no own entry in flight the applied state is the state
+                // just before the next entry, unless another leader's entries are still pending.
+                let Ok(drained) = in_flight.clone().acquire_many_owned(all).await else {
+                    return;
+                };
+                self.propose_digest(now).await;
+                drop(drained);
+            }
+        }
+    }
+
+    async fn propose_digest(&self, now: Timestamp) {
+        let checkpoint = self
+            .state_machine
+            .with_projection(|projection, last_applied| {
+                let applied = last_applied.map_or(0, |log_id| log_id.index);
+                let last_log = self.log.last_log_id().map_or(0, |log_id| log_id.index);
+                (applied == last_log).then(|| (applied, projection.state.digest()))
+            });
+        let Some((upto, hash)) = checkpoint else {
+            tracing::debug!("log holds unapplied entries; digest checkpoint postponed");
+            return;
+        };
+        let event = Event::new(
+            now,
+            EventBody::ProjectionDigest {
+                upto: LogIndex(upto),
+                hash,
+            },
+        );
+        match self
+            .raft
+            .client_write(EventBatchBytes::encode(&[event]))
+            .await
+        {
+            Ok(response) => tracing::debug!(
+                index = response.log_id.index,
+                upto,
+                "digest checkpoint committed"
+            ),
+            Err(error) => tracing::debug!(%error, "digest checkpoint not committed"),
+        }
+    }
+}
+
+async fn write_batch(
+    raft: Raft,
+    mut jobs: Vec<AppendJob>,
+    now: Timestamp,
+    leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
+) {
+    let mut all = Vec::with_capacity(jobs.iter().map(|job| job.events.len()).sum());
+    for job in &mut jobs {
+        for event in &mut job.events {
+            event.at = now;
+        }
+        all.extend(job.events.iter().cloned());
+    }
+    let result = raft.client_write(EventBatchBytes::encode(&all)).await;
+    match result {
+        Ok(response) => {
+            let index = response.log_id.index;
+            let refused = response
+                .data
+                .rejected
+                .as_deref()
+                .map(refused_positions)
+                .unwrap_or_default();
+            let mut position = 0usize;
+            for job in jobs {
+                let mut outcome = AppendOutcome::default();
+                for _ in 0..job.events.len() {
+                    outcome
+                        .sequences
+                        .push((index, u32::try_from(position).unwrap_or(u32::MAX)));
+                    outcome.rejected.push(
+                        refused
+                            .iter()
+                            .find(|(at, _)| *at == position)
+                            .map(|(_, reason)| reason.clone()),
+                    );
+                    position += 1;
+                }
+                let _ = job.reply.send(Ok(outcome));
+            }
+        }
+        Err(error) => {
+            let failure = || match error.forward_to_leader() {
+                Some(forward) => match forward.leader_id {
+                    Some(leader) => ControlError::NotLeader {
+                        leader: leader_address(leader),
+                    },
+                    None => ControlError::NoLeader,
+                },
+                None => ControlError::Raft(error.to_string()),
+            };
+            for job in jobs {
+                let _ = job.reply.send(Err(failure()));
+            }
+        }
+    }
+}
