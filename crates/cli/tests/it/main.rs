@@ -4,5 +4,6 @@
 mod control;
 mod replay;
 mod simulate;
+mod support;
 mod tidy;
 mod trajectory;

@@ -3,21 +3,9 @@
 //! everything before it still replays, `--at` dumps an earlier state, and audit bundles verify
 //! offline and refuse tampering.
 
-use std::process::Command;
+use crate::support::gyre;
 
 use serde_json::Value;
-
-fn gyre(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(args)
-        .output()
-        .expect("gyre runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    )
-}
 
 /// A small E0 run (B = 8, N = 4, 6 steps) written as an event log.
 fn small_log(dir: &std::path::Path) -> std::path::PathBuf {

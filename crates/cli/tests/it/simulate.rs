@@ -2,23 +2,11 @@
 //! schema, config round trips, clear errors on bad configs, the HTML report, and the event log
 //! replaying to the run's final projection digest.
 
-use std::process::Command;
+use crate::support::gyre;
 
 use gyre_event::EventBody;
 use gyre_state::ControlState;
 use serde_json::Value;
-
-fn gyre(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(args)
-        .output()
-        .expect("gyre runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    )
-}
 
 fn e0_config(dir: &std::path::Path) -> std::path::PathBuf {
     let (code, toml, stderr) = gyre(&[
