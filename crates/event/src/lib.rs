@@ -2,14 +2,17 @@
 //!
 //! Every fact in Gyre is an [`Event`] on one Raft-replicated log; every other piece of state is a
 //! projection (a pure fold) of that log. This crate holds only domain types: ids, timestamps and
-//! the [`EventBody`] enum. It has no dependencies, does no IO and knows nothing about encodings;
+//! the [`EventBody`] enum. It has no dependencies, does no IO and knows nothing about the log's encoding;
 //! the on-disk form (`proto/events.proto`, prost bodies in a versioned envelope) lives in
-//! `gyre-log`, so that pure crates never depend on generated code.
+//! `gyre-log`, so that pure crates never depend on generated code. The one exception is
+//! [`wire`], the dependency-free varint writer and reader that the projections use to encode
+//! their snapshots (`gyre-state` frames them).
 
 mod body;
 mod config;
 mod ids;
 mod tito;
+pub mod wire;
 
 pub use body::*;
 pub use config::*;

@@ -5,7 +5,9 @@
 //! (`gyre-trajectory`: trees, scoring, admissions, packed groups). `digest` combines both and is
 //! what `ProjectionDigest` events carry, so a replica or a replay that folds the same events must
 //! reach the same bytes. Keeping this fold in its own pure crate keeps `gyre-log` free of domain
-//! logic and lets the simulator verify digests without openraft.
+//! logic and lets the simulator verify digests without openraft. `encode_snapshot` /
+//! `decode_snapshot` (`snapshot.rs`) are the compact, versioned binary form of the whole state
+//! that a control node's Raft snapshot carries.
 //!
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
@@ -15,6 +17,10 @@ use gyre_trajectory::{
     AttemptOutcome, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
 };
 use sha2::{Digest, Sha256};
+
+mod snapshot;
+
+pub use snapshot::{SnapshotDecodeError, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC};
 
 /// Which projection refused an event, and why.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,8 @@
 //! group-relative advantage; [`objective`] is the reference eq (5)–(6) loss; [`TrajectoryBuffer`],
 //! [`StreamPacker`] and [`MicroStepQueue`] are the streaming-training projections;
 //! [`statistics`] gives the Appendix C figures; [`synthetic`] generates seeded executions for
-//! tests and benchmarks.
+//! tests and benchmarks; `snapshot.rs` is the buffer's snapshot encoding
+//! (`TrajectoryBuffer::encode_into` / `decode_from`).
 
 mod admission;
 mod buffer;
@@ -24,6 +25,7 @@ mod prng;
 mod queue;
 mod render;
 mod scoring;
+mod snapshot;
 mod stats;
 pub mod synthetic;
 mod tree;

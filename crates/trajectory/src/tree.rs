@@ -113,6 +113,24 @@ impl Node {
     }
 }
 
+/// What a node holds apart from what is derived from the other nodes (children, the
+/// children-at-end count, depth): the record's fields with the prefix parent normalised.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct NodeParts {
+    pub call: CallId,
+    pub agent: String,
+    pub kind: CallKind,
+    pub engine: EngineId,
+    pub policy_version: PolicyVersion,
+    pub spawned_by: Option<CallId>,
+    pub parent: Option<NodeId>,
+    pub start: u64,
+    pub input_ids: Vec<u32>,
+    pub input_provenance: Vec<ProvenanceSpan>,
+    pub output_ids: Vec<u32>,
+    pub output_logprobs: Vec<f32>,
+}
+
 /// One node's share of a root-to-leaf path: the first `cut` tokens of its segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathPiece {
@@ -263,13 +281,33 @@ impl Tree {
                 limit: self.config.path_tokens_max,
             });
         }
+        Ok(self.attach(NodeParts {
+            call,
+            agent: record.agent.clone(),
+            kind: record.kind,
+            engine: record.engine,
+            policy_version: record.policy_version,
+            spawned_by: record.spawned_by,
+            parent,
+            start: reused,
+            input_ids: record.input_ids.clone(),
+            input_provenance: record.input_provenance.clone(),
+            output_ids: record.output_ids.clone(),
+            output_logprobs: record.output_logprobs.clone(),
+        }))
+    }
+
+    /// Appends a checked node and maintains everything derived from it: the parent's children
+    /// and children-at-end count, the depth, the call index and the child indexes. Shared by
+    /// `apply` and snapshot restore, so a restored tree is the tree the records built.
+    fn attach(&mut self, parts: NodeParts) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);
-        let first_token = record
+        let first_token = parts
             .input_ids
             .first()
             .copied()
-            .unwrap_or(record.output_ids[0]);
-        let depth = match parent {
+            .unwrap_or(parts.output_ids[0]);
+        let depth = match parts.parent {
             None => {
                 self.child_index
                     .entry((None, 0, first_token))
@@ -279,7 +317,7 @@ impl Tree {
             }
             Some(parent_id) => {
                 let parent_node = &mut self.nodes[parent_id.index()];
-                let offset = reused - parent_node.start;
+                let offset = parts.start - parent_node.start;
                 parent_node.children.push(id);
                 if offset == parent_node.segment_len() {
                     parent_node.children_at_end += 1;
@@ -298,25 +336,84 @@ impl Tree {
                 depth
             }
         };
+        self.by_call.insert(parts.call, id);
         self.nodes.push(Node {
-            call,
-            agent: record.agent.clone(),
-            kind: record.kind,
-            engine: record.engine,
-            policy_version: record.policy_version,
-            spawned_by: record.spawned_by,
-            parent,
-            start: reused,
-            input_ids: record.input_ids.clone(),
-            input_provenance: record.input_provenance.clone(),
-            output_ids: record.output_ids.clone(),
-            output_logprobs: record.output_logprobs.clone(),
+            call: parts.call,
+            agent: parts.agent,
+            kind: parts.kind,
+            engine: parts.engine,
+            policy_version: parts.policy_version,
+            spawned_by: parts.spawned_by,
+            parent: parts.parent,
+            start: parts.start,
+            input_ids: parts.input_ids,
+            input_provenance: parts.input_provenance,
+            output_ids: parts.output_ids,
+            output_logprobs: parts.output_logprobs,
             children: Vec::new(),
             children_at_end: 0,
             depth,
         });
-        self.by_call.insert(call, id);
-        Ok(id)
+        id
+    }
+
+    /// Appends a node read from a snapshot after checking, without panicking, every structural
+    /// fact `attach` and `validate` rely on. Limits (`nodes_max`, `path_tokens_max`) are not
+    /// re-checked: they guarded the records when they were applied.
+    pub(crate) fn restore_node(&mut self, parts: NodeParts) -> Result<NodeId, String> {
+        if self.by_call.contains_key(&parts.call) {
+            return Err(format!("call {} appears twice", parts.call));
+        }
+        if parts.output_ids.is_empty() {
+            return Err(format!("call {} has no output tokens", parts.call));
+        }
+        if parts.output_ids.len() != parts.output_logprobs.len() {
+            return Err(format!(
+                "call {} has {} outputs but {} log-probs",
+                parts.call,
+                parts.output_ids.len(),
+                parts.output_logprobs.len()
+            ));
+        }
+        let provenance: u64 = parts
+            .input_provenance
+            .iter()
+            .map(|span| span.tokens_count as u64)
+            .sum();
+        if provenance != parts.input_ids.len() as u64 {
+            return Err(format!(
+                "call {}: provenance covers {provenance} tokens of {} new inputs",
+                parts.call,
+                parts.input_ids.len()
+            ));
+        }
+        match parts.parent {
+            None if parts.start != 0 => {
+                return Err(format!(
+                    "root call {} starts at {}, not 0",
+                    parts.call, parts.start
+                ))
+            }
+            None => {}
+            Some(parent) => {
+                let Some(parent_node) = self.nodes.get(parent.index()) else {
+                    return Err(format!(
+                        "call {} hangs from node {} that does not precede it",
+                        parts.call, parent.0
+                    ));
+                };
+                if !(parent_node.start < parts.start && parts.start <= parent_node.end()) {
+                    return Err(format!(
+                        "call {} starts at {}, outside its parent's tokens {}..={}",
+                        parts.call,
+                        parts.start,
+                        parent_node.start + 1,
+                        parent_node.end()
+                    ));
+                }
+            }
+        }
+        Ok(self.attach(parts))
     }
 
     /// The root-to-node path as pieces (root first): every ancestor contributes the prefix of

@@ -3,10 +3,12 @@
 //! `harness` is the tests-as-data script runner, `scenarios` holds one scripted scenario per rule
 //! of DESIGN.md §4, `rejections` shows that nonsense is refused with the state unchanged,
 //! `invariants` holds one function per invariant (each with a test that it can fail), and
-//! `properties` drives random legal event sequences through the projection and the controller.
+//! `properties` drives random legal event sequences through the projection and the controller,
+//! and `snapshot` checks the projection's snapshot encoding on the states they reach.
 
 mod harness;
 mod invariants;
 mod properties;
 mod rejections;
 mod scenarios;
+mod snapshot;

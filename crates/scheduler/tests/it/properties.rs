@@ -20,23 +20,23 @@ use crate::harness::STANDALONE_ENGINE;
 use crate::invariants;
 
 #[derive(Clone, Debug)]
-struct Setup {
-    mode: SchedulingMode,
-    streaming: bool,
+pub(crate) struct Setup {
+    pub(crate) mode: SchedulingMode,
+    pub(crate) streaming: bool,
     /// φ·B, whole groups.
-    phi_groups: u32,
-    mu: u32,
-    n: u32,
-    b: u32,
-    rho_min: f64,
-    tau_s: u64,
-    cells: u32,
-    capacity: u32,
-    standalone: u32,
-    async_cells: u32,
+    pub(crate) phi_groups: u32,
+    pub(crate) mu: u32,
+    pub(crate) n: u32,
+    pub(crate) b: u32,
+    pub(crate) rho_min: f64,
+    pub(crate) tau_s: u64,
+    pub(crate) cells: u32,
+    pub(crate) capacity: u32,
+    pub(crate) standalone: u32,
+    pub(crate) async_cells: u32,
 }
 
-fn setup() -> impl Strategy<Value = Setup> {
+pub(crate) fn setup() -> impl Strategy<Value = Setup> {
     (
         prop_oneof![
             Just(SchedulingMode::Elastic),
@@ -89,7 +89,7 @@ fn setup() -> impl Strategy<Value = Setup> {
 }
 
 #[derive(Clone, Debug)]
-enum Action {
+pub(crate) enum Action {
     Decide,
     Close(u16, u8),
     Resolve(u16, u8),
@@ -107,7 +107,7 @@ enum Action {
     Progress,
 }
 
-fn action() -> impl Strategy<Value = Action> {
+pub(crate) fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         4 => Just(Action::Decide),
         4 => (any::<u16>(), any::<u8>()).prop_map(|(i, s)| Action::Close(i, s)),
@@ -126,15 +126,15 @@ fn action() -> impl Strategy<Value = Action> {
 }
 
 /// The random runtime around one projection.
-struct Runtime {
-    state: SchedulerState,
-    log: Vec<Event>,
+pub(crate) struct Runtime {
+    pub(crate) state: SchedulerState,
+    pub(crate) log: Vec<Event>,
     now: Timestamp,
     down: BTreeSet<EngineId>,
 }
 
 impl Runtime {
-    fn new(setup: &Setup) -> Self {
+    pub(crate) fn new(setup: &Setup) -> Self {
         let mut runtime = Runtime {
             state: SchedulerState::new(),
             log: Vec::new(),
@@ -226,7 +226,7 @@ impl Runtime {
         }
     }
 
-    fn act(&mut self, action: &Action) {
+    pub(crate) fn act(&mut self, action: &Action) {
         match action {
             Action::Decide => self.decide(),
             Action::Close(index, status) => {
@@ -452,7 +452,7 @@ impl Runtime {
 
     /// A cooperative runtime: every engine up, everything completes promptly, the clock moves to
     /// the controller's next wakeup. Returns the optimizer steps taken within `rounds`.
-    fn drain(&mut self, rounds: usize, steps_wanted: u64) -> u64 {
+    pub(crate) fn drain(&mut self, rounds: usize, steps_wanted: u64) -> u64 {
         let start = self.state.training_version.get();
         for engine in std::mem::take(&mut self.down) {
             self.apply(EventBody::EngineReady { engine });

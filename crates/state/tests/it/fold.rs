@@ -5,9 +5,14 @@ use gyre_simulator::{preset_rows, simulate, Preset, PresetOverrides};
 use gyre_state::ControlState;
 
 fn small_run() -> Vec<gyre_event::Event> {
+    simulated_run(3, 6)
+}
+
+/// The events of a small simulated Table 2 E0 run (N = 4, B = 8).
+pub(crate) fn simulated_run(seed: u64, steps: u32) -> Vec<gyre_event::Event> {
     let mut config = preset_rows(
         Preset::Table2,
-        3,
+        seed,
         PresetOverrides {
             n: Some(4),
             b: Some(8),
@@ -18,7 +23,7 @@ fn small_run() -> Vec<gyre_event::Event> {
     .find(|row| row.id == "E0")
     .expect("table2 has E0")
     .config;
-    config.steps = 6;
+    config.steps = steps;
     simulate(&config).events
 }
 

@@ -6,5 +6,6 @@ mod packing;
 mod properties;
 mod scenarios;
 mod scoring;
+mod snapshot;
 mod support;
 mod tidy;

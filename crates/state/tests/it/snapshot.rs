@@ -1,0 +1,344 @@
+//! `ControlState`'s snapshot encoding on simulated runs with recorded model calls.
+//!
+//! The simulator's log has no model calls, so every started execution gets the calls of a
+//! seeded synthetic execution (compaction, a sub-agent, retries) right after its start, and the
+//! run ends with the admissions the buffer decides. At checkpoints along that log the state
+//! round-trips (same state, digest and bytes) and folding the rest of the log into the restored
+//! state reaches the original's state and digest. Every truncation and every bit flip of a
+//! snapshot is refused (the checksum), arbitrary bytes are refused, and bodies mangled behind a
+//! recomputed checksum are refused or decode canonically; none of it panics.
+
+use gyre_event::{Event, EventBody, ExecutionId};
+use gyre_state::{ControlState, SnapshotDecodeError, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC};
+use gyre_trajectory::synthetic::{context_call, generate, SyntheticConfig};
+use gyre_trajectory::{record_from_context, RoleClasses, SplitMix64, Tree, TreeConfig};
+use sha2::{Digest, Sha256};
+
+use crate::fold::simulated_run;
+
+const HEADER_BYTES: usize = 12;
+const CHECKSUM_BYTES: usize = 32;
+
+/// Executions a little closer to real ones in size than `SyntheticConfig::small`.
+fn sized_executions() -> SyntheticConfig {
+    SyntheticConfig {
+        main_calls: 10,
+        sub_agents: 1,
+        sub_agent_calls: 4,
+        system_prompt_tokens: 300,
+        input_tokens: (20, 200),
+        output_tokens: (10, 120),
+        summary_output_tokens: 60,
+        compaction_context_tokens: 2_500,
+        retry_per_mille: 50,
+    }
+}
+
+/// A simulated run with every execution's model calls recorded after its start, and the
+/// admissions decided at the end.
+fn run_with_model_calls(seed: u64, steps: u32, calls: &SyntheticConfig) -> Vec<Event> {
+    let mut events = Vec::new();
+    for event in simulated_run(seed, steps) {
+        let started = match &event.body {
+            EventBody::ExecutionStarted { execution, .. } => Some(*execution),
+            _ => None,
+        };
+        let at = event.at;
+        events.push(event);
+        if let Some(execution) = started {
+            events.extend(
+                model_calls(execution, calls, seed)
+                    .into_iter()
+                    .map(|body| Event::new(at, body)),
+            );
+        }
+    }
+    let state = fold(&events);
+    let config = state.scheduler.config().expect("the run started").clone();
+    let at = events.last().expect("events").at;
+    let admissions = state.trajectories.decide_admissions(
+        config.run_seed,
+        config.j_max,
+        &RoleClasses::claude_code(),
+    );
+    assert!(
+        !admissions.is_empty(),
+        "some groups are ready for admission"
+    );
+    events.extend(admissions.into_iter().map(|body| Event::new(at, body)));
+    events
+}
+
+fn model_calls(execution: ExecutionId, config: &SyntheticConfig, seed: u64) -> Vec<EventBody> {
+    let mut tree = Tree::new(execution, TreeConfig::default());
+    generate(config.clone(), seed ^ execution.get())
+        .iter()
+        .map(|call| {
+            let record = record_from_context(&tree, &context_call(call));
+            tree.apply(&record).expect("generated calls apply");
+            EventBody::ModelCall(Box::new(record))
+        })
+        .collect()
+}
+
+fn fold(events: &[Event]) -> ControlState {
+    let mut state = ControlState::new();
+    for event in events {
+        state.apply(event).expect("every event applies");
+    }
+    state
+}
+
+fn reseal(bytes: &mut [u8]) {
+    let covered = bytes.len() - CHECKSUM_BYTES;
+    let sum: [u8; 32] = Sha256::digest(&bytes[..covered]).into();
+    bytes[covered..].copy_from_slice(&sum);
+}
+
+/// Refused, or decoded to a state that re-encodes to exactly these bytes.
+fn assert_refused_or_canonical(bytes: &[u8]) {
+    if let Ok(state) = ControlState::decode_snapshot(bytes) {
+        assert!(
+            state.encode_snapshot() == bytes,
+            "accepted bytes that do not re-encode to themselves"
+        );
+    }
+}
+
+#[test]
+fn snapshot_round_trips_at_checkpoints_and_folding_continues() {
+    let events = run_with_model_calls(3, 6, &SyntheticConfig::small(6, 1));
+    let checkpoints: Vec<usize> = (0..=8).map(|i| i * events.len() / 8).collect();
+    let mut state = ControlState::new();
+    let mut restored = Vec::new();
+    for (position, event) in events.iter().enumerate() {
+        if checkpoints.contains(&position) {
+            let bytes = state.encode_snapshot();
+            let decoded = ControlState::decode_snapshot(&bytes).expect("a snapshot decodes");
+            assert_eq!(decoded, state, "round trip at event {position}");
+            assert_eq!(decoded.digest(), state.digest());
+            assert_eq!(
+                decoded.encode_snapshot(),
+                bytes,
+                "re-encoding gives the same bytes"
+            );
+            restored.push((position, decoded));
+        }
+        state.apply(event).expect("every event applies");
+    }
+    let final_bytes = state.encode_snapshot();
+    let final_decoded = ControlState::decode_snapshot(&final_bytes).expect("decodes");
+    assert_eq!(final_decoded, state);
+    assert_eq!(final_decoded.digest(), state.digest());
+    for (position, mut continued) in restored {
+        for event in &events[position..] {
+            continued
+                .apply(event)
+                .expect("the rest of the log folds into the restored state");
+        }
+        continued.validate().expect("the continued state is valid");
+        assert_eq!(continued, state, "continued from event {position}");
+        assert_eq!(continued.digest(), state.digest());
+        assert_eq!(continued.encode_snapshot(), final_bytes);
+    }
+}
+
+#[test]
+fn snapshot_encoding_is_deterministic() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(6, 1));
+    let first = fold(&events);
+    let second = fold(&events);
+    let bytes = first.encode_snapshot();
+    assert_eq!(second.encode_snapshot(), bytes, "two folds, same bytes");
+    assert_eq!(
+        first.clone().encode_snapshot(),
+        bytes,
+        "a clone, same bytes"
+    );
+    assert_eq!(first.encode_snapshot(), bytes, "twice, same bytes");
+    let shorter = fold(&events[..events.len() - 1]);
+    assert_ne!(
+        shorter.encode_snapshot(),
+        bytes,
+        "another state, other bytes"
+    );
+}
+
+/// The checksum makes this exhaustive claim hold for every byte: no truncation and no single
+/// flipped bit of a snapshot is accepted.
+#[test]
+fn every_truncation_and_bit_flip_is_refused() {
+    let events = run_with_model_calls(3, 6, &SyntheticConfig::small(3, 0));
+    let state = fold(&events[..events.len() / 10]);
+    let bytes = state.encode_snapshot();
+    assert!(bytes.len() > 1_000, "the fixture has some substance");
+    for cut in 0..bytes.len() {
+        assert!(
+            ControlState::decode_snapshot(&bytes[..cut]).is_err(),
+            "prefix of {cut} bytes accepted"
+        );
+    }
+    for position in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut flipped = bytes.clone();
+            flipped[position] ^= 1 << bit;
+            assert!(
+                ControlState::decode_snapshot(&flipped).is_err(),
+                "bit {bit} of byte {position} flipped and accepted"
+            );
+        }
+    }
+}
+
+#[test]
+fn unknown_versions_and_foreign_bytes_are_refused_by_name() {
+    let bytes = ControlState::new().encode_snapshot();
+    assert_eq!(&bytes[..8], &SNAPSHOT_MAGIC);
+    assert_eq!(bytes[8..12], SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+
+    let mut future = bytes.clone();
+    future[8..12].copy_from_slice(&(SNAPSHOT_FORMAT_VERSION + 1).to_le_bytes());
+    reseal(&mut future);
+    let error = ControlState::decode_snapshot(&future).expect_err("a future version");
+    assert_eq!(
+        error,
+        SnapshotDecodeError::UnsupportedVersion {
+            found: SNAPSHOT_FORMAT_VERSION + 1,
+            supported: SNAPSHOT_FORMAT_VERSION
+        }
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("format version 2 is not supported"),
+        "{error}"
+    );
+
+    let error =
+        ControlState::decode_snapshot(b"GYRE-CP1 and then some batches").expect_err("foreign");
+    assert!(
+        matches!(error, SnapshotDecodeError::BadMagic { .. }),
+        "{error}"
+    );
+    assert!(ControlState::decode_snapshot(&[]).is_err());
+    assert_eq!(
+        ControlState::decode_snapshot(&bytes[..HEADER_BYTES + 3]),
+        Err(SnapshotDecodeError::TooShort {
+            length: HEADER_BYTES + 3
+        })
+    );
+
+    // A body that does not end where the fields do names the offset.
+    let mut padded = bytes[..bytes.len() - CHECKSUM_BYTES].to_vec();
+    let end = padded.len();
+    padded.extend_from_slice(&[0; 1 + CHECKSUM_BYTES]);
+    reseal(&mut padded);
+    let error = ControlState::decode_snapshot(&padded).expect_err("a trailing byte");
+    assert!(
+        error.to_string() == format!("malformed snapshot at byte {end}, field `end of body`: 1 bytes left after the last field"),
+        "{error}"
+    );
+}
+
+/// Seeded arbitrary bytes: with or without a valid header and checksum, refused or canonical.
+#[test]
+fn arbitrary_bytes_never_panic() {
+    let mut rng = SplitMix64::new(0x5A17);
+    for _ in 0..4_000 {
+        let length = rng.below(400) as usize;
+        let mut bytes: Vec<u8> = (0..length).map(|_| rng.next_u64() as u8).collect();
+        assert!(
+            ControlState::decode_snapshot(&bytes).is_err(),
+            "random bytes accepted"
+        );
+        let mut framed = SNAPSHOT_MAGIC.to_vec();
+        framed.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+        framed.append(&mut bytes);
+        framed.extend_from_slice(&[0; CHECKSUM_BYTES]);
+        reseal(&mut framed);
+        assert_refused_or_canonical(&framed);
+    }
+}
+
+/// Bodies mangled behind a recomputed checksum reach every field decoder: random bit flips,
+/// byte overwrites and cuts of a real snapshot are refused or decode canonically.
+#[test]
+fn mangled_bodies_behind_a_valid_checksum_are_refused_or_canonical() {
+    let events = run_with_model_calls(7, 3, &SyntheticConfig::small(4, 1));
+    let bytes = fold(&events[..events.len() * 2 / 3]).encode_snapshot();
+    let mut rng = SplitMix64::new(0xB0D1);
+    let mut accepted = 0;
+    for round in 0..3_000 {
+        let mut mangled = bytes.clone();
+        for _ in 0..1 + rng.below(3) {
+            let body_end = mangled.len() - CHECKSUM_BYTES;
+            let position = HEADER_BYTES + rng.below((body_end - HEADER_BYTES) as u64) as usize;
+            match round % 3 {
+                0 => mangled[position] ^= 1 << rng.below(8),
+                1 => mangled[position] = rng.next_u64() as u8,
+                _ => {
+                    let cut = 1 + rng.below(32) as usize;
+                    mangled.drain(position..(position + cut).min(body_end));
+                }
+            }
+        }
+        reseal(&mut mangled);
+        if let Ok(state) = ControlState::decode_snapshot(&mangled) {
+            accepted += 1;
+            assert!(
+                state.encode_snapshot() == mangled,
+                "round {round}: accepted non-canonical bytes"
+            );
+        }
+    }
+    // Most single changes still describe some state (a counter, a token); the point is that
+    // none of them panics and none is accepted in a second spelling.
+    assert!(
+        accepted > 0,
+        "the mangling reaches values, not only framing"
+    );
+}
+
+/// Prints the snapshot size of a run with a few thousand model calls next to the token payload
+/// those calls carried (what the event batches hold at least).
+#[test]
+fn snapshot_size_report() {
+    let events = run_with_model_calls(3, 6, &sized_executions());
+    let mut calls = 0u64;
+    let mut tokens = 0u64;
+    let mut payload_bytes = 0u64;
+    for event in &events {
+        if let EventBody::ModelCall(record) = &event.body {
+            calls += 1;
+            let record_tokens = (record.input_ids.len() + record.output_ids.len()) as u64;
+            tokens += record_tokens;
+            // Token ids as little-endian u32, log-probs as f32, provenance spans as two u32.
+            payload_bytes += 4 * record_tokens
+                + 4 * record.output_logprobs.len() as u64
+                + 8 * record.input_provenance.len() as u64;
+        }
+    }
+    let state = fold(&events);
+    let bytes = state.encode_snapshot();
+    let without_trees = {
+        let mut lean = state.clone();
+        lean.trajectories.trees.clear();
+        lean.encode_snapshot().len()
+    };
+    eprintln!(
+        "snapshot size: {} events, {} model calls, {} new tokens; token payload {} bytes; \
+         snapshot {} bytes ({:.2} of the payload), of which {} bytes without the trees",
+        events.len(),
+        calls,
+        tokens,
+        payload_bytes,
+        bytes.len(),
+        bytes.len() as f64 / payload_bytes as f64,
+        without_trees
+    );
+    assert!(calls >= 2_000, "a few thousand model calls, got {calls}");
+    assert!(
+        (bytes.len() as u64) < payload_bytes,
+        "varint token ids make the snapshot smaller than the raw token payload"
+    );
+}
