@@ -7,6 +7,8 @@
 //! their events.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gyre_event::Event;
@@ -48,10 +50,12 @@ impl std::str::FromStr for Sequence {
     }
 }
 
+/// Cloning is cheap: clones share the channels' connections and the last known leader.
+#[derive(Clone)]
 pub struct ClusterClient {
     addresses: Vec<String>,
     channels: BTreeMap<String, Channel>,
-    preferred: usize,
+    preferred: Arc<AtomicUsize>,
     pub retry_deadline: Duration,
 }
 
@@ -78,7 +82,7 @@ impl ClusterClient {
         Ok(ClusterClient {
             addresses,
             channels,
-            preferred: 0,
+            preferred: Arc::new(AtomicUsize::new(0)),
             retry_deadline: Duration::from_secs(15),
         })
     }
@@ -109,11 +113,19 @@ impl ClusterClient {
         &mut self,
         events: &[Event],
     ) -> Result<(Vec<Sequence>, Vec<String>), ControlError> {
-        let batch = gyre_log::encode_batch(events);
+        self.append_encoded(gyre_log::encode_batch(events)).await
+    }
+
+    /// [`ClusterClient::append`] for an already encoded `EventBatch`.
+    pub async fn append_encoded(
+        &mut self,
+        batch: Vec<u8>,
+    ) -> Result<(Vec<Sequence>, Vec<String>), ControlError> {
         let started = tokio::time::Instant::now();
         let mut attempt = 0usize;
         loop {
-            let address = self.addresses[(self.preferred + attempt) % self.addresses.len()].clone();
+            let preferred = self.preferred.load(Ordering::Relaxed);
+            let address = self.addresses[(preferred + attempt) % self.addresses.len()].clone();
             let mut client = self.client(&address)?;
             let mut request = tonic::Request::new(pb::AppendEventsRequest {
                 batch: batch.clone(),
@@ -121,7 +133,8 @@ impl ClusterClient {
             request.set_timeout(Duration::from_secs(10));
             let error = match client.append_events(request).await {
                 Ok(reply) => {
-                    self.preferred = (self.preferred + attempt) % self.addresses.len();
+                    self.preferred
+                        .store((preferred + attempt) % self.addresses.len(), Ordering::Relaxed);
                     let reply = reply.into_inner();
                     let sequences = reply
                         .sequences

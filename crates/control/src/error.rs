@@ -35,3 +35,31 @@ pub enum ControlError {
     #[error("entry {index} was purged from this node's log (earliest kept: {first})")]
     Purged { index: u64, first: u64 },
 }
+
+impl ControlError {
+    /// The same error for another waiter (variants holding non-cloneable sources become text).
+    pub fn duplicate(&self) -> ControlError {
+        match self {
+            ControlError::BadRequest(detail) => ControlError::BadRequest(detail.clone()),
+            ControlError::NotLeader { leader } => ControlError::NotLeader {
+                leader: leader.clone(),
+            },
+            ControlError::NoLeader => ControlError::NoLeader,
+            ControlError::ShuttingDown => ControlError::ShuttingDown,
+            ControlError::Halted(detail) => ControlError::Halted(detail.clone()),
+            ControlError::Rpc { address, detail } => ControlError::Rpc {
+                address: address.clone(),
+                detail: detail.clone(),
+            },
+            ControlError::Unreachable { address, detail } => ControlError::Unreachable {
+                address: address.clone(),
+                detail: detail.clone(),
+            },
+            ControlError::Purged { index, first } => ControlError::Purged {
+                index: *index,
+                first: *first,
+            },
+            other => ControlError::Raft(other.to_string()),
+        }
+    }
+}

@@ -12,6 +12,7 @@
 //! - `proposer`: the single task on the leader that coalesces appends into one `EventBatch` per
 //!   Raft entry and stamps `at`.
 //! - `controller`: the leader's loop: scheduler decisions, idle `Tick`s, `ProjectionDigest`s.
+//! - `producer`: a shared append handle that coalesces many writers' appends into few RPCs.
 //! - `node`: starts and owns all of the above; `client`: the operator-side client; `json`: the
 //!   JSON form of events used by `gyre log append/tail`.
 //!
@@ -26,6 +27,7 @@ pub mod json;
 mod network;
 mod node;
 mod projection;
+mod producer;
 mod proposer;
 mod raft_service;
 mod status;
@@ -36,4 +38,5 @@ pub use error::ControlError;
 pub use gyre_proto::control as pb;
 pub use node::{parse_nodes, ControlNode, NodeOptions};
 pub use projection::ControlProjection;
+pub use producer::{Appended, Producer, ProducerOptions};
 pub use proposer::ProposerOptions;

@@ -156,8 +156,10 @@ impl ControlNode {
             .tcp_nodelay(true)
             .add_service(raft_service.server())
             .add_service(control_service.server())
+            // Accepted sockets get TCP_NODELAY here (the builder's flag only covers sockets
+            // tonic binds itself): without it Nagle plus delayed ACKs add ~40 ms to replies.
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                 },

@@ -92,20 +92,20 @@ impl Default for ControlProjection {
 }
 
 impl Projection for ControlProjection {
-    fn apply_events(&mut self, index: u64, events: &[Event]) -> Result<(), String> {
+    fn apply_events(&mut self, index: u64, batch: &[u8], events: &[Event]) -> Result<(), String> {
         if self.halted.is_some() {
             return Err("node halted".to_string());
         }
         let refused = self.fold(index, events);
         self.events_folded += events.len() as u64;
-        let encoded = gyre_log::encode_batch(events);
+        let encoded = batch;
         self.batches.extend_from_slice(&index.to_le_bytes());
         self.batches.extend_from_slice(
             &u32::try_from(encoded.len())
                 .unwrap_or(u32::MAX)
                 .to_le_bytes(),
         );
-        self.batches.extend_from_slice(&encoded);
+        self.batches.extend_from_slice(encoded);
         self.last_index = index;
         if refused.is_empty() {
             Ok(())
@@ -141,7 +141,7 @@ impl Projection for ControlProjection {
             let events = gyre_log::decode_batch(batch)
                 .map_err(|error| format!("batch of entry {index}: {error}"))?;
             // Refusals were recorded when the batch was first applied; refolding repeats them.
-            let _ = projection.apply_events(index, &events);
+            let _ = projection.apply_events(index, batch, &events);
             if let Some(detail) = &projection.halted {
                 return Err(detail.clone());
             }

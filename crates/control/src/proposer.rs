@@ -81,7 +81,8 @@ pub struct Proposer {
     pub options: ProposerOptions,
 }
 
-fn approximate_bytes(event: &Event) -> usize {
+/// A cheap estimate of an event's encoded size, for batch limits.
+pub(crate) fn approximate_bytes(event: &Event) -> usize {
     match &event.body {
         EventBody::ModelCall(record) => {
             64 + 4
@@ -192,35 +193,40 @@ async fn write_batch(
     leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
 ) {
     let mut all = Vec::with_capacity(jobs.iter().map(|job| job.events.len()).sum());
+    let counts: Vec<usize> = jobs.iter().map(|job| job.events.len()).collect();
     for job in &mut jobs {
         for event in &mut job.events {
             event.at = now;
         }
-        all.extend(job.events.iter().cloned());
+        all.append(&mut job.events);
     }
+    let all_count = all.len();
     let result = raft.client_write(EventBatchBytes::encode(&all)).await;
     match result {
         Ok(response) => {
             let index = response.log_id.index;
-            let refused = response
+            let mut refused: Vec<Option<String>> = vec![None; all_count];
+            for (at, reason) in response
                 .data
                 .rejected
                 .as_deref()
                 .map(refused_positions)
-                .unwrap_or_default();
+                .unwrap_or_default()
+            {
+                if let Some(slot) = refused.get_mut(at) {
+                    *slot = Some(reason);
+                }
+            }
             let mut position = 0usize;
-            for job in jobs {
+            for (job, count) in jobs.into_iter().zip(counts) {
                 let mut outcome = AppendOutcome::default();
-                for _ in 0..job.events.len() {
+                for _ in 0..count {
                     outcome
                         .sequences
                         .push((index, u32::try_from(position).unwrap_or(u32::MAX)));
-                    outcome.rejected.push(
-                        refused
-                            .iter()
-                            .find(|(at, _)| *at == position)
-                            .map(|(_, reason)| reason.clone()),
-                    );
+                    outcome
+                        .rejected
+                        .push(refused.get_mut(position).and_then(Option::take));
                     position += 1;
                 }
                 let _ = job.reply.send(Ok(outcome));

@@ -25,6 +25,10 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         repeat: usize,
     },
+    /// The replicated log on a 3-node loopback cluster with fdatasync: committed events/s and
+    /// p50/p99 commit latency (1, 64, 256 writers), token-record MB/s, replay events/s and
+    /// restart-to-serving time, beside the goals (same as `gyre control bench`).
+    Log(super::control::LogBenchArgs),
     /// The embedded CPU policy: sampling tokens/s (1, 8, 32 concurrent; with and without KV
     /// cache), training seconds per step, and optionally the SmolLM2 profile.
     Model {
@@ -43,6 +47,7 @@ enum BenchCommand {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Simulate { repeat } => bench_simulate(repeat.max(1)),
+        BenchCommand::Log(args) => super::control::bench_log(args),
         BenchCommand::Model {
             new_tokens,
             steps,

@@ -18,6 +18,7 @@ use gyre_control::{parse_nodes, ClusterClient, ControlNode, NodeOptions};
 
 #[path = "control_bench.rs"]
 mod control_bench;
+pub use control_bench::BenchArgs as LogBenchArgs;
 
 #[derive(Args, Debug)]
 pub struct ControlArgs {
@@ -59,11 +60,22 @@ enum ControlCommand {
     },
     /// Benchmark the replicated log on a 3-node loopback cluster (fdatasync on).
     Bench(control_bench::BenchArgs),
+    /// Soak: heavy writes while snapshots and log purges run every few dozen entries and nodes
+    /// restart in turn (leader included); then every acknowledged record must be on every node
+    /// and the digests must agree. Exits non-zero otherwise.
+    Soak(control_bench::SoakArgs),
+}
+
+/// `gyre bench log`: the same benchmark as `gyre control bench`.
+pub fn bench_log(args: LogBenchArgs) -> anyhow::Result<()> {
+    run(ControlArgs {
+        command: ControlCommand::Bench(args),
+    })
 }
 
 pub fn run(args: ControlArgs) -> anyhow::Result<()> {
     let threads = match &args.command {
-        ControlCommand::Bench(_) => 4,
+        ControlCommand::Bench(_) | ControlCommand::Soak(_) => 4,
         _ => 2,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,6 +95,7 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
             } => run_node(id, data_dir, listen, &peers, snapshot_every).await,
             ControlCommand::Status { cluster, json } => status(&cluster, json).await,
             ControlCommand::Bench(args) => control_bench::run(args).await,
+            ControlCommand::Soak(args) => control_bench::soak(args).await,
         }
     })
 }

@@ -3,20 +3,25 @@
 //! store's `fdatasync` per write batch, in a fresh temporary directory per run:
 //!
 //! - committed events/s and p50/p99 commit latency (append call to acknowledgement) for 1, 64
-//!   and 256 concurrent writers, each appending one ~256 B event per request;
-//! - MB/s of `ModelCall` token records of 64 KiB and 1 MiB (payload bytes committed per second);
+//!   and 256 concurrent writers, each appending one ~256 B event (a small TITO record that
+//!   extends its execution's tree) at a time and waiting for it. The writers are tasks of one
+//!   process sharing a `Producer` (how the proxy and cell workers write: one connection, appends
+//!   coalesced into requests). A second 256-writer row gives every writer its own connection and
+//!   one event per request, the worst case;
+//! - MB/s of `ModelCall` token records of 64 KiB and 1 MiB (encoded bytes committed per second,
+//!   8 writers, each record a new root so the projection folds it);
+//! - every benchmark event must be folded: a refusal fails the benchmark;
 //! - replay: decode + `ControlState` fold of the committed log, events/s;
 //! - restart-to-serving: stop all nodes after a snapshot, restart them, time until a leader
 //!   accepts and commits an append.
 //!
 //! Each figure is the median of `--runs` runs. The disk here is shared and noisy.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use gyre_control::{ClusterClient, ControlNode, NodeOptions};
+use gyre_control::{ClusterClient, ControlNode, NodeOptions, Producer, ProducerOptions};
 use gyre_event::{
     CallId, CallKind, EngineId, Event, EventBody, ExecutionId, ModelCallRecord, PolicyVersion,
     Provenance, ProvenanceSpan, Timestamp,
@@ -30,6 +35,12 @@ pub struct BenchArgs {
     /// Seconds each throughput measurement runs.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Writer counts measured (each writer waits for its append before the next).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 64, 256, 2048])]
+    writers: Vec<u64>,
+    /// Only these parts, comma-separated: writers, direct, tokens, replay, restart.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 struct Cluster {
@@ -101,37 +112,36 @@ impl Cluster {
     }
 }
 
-fn small_event(writer: u64, sequence: u64) -> Event {
-    // ~256 B encoded: an evaluation failure with a 200-byte reason.
-    Event::new(
-        Timestamp::ZERO,
-        EventBody::EvaluationFailed {
-            execution: ExecutionId(writer << 32 | sequence),
-            attempt: 1,
-            reason: format!("{:0>200}", sequence),
-        },
-    )
-}
+/// Calls per execution before a writer starts a new one (a long execution has ~600).
+const CALLS_PER_EXECUTION: u64 = 512;
+const SMALL_INPUT_TOKENS: usize = 16;
+const SMALL_OUTPUT_TOKENS: usize = 12;
 
-fn token_event(bytes: usize, call: u64) -> Event {
-    let tokens = bytes / 8;
+fn record(
+    execution: u64,
+    call: u64,
+    parent_call: Option<u64>,
+    reused: u64,
+    input: usize,
+    output: usize,
+) -> Event {
     Event::new(
         Timestamp::ZERO,
         EventBody::ModelCall(Box::new(ModelCallRecord {
-            execution: ExecutionId(1),
+            execution: ExecutionId(execution),
             call: CallId(call),
-            agent: "bench".to_string(),
+            agent: "main".to_string(),
             kind: CallKind::Turn,
-            parent_call: None,
-            reused_prefix_tokens_count: 0,
+            parent_call: parent_call.map(CallId),
+            reused_prefix_tokens_count: reused,
             spawned_by: None,
-            input_ids: vec![7; tokens],
+            input_ids: (0..input as u32).map(|i| 1000 + i).collect(),
             input_provenance: vec![ProvenanceSpan {
-                provenance: Provenance::User,
-                tokens_count: tokens as u32,
+                provenance: Provenance::ToolResult,
+                tokens_count: input as u32,
             }],
-            output_ids: vec![9; tokens / 2],
-            output_logprobs: vec![-0.5; tokens / 2],
+            output_ids: (0..output as u32).map(|i| 2000 + i).collect(),
+            output_logprobs: (0..output).map(|i| -0.25 - i as f32 * 0.01).collect(),
             engine: EngineId(0),
             policy_version: PolicyVersion(0),
             requested_at: Timestamp::ZERO,
@@ -139,6 +149,32 @@ fn token_event(bytes: usize, call: u64) -> Event {
             completed_after: gyre_event::Duration(0),
         })),
     )
+}
+
+/// A small control event (~256 B encoded): writer `writer`'s `sequence`-th TITO record, one
+/// agent turn extending the previous turn of the same execution (16 new input tokens, 12
+/// sampled tokens with log-probs), so the projection folds it into a real tree.
+fn small_event(writer: u64, sequence: u64) -> Event {
+    let call = sequence % CALLS_PER_EXECUTION;
+    let execution = (writer << 32) | (sequence / CALLS_PER_EXECUTION);
+    let per_call = (SMALL_INPUT_TOKENS + SMALL_OUTPUT_TOKENS) as u64;
+    record(
+        execution,
+        call,
+        call.checked_sub(1),
+        call * per_call,
+        SMALL_INPUT_TOKENS,
+        SMALL_OUTPUT_TOKENS,
+    )
+}
+
+/// A token record of about `bytes` encoded bytes: a new root (a fresh context) of writer
+/// `writer`'s execution, call `call`.
+fn token_event(bytes: usize, writer: u64, call: u64) -> Event {
+    // Varint ids of ~2 bytes and 4-byte log-probs: input 2 B/token, output 6 B/token.
+    let output = bytes / 16;
+    let input = (bytes - output * 6) / 2;
+    record(1 << 40 | writer, call, None, 0, input, output)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -153,23 +189,42 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// (events/s, p50, p99) with `writers` concurrent writers for `seconds`.
+/// (events/s, p50, p99) with `writers` concurrent writers for `seconds`. With `shared`, the
+/// writers are tasks of one process sharing a [`Producer`] (one connection; how the proxy and
+/// cell workers write); without, each writer has its own connection and sends one event per
+/// request.
 async fn writers_run(
     cluster: &Cluster,
     writers: u64,
     seconds: f64,
+    shared: bool,
+    epoch: u64,
 ) -> anyhow::Result<(f64, Duration, Duration)> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let producer = Producer::new(
+        ClusterClient::new(&cluster.addresses)?,
+        ProducerOptions::default(),
+    );
     let mut tasks = Vec::new();
     for writer in 0..writers {
         let addresses = cluster.addresses.clone();
+        let producer = producer.clone();
+        let writer = epoch << 16 | writer;
         tasks.push(tokio::spawn(async move {
             let mut client = ClusterClient::new(&addresses)?;
             let mut latencies = Vec::new();
             let mut sequence = 0;
             while Instant::now() < deadline {
                 let started = Instant::now();
-                client.append(&[small_event(writer, sequence)]).await?;
+                let event = small_event(writer, sequence);
+                let (_, refused) = if shared {
+                    producer.append(vec![event]).await?
+                } else {
+                    client.append(&[event]).await?
+                };
+                if let Some(reason) = refused.iter().find(|reason| !reason.is_empty()) {
+                    anyhow::bail!("the projection refused a benchmark event: {reason}");
+                }
                 latencies.push(started.elapsed());
                 sequence += 1;
             }
@@ -190,19 +245,31 @@ async fn writers_run(
     ))
 }
 
-async fn tokens_run(cluster: &Cluster, bytes: usize, seconds: f64) -> anyhow::Result<f64> {
+async fn tokens_run(
+    cluster: &Cluster,
+    bytes: usize,
+    seconds: f64,
+    epoch: u64,
+) -> anyhow::Result<f64> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let events = Arc::new(token_event(bytes, 1));
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for writer in 0..8u64 {
         let addresses = cluster.addresses.clone();
-        let events = events.clone();
+        let writer = epoch << 16 | writer;
         tasks.push(tokio::spawn(async move {
             let mut client = ClusterClient::new(&addresses)?;
             let mut sent = 0usize;
+            let mut call = 0;
             while Instant::now() < deadline {
-                client.append(std::slice::from_ref(&*events)).await?;
-                sent += bytes;
+                let event = token_event(bytes, writer, call);
+                let encoded = gyre_log::encode_batch(std::slice::from_ref(&event));
+                let size = encoded.len();
+                let (_, refused) = client.append_encoded(encoded).await?;
+                if let Some(reason) = refused.iter().find(|reason| !reason.is_empty()) {
+                    anyhow::bail!("the projection refused a token record: {reason}");
+                }
+                sent += size;
+                call += 1;
             }
             anyhow::Ok(sent)
         }));
@@ -246,8 +313,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for run in 0..runs {
         eprintln!("run {}/{runs}", run + 1);
         let cluster = Cluster::start(1_000_000).await?;
-        for writers in [1u64, 64, 256] {
-            let (rate, p50, p99) = writers_run(&cluster, writers, args.seconds).await?;
+        let mut epoch = 0;
+        let part = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+        for writers in args.writers.iter().copied().filter(|_| part("writers")) {
+            epoch += 1;
+            let (rate, p50, p99) =
+                writers_run(&cluster, writers, args.seconds, true, epoch).await?;
             record(
                 &format!("{writers} writers: committed events/s"),
                 rate,
@@ -264,21 +335,46 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 if writers == 256 { "≤ 10" } else { "" },
             );
         }
+        if part("direct") {
+            epoch += 1;
+            let (rate, p50, p99) =
+                writers_run(&cluster, 256, args.seconds, false, epoch).await?;
+            record(
+                "256 writers, own connection, 1 event/request: events/s",
+                rate,
+                "",
+            );
+            record("  … p50 commit ms", p50.as_secs_f64() * 1e3, "");
+            record("  … p99 commit ms", p99.as_secs_f64() * 1e3, "");
+        }
         for (bytes, name) in [
             (64usize << 10, "64 KiB token records: MB/s"),
             (1 << 20, "1 MiB token records: MB/s"),
-        ] {
+        ]
+        .into_iter()
+        .filter(|_| part("tokens"))
+        {
             record(
                 name,
-                tokens_run(&cluster, bytes, args.seconds).await?,
+                tokens_run(&cluster, bytes, args.seconds, {
+                    epoch += 1;
+                    epoch
+                })
+                .await?,
                 "≥ 100",
             );
         }
-        record(
-            "replay (decode + ControlState fold): events/s",
-            replay_run(&cluster)?,
-            "≥ 1000000",
-        );
+        if part("replay") {
+            record(
+                "replay (decode + ControlState fold): events/s",
+                replay_run(&cluster)?,
+                "≥ 1000000",
+            );
+        }
+        if !part("restart") {
+            cluster.shutdown().await?;
+            continue;
+        }
         let options = cluster.options.clone();
         // Snapshot, stop, restart: restart-to-serving restores the snapshot and replays the tail.
         for node in &cluster.nodes {
@@ -318,5 +414,219 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for (name, values, goal) in rows {
         println!("{name:<48} {:>14.1}  {goal}", median(values));
     }
+    Ok(())
+}
+
+/// Arguments of `gyre control soak`.
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    /// How long writers run.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// Concurrent writers (tasks sharing one `Producer`), each one execution's TITO stream.
+    #[arg(long, default_value_t = 64)]
+    writers: u64,
+    /// Snapshot after this many entries (small, so snapshots and purges run all the time).
+    #[arg(long, default_value_t = 64)]
+    snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot (small, so purges follow every snapshot).
+    #[arg(long, default_value_t = 16)]
+    keep_behind_snapshot: u64,
+    /// Stop and restart one node (round robin, leader included) this often; 0 = never.
+    #[arg(long, default_value_t = 5.0)]
+    restart_every: f64,
+}
+
+/// One writer of the soak: appends its execution's records in order, retrying an append until
+/// it is acknowledged. A retry of a record that did commit comes back refused as a duplicate
+/// call, which counts as acknowledged (the record id makes the append idempotent).
+async fn soak_writer(
+    producer: Producer,
+    writer: u64,
+    deadline: Instant,
+) -> anyhow::Result<(u64, Duration, u64)> {
+    let mut sequence = 0u64;
+    let mut worst = Duration::ZERO;
+    let mut retries = 0u64;
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        loop {
+            match producer.append(vec![small_event(writer, sequence)]).await {
+                Ok((_, refused)) => match refused.first().map(String::as_str) {
+                    None | Some("") => break,
+                    Some(reason) if retries > 0 && reason.contains("was already recorded") => break,
+                    Some(reason) => anyhow::bail!(
+                        "writer {writer}: record {sequence} refused: {reason}"
+                    ),
+                },
+                Err(error) => {
+                    retries += 1;
+                    if started.elapsed() > Duration::from_secs(60) {
+                        anyhow::bail!(
+                            "writer {writer}: record {sequence} not acknowledged after 60 s: {error}"
+                        );
+                    }
+                }
+            }
+        }
+        worst = worst.max(started.elapsed());
+        sequence += 1;
+    }
+    Ok((sequence, worst, retries))
+}
+
+/// `gyre control soak`: snapshots and purges under heavy writes while nodes restart, then
+/// checks that every acknowledged record is in every node's projection and digests agree.
+pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let mut options = Vec::new();
+    for id in 1..=3u64 {
+        let listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut node = NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen);
+        node.snapshot_every_entries = args.snapshot_every.max(1);
+        node.entries_kept_behind_snapshot = args.keep_behind_snapshot;
+        options.push(node);
+    }
+    let mut nodes: Vec<Option<ControlNode>> = Vec::new();
+    for node in &options {
+        nodes.push(Some(ControlNode::start(node.clone()).await?));
+    }
+    let members = options
+        .iter()
+        .map(|o| (o.id, o.listen.to_string()))
+        .collect();
+    let addresses = options
+        .iter()
+        .map(|o| o.listen.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut client = ClusterClient::new(&addresses)?;
+    client
+        .initialize(&options[0].listen.to_string(), &members)
+        .await?;
+    client.retry_deadline = Duration::from_secs(30);
+    client
+        .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+        .await?;
+
+    let bar = indicatif::ProgressBar::new(args.seconds.ceil() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("soak {bar:40} {pos}/{len} s {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.seconds);
+    let mut producer_client = ClusterClient::new(&addresses)?;
+    producer_client.retry_deadline = Duration::from_secs(30);
+    let producer = Producer::new(producer_client, ProducerOptions::default());
+    let writers: Vec<_> = (0..args.writers)
+        .map(|writer| tokio::spawn(soak_writer(producer.clone(), writer, deadline)))
+        .collect();
+    drop(producer);
+
+    let mut restarts = 0u64;
+    let mut next_restart = started + Duration::from_secs_f64(args.restart_every.max(0.0));
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        bar.set_position(started.elapsed().as_secs());
+        if args.restart_every > 0.0 && Instant::now() >= next_restart {
+            let slot = (restarts % 3) as usize;
+            if let Some(node) = nodes[slot].take() {
+                node.shutdown().await?;
+            }
+            nodes[slot] = Some(ControlNode::start(options[slot].clone()).await?);
+            restarts += 1;
+            bar.set_message(format!("{restarts} restarts"));
+            next_restart = Instant::now() + Duration::from_secs_f64(args.restart_every);
+        }
+    }
+    let mut acknowledged = 0u64;
+    let mut worst = Duration::ZERO;
+    let mut retries = 0u64;
+    let mut counts = Vec::new();
+    for writer in writers {
+        let (count, slowest, retried) = writer.await??;
+        acknowledged += count;
+        worst = worst.max(slowest);
+        retries += retried;
+        counts.push(count);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+
+    // Let every node apply the leader's last entry: a final append commits on a quorum, then
+    // wait until all three have applied it.
+    let (sequences, _) = client
+        .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+        .await?;
+    let last = sequences.first().map_or(0, |sequence| sequence.index);
+    let nodes: Vec<ControlNode> = nodes.into_iter().flatten().collect();
+    for node in &nodes {
+        let mut metrics = node.raft.raft.metrics();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
+                if metrics.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await
+        .with_context(|| format!("node {} did not apply entry {last} within 60 s", node.id))?;
+    }
+    let mut digests = Vec::new();
+    let mut missing = 0u64;
+    for node in &nodes {
+        let metrics = node.raft.raft.metrics().borrow().clone();
+        let (digest, absent) = node.raft.state_machine.with_projection(|projection, _| {
+            let trees = &projection.state.trajectories.trees;
+            let mut absent = 0u64;
+            for (writer, count) in counts.iter().enumerate() {
+                for sequence in 0..*count {
+                    let Event {
+                        body: EventBody::ModelCall(record),
+                        ..
+                    } = small_event(writer as u64, sequence)
+                    else {
+                        continue;
+                    };
+                    let present = trees
+                        .get(&record.execution)
+                        .and_then(|tree| tree.node_of_call(record.call))
+                        .is_some();
+                    if !present {
+                        absent += 1;
+                    }
+                }
+            }
+            (projection.state.digest(), absent)
+        });
+        missing += absent;
+        println!(
+            "node {}: applied {}, snapshot at {}, log purged through {}, digest {}, acknowledged records missing {}",
+            node.id,
+            metrics.last_applied.map_or(0, |id| id.index),
+            metrics.snapshot.map_or(0, |id| id.index),
+            metrics.purged.map_or(0, |id| id.index),
+            gyre_log::file::hex(&digest),
+            absent
+        );
+        digests.push(digest);
+    }
+    println!(
+        "{acknowledged} records acknowledged in {elapsed:.1} s ({:.0}/s) by {} writers; {restarts} node restarts; {retries} retried appends; slowest acknowledgement {:.0} ms",
+        acknowledged as f64 / elapsed,
+        args.writers,
+        worst.as_secs_f64() * 1e3
+    );
+    for node in nodes {
+        node.shutdown().await?;
+    }
+    if missing > 0 {
+        anyhow::bail!("{missing} acknowledged records are missing from a node's projection");
+    }
+    if digests.windows(2).any(|pair| pair[0] != pair[1]) {
+        anyhow::bail!("the nodes' projection digests differ at the same applied index");
+    }
+    println!("soak passed: every acknowledged record is on every node; digests equal");
     Ok(())
 }

@@ -24,8 +24,14 @@ use crate::file::hex;
 
 /// A deterministic fold of committed events: what the log is for.
 pub trait Projection: Send + Sync + 'static {
-    /// Fold one committed entry's events (already decoded) at `index`.
-    fn apply_events(&mut self, index: u64, events: &[gyre_event::Event]) -> Result<(), String>;
+    /// Fold one committed entry's events (already decoded from `batch`, the entry's encoded
+    /// `EventBatch`, handed over too so a projection can keep it without re-encoding) at `index`.
+    fn apply_events(
+        &mut self,
+        index: u64,
+        batch: &[u8],
+        events: &[gyre_event::Event],
+    ) -> Result<(), String>;
     /// The projection's state as bytes for a snapshot file body, and back.
     fn snapshot_body(&self) -> Vec<u8>;
     fn restore(body: &[u8]) -> Result<Self, String>
@@ -158,7 +164,7 @@ impl<P: Projection> StateMachineStore<P> {
                         .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read)
                 })?;
                 let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-                let outcome = state.projection.apply_events(index, &events);
+                let outcome = state.projection.apply_events(index, &batch.0, &events);
                 if let Some(detail) = state.projection.halted() {
                     tracing::error!(index, detail = %detail, "projection halted the state machine");
                     return Err(RaftStoreError::BadEntry { index, detail }
