@@ -1,0 +1,618 @@
+//! Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`): the request
+//! types, the parser over raw bytes, and the conversion to internal messages.
+//!
+//! Normalisation that makes Claude Code's turn-to-turn re-sends comparable: `cache_control`
+//! is dropped everywhere; `system` and message `content` given as a string or as a list of
+//! text blocks give the same result; `is_error: false` equals an absent `is_error`.
+//! Accepted beyond the public API because Claude Code sends it: `role: "system"` messages
+//! inside `messages` (mid-conversation system prompts).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::api_error::ApiError;
+use crate::messages::{
+    Api, ChatRequest, Message, ReasoningRequest, Reasoning, Role, SamplingParams, Tool, ToolCall,
+    ToolChoice, TEXT_PART_SEPARATOR,
+};
+use crate::reader::{body_object, classify_fields, Node, Read};
+
+const API: Api = Api::Anthropic;
+
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "stream",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "metadata",
+    "thinking",
+];
+/// Fields the proxy accepts and does not act on (Claude Code sends most of them every turn).
+const IGNORED_FIELDS: &[&str] = &[
+    "context_management",
+    "output_config",
+    "service_tier",
+    "container",
+    "mcp_servers",
+    "betas",
+    "inference_geo",
+];
+
+/// A text block with `cache_control` (and `citations`) dropped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TextBlock {
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputRole {
+    User,
+    Assistant,
+    /// Claude Code's mid-conversation system messages.
+    System,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    RedactedThinking {
+        data: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        /// Always a JSON object.
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        /// A string `content` becomes one block.
+        content: Vec<TextBlock>,
+        is_error: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InputMessage {
+    pub role: InputRole,
+    /// A string `content` becomes one text block.
+    pub content: Vec<ContentBlock>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolDefinition {
+    pub name: String,
+    pub description: Option<String>,
+    /// `None` for server tools (`web_search_…`), which have a `type` instead.
+    pub input_schema: Option<Value>,
+    /// `type`: absent or `custom` for client tools.
+    pub kind: Option<String>,
+    pub defer_loading: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolChoiceParam {
+    Auto { disable_parallel_tool_use: bool },
+    Any { disable_parallel_tool_use: bool },
+    Tool { name: String, disable_parallel_tool_use: bool },
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingConfig {
+    Enabled { budget_tokens: Option<u32> },
+    Disabled,
+    Adaptive { display: Option<String> },
+}
+
+/// A parsed Messages request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    /// Required by `/v1/messages`, absent from `count_tokens`.
+    pub max_tokens: Option<u32>,
+    /// A string `system` becomes one block; absent is empty.
+    pub system: Vec<TextBlock>,
+    pub messages: Vec<InputMessage>,
+    pub tools: Vec<ToolDefinition>,
+    pub tool_choice: Option<ToolChoiceParam>,
+    pub stream: bool,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    pub stop_sequences: Vec<String>,
+    /// `metadata.user_id` (Claude Code puts a JSON string with its session id here).
+    pub user_id: Option<String>,
+    pub thinking: Option<ThinkingConfig>,
+    pub ignored_fields: Vec<String>,
+    pub unknown_fields: Vec<String>,
+}
+
+/// Parses and converts a `/v1/messages` body.
+pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    parse_request(body)?.to_chat()
+}
+
+/// Parses a `/v1/messages` body (`max_tokens` required).
+pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    let value = body_object(API, body)?;
+    read_request(Node::root(&value, API), true)
+}
+
+/// Parses a `/v1/messages/count_tokens` body (no `max_tokens`).
+pub fn parse_count_tokens(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    let value = body_object(API, body)?;
+    read_request(Node::root(&value, API), false)
+}
+
+fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesRequest> {
+    let object = root.object()?;
+    let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
+    let model = root.required_str("model")?.to_string();
+    let max_tokens = if max_tokens_required {
+        let child = root.required("max_tokens")?;
+        let max_tokens = child.node().u32()?;
+        if max_tokens == 0 {
+            return Err(child.node().error("must be at least 1"));
+        }
+        Some(max_tokens)
+    } else {
+        root.optional_u32("max_tokens")?
+    };
+    let system = match root.get("system")? {
+        None => Vec::new(),
+        Some(child) => read_text_blocks(child.node())?,
+    };
+    let messages_child = root.required("messages")?;
+    let messages = messages_child
+        .node()
+        .array()?
+        .iter()
+        .map(|child| read_message(child.node()))
+        .collect::<Read<Vec<_>>>()?;
+    if messages.is_empty() {
+        return Err(messages_child
+            .node()
+            .error("at least one message is required"));
+    }
+    let tools = match root.get("tools")? {
+        None => Vec::new(),
+        Some(child) => child
+            .node()
+            .array()?
+            .iter()
+            .map(|tool| read_tool(tool.node()))
+            .collect::<Read<Vec<_>>>()?,
+    };
+    let tool_choice = root
+        .get("tool_choice")?
+        .map(|child| read_tool_choice(child.node()))
+        .transpose()?;
+    let thinking = root
+        .get("thinking")?
+        .map(|child| read_thinking(child.node()))
+        .transpose()?;
+    let user_id = match root.get("metadata")? {
+        None => None,
+        Some(child) => child.node().optional_str("user_id")?.map(str::to_string),
+    };
+    Ok(MessagesRequest {
+        model,
+        max_tokens,
+        system,
+        messages,
+        tools,
+        tool_choice,
+        stream: root.optional_bool("stream")?.unwrap_or(false),
+        temperature: root.optional_f64("temperature")?,
+        top_p: root.optional_f64("top_p")?,
+        top_k: root.optional_u32("top_k")?,
+        stop_sequences: root.optional_strings("stop_sequences")?,
+        user_id,
+        thinking,
+        ignored_fields,
+        unknown_fields,
+    })
+}
+
+fn unsupported_block(node: Node<'_>, kind: &str) -> ApiError {
+    match kind {
+        "image" | "document" => node.error(format!(
+            "{kind} content is not supported: this model takes text only"
+        )),
+        _ => node.error(format!("unsupported content block type `{kind}`")),
+    }
+}
+
+/// `string | [text block]` (system, tool_result content, system-role message content).
+fn read_text_blocks(node: Node<'_>) -> Read<Vec<TextBlock>> {
+    if let Some(text) = node.value.as_str() {
+        return Ok(vec![TextBlock {
+            text: text.to_string(),
+        }]);
+    }
+    node.array()?
+        .iter()
+        .map(|child| {
+            let block = child.node();
+            let kind = block.type_tag()?;
+            if kind != "text" {
+                return Err(unsupported_block(block, kind));
+            }
+            Ok(TextBlock {
+                text: block.required_str("text")?.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn read_message(node: Node<'_>) -> Read<InputMessage> {
+    let role_child = node.required("role")?;
+    let role = match role_child.node().str()? {
+        "user" => InputRole::User,
+        "assistant" => InputRole::Assistant,
+        "system" => InputRole::System,
+        other => {
+            return Err(role_child.node().error(format!(
+                "unknown role `{other}`, expected `user`, `assistant` or `system`"
+            )))
+        }
+    };
+    let content_child = node.required("content")?;
+    let content_node = content_child.node();
+    if let Some(text) = content_node.value.as_str() {
+        return Ok(InputMessage {
+            role,
+            content: vec![ContentBlock::Text {
+                text: text.to_string(),
+            }],
+        });
+    }
+    let content = content_node
+        .array()?
+        .iter()
+        .map(|child| read_block(child.node(), role))
+        .collect::<Read<Vec<_>>>()?;
+    Ok(InputMessage { role, content })
+}
+
+fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
+    let kind = node.type_tag()?;
+    let allowed = match role {
+        InputRole::User => matches!(kind, "text" | "tool_result"),
+        InputRole::Assistant => {
+            matches!(kind, "text" | "thinking" | "redacted_thinking" | "tool_use")
+        }
+        InputRole::System => kind == "text",
+    };
+    let known = matches!(
+        kind,
+        "text" | "thinking" | "redacted_thinking" | "tool_use" | "tool_result"
+    );
+    if !known {
+        return Err(unsupported_block(node, kind));
+    }
+    if !allowed {
+        let role_name = match role {
+            InputRole::User => "user",
+            InputRole::Assistant => "assistant",
+            InputRole::System => "system",
+        };
+        return Err(node.error(format!(
+            "a `{kind}` block cannot appear in a {role_name} message"
+        )));
+    }
+    Ok(match kind {
+        "text" => ContentBlock::Text {
+            text: node.required_str("text")?.to_string(),
+        },
+        "thinking" => ContentBlock::Thinking {
+            thinking: node.required_str("thinking")?.to_string(),
+            signature: node.optional_str("signature")?.unwrap_or_default().to_string(),
+        },
+        "redacted_thinking" => ContentBlock::RedactedThinking {
+            data: node.required_str("data")?.to_string(),
+        },
+        "tool_use" => {
+            let input = node.required("input")?;
+            input.node().object()?;
+            ContentBlock::ToolUse {
+                id: node.required_str("id")?.to_string(),
+                name: node.required_str("name")?.to_string(),
+                input: input.value.clone(),
+            }
+        }
+        _ => {
+            let content = match node.get("content")? {
+                None => Vec::new(),
+                Some(child) => read_text_blocks(child.node())?,
+            };
+            ContentBlock::ToolResult {
+                tool_use_id: node.required_str("tool_use_id")?.to_string(),
+                content,
+                is_error: node.optional_bool("is_error")?.unwrap_or(false),
+            }
+        }
+    })
+}
+
+fn read_tool(node: Node<'_>) -> Read<ToolDefinition> {
+    let kind = node.optional_str("type")?.map(str::to_string);
+    let client_tool = matches!(kind.as_deref(), None | Some("custom"));
+    let input_schema = match node.get("input_schema")? {
+        Some(child) => {
+            child.node().object()?;
+            Some(child.value.clone())
+        }
+        None if client_tool => {
+            return Err(ApiError::invalid_field(
+                API,
+                format!("{}.input_schema", node.path),
+                "field required",
+            ))
+        }
+        None => None,
+    };
+    Ok(ToolDefinition {
+        name: node.required_str("name")?.to_string(),
+        description: node.optional_str("description")?.map(str::to_string),
+        input_schema,
+        kind,
+        defer_loading: node.optional_bool("defer_loading")?.unwrap_or(false),
+    })
+}
+
+fn read_tool_choice(node: Node<'_>) -> Read<ToolChoiceParam> {
+    let disable_parallel_tool_use = node
+        .optional_bool("disable_parallel_tool_use")?
+        .unwrap_or(false);
+    Ok(match node.type_tag()? {
+        "auto" => ToolChoiceParam::Auto {
+            disable_parallel_tool_use,
+        },
+        "any" => ToolChoiceParam::Any {
+            disable_parallel_tool_use,
+        },
+        "tool" => ToolChoiceParam::Tool {
+            name: node.required_str("name")?.to_string(),
+            disable_parallel_tool_use,
+        },
+        "none" => ToolChoiceParam::None,
+        other => {
+            return Err(ApiError::invalid_field(
+                API,
+                format!("{}.type", node.path),
+                format!("unknown tool_choice type `{other}`"),
+            ))
+        }
+    })
+}
+
+fn read_thinking(node: Node<'_>) -> Read<ThinkingConfig> {
+    Ok(match node.type_tag()? {
+        "enabled" => ThinkingConfig::Enabled {
+            budget_tokens: node.optional_u32("budget_tokens")?,
+        },
+        "disabled" => ThinkingConfig::Disabled,
+        "adaptive" => ThinkingConfig::Adaptive {
+            display: node.optional_str("display")?.map(str::to_string),
+        },
+        other => {
+            return Err(ApiError::invalid_field(
+                API,
+                format!("{}.type", node.path),
+                format!("unknown thinking type `{other}`"),
+            ))
+        }
+    })
+}
+
+/// For requests built in code rather than parsed (the parser rejects these earlier).
+fn misplaced(message_index: usize, kind: &str, role: &str) -> ApiError {
+    ApiError::invalid_field(
+        API,
+        format!("messages[{message_index}].content"),
+        format!("a `{kind}` block cannot appear in a {role} message"),
+    )
+}
+
+fn join_text(blocks: &[TextBlock]) -> String {
+    blocks
+        .iter()
+        .map(|block| block.text.as_str())
+        .collect::<Vec<_>>()
+        .join(TEXT_PART_SEPARATOR)
+}
+
+impl MessagesRequest {
+    /// Converts to internal messages. Each `tool_result` becomes its own `tool` message, in
+    /// request order (parallel results arrive in completion order); text blocks around them
+    /// become user messages. Fails when a `tool_result` names a `tool_use` id that no earlier
+    /// assistant message holds.
+    pub fn to_chat(&self) -> Result<ChatRequest, ApiError> {
+        let mut chat = ChatRequest::new(API, self.model.clone());
+        if !self.system.is_empty() {
+            chat.messages
+                .push(Message::new(Role::System, join_text(&self.system)));
+        }
+        // Tool-use ids seen so far, with their tool names.
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for (message_index, message) in self.messages.iter().enumerate() {
+            match message.role {
+                InputRole::System => {
+                    let texts: Vec<TextBlock> = message
+                        .content
+                        .iter()
+                        .filter_map(|block| match block {
+                            ContentBlock::Text { text } => Some(TextBlock { text: text.clone() }),
+                            _ => None,
+                        })
+                        .collect();
+                    chat.messages
+                        .push(Message::new(Role::System, join_text(&texts)));
+                }
+                InputRole::Assistant => {
+                    let mut assistant = Message::new(Role::Assistant, "");
+                    let mut texts = Vec::new();
+                    for block in &message.content {
+                        match block {
+                            ContentBlock::Text { text } => texts.push(TextBlock { text: text.clone() }),
+                            ContentBlock::Thinking { thinking, signature } => {
+                                assistant.reasoning.push(Reasoning {
+                                    text: thinking.clone(),
+                                    handle: (!signature.is_empty()).then(|| signature.clone()),
+                                    redacted: false,
+                                })
+                            }
+                            ContentBlock::RedactedThinking { data } => {
+                                assistant.reasoning.push(Reasoning {
+                                    text: String::new(),
+                                    handle: Some(data.clone()),
+                                    redacted: true,
+                                })
+                            }
+                            ContentBlock::ToolUse { id, name, input } => {
+                                calls.push((id.clone(), name.clone()));
+                                assistant.tool_calls.push(ToolCall {
+                                    id: id.clone(),
+                                    name: name.clone(),
+                                    arguments: input.to_string(),
+                                });
+                            }
+                            ContentBlock::ToolResult { .. } => {
+                                return Err(misplaced(message_index, "tool_result", "assistant"))
+                            }
+                        }
+                    }
+                    assistant.content = join_text(&texts);
+                    chat.messages.push(assistant);
+                }
+                InputRole::User => {
+                    let mut pending: Vec<TextBlock> = Vec::new();
+                    let mut emitted = false;
+                    for (block_index, block) in message.content.iter().enumerate() {
+                        match block {
+                            ContentBlock::Text { text } => pending.push(TextBlock { text: text.clone() }),
+                            ContentBlock::ToolResult {
+                                tool_use_id,
+                                content,
+                                is_error,
+                            } => {
+                                if !pending.is_empty() {
+                                    chat.messages
+                                        .push(Message::new(Role::User, join_text(&pending)));
+                                    pending.clear();
+                                }
+                                let Some((_, name)) = calls.iter().find(|(id, _)| id == tool_use_id)
+                                else {
+                                    return Err(ApiError::invalid_field(
+                                        API,
+                                        format!(
+                                            "messages[{message_index}].content[{block_index}].tool_use_id"
+                                        ),
+                                        format!(
+                                            "no tool_use block with id `{tool_use_id}` in an earlier assistant message"
+                                        ),
+                                    ));
+                                };
+                                chat.messages.push(Message::tool_result(
+                                    tool_use_id.clone(),
+                                    Some(name.clone()),
+                                    join_text(content),
+                                    *is_error,
+                                ));
+                                emitted = true;
+                            }
+                            ContentBlock::Thinking { .. } => {
+                                return Err(misplaced(message_index, "thinking", "user"))
+                            }
+                            ContentBlock::RedactedThinking { .. } => {
+                                return Err(misplaced(message_index, "redacted_thinking", "user"))
+                            }
+                            ContentBlock::ToolUse { .. } => {
+                                return Err(misplaced(message_index, "tool_use", "user"))
+                            }
+                        }
+                    }
+                    if !pending.is_empty() || !emitted {
+                        chat.messages
+                            .push(Message::new(Role::User, join_text(&pending)));
+                    }
+                }
+            }
+        }
+        for tool in &self.tools {
+            match &tool.input_schema {
+                Some(schema) if !tool.defer_loading => chat.tools.push(Tool {
+                    name: tool.name.clone(),
+                    description: tool.description.clone(),
+                    parameters: schema.clone(),
+                }),
+                _ => chat.omitted_tools.push(tool.name.clone()),
+            }
+        }
+        let mut parallel = None;
+        chat.tool_choice = match &self.tool_choice {
+            None => ToolChoice::Auto,
+            Some(ToolChoiceParam::Auto {
+                disable_parallel_tool_use,
+            }) => {
+                parallel = Some(!disable_parallel_tool_use);
+                ToolChoice::Auto
+            }
+            Some(ToolChoiceParam::Any {
+                disable_parallel_tool_use,
+            }) => {
+                parallel = Some(!disable_parallel_tool_use);
+                ToolChoice::Required
+            }
+            Some(ToolChoiceParam::Tool {
+                name,
+                disable_parallel_tool_use,
+            }) => {
+                parallel = Some(!disable_parallel_tool_use);
+                ToolChoice::Tool(name.clone())
+            }
+            Some(ToolChoiceParam::None) => ToolChoice::None,
+        };
+        chat.parallel_tool_calls = parallel;
+        chat.reasoning = match &self.thinking {
+            None => ReasoningRequest::Unspecified,
+            Some(ThinkingConfig::Disabled) => ReasoningRequest::Disabled,
+            Some(ThinkingConfig::Enabled { budget_tokens }) => ReasoningRequest::Enabled {
+                budget_tokens: *budget_tokens,
+            },
+            Some(ThinkingConfig::Adaptive { .. }) => ReasoningRequest::Adaptive { effort: None },
+        };
+        chat.sampling = SamplingParams {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop: self.stop_sequences.clone(),
+            seed: None,
+        };
+        chat.stream = self.stream;
+        chat.user = self.user_id.clone();
+        chat.ignored_fields = self.ignored_fields.clone();
+        chat.unknown_fields = self.unknown_fields.clone();
+        Ok(chat)
+    }
+}

@@ -1,0 +1,168 @@
+//! A rejected request as a value, rendered in the error format of the API it came in on.
+//!
+//! Anthropic: `{"type":"error","error":{"type":"invalid_request_error","message":"…"}}`.
+//! OpenAI (both APIs): `{"error":{"message":"…","type":"invalid_request_error","param":…,
+//! "code":…}}`. This is the one place that maps proxy errors to HTTP statuses.
+
+use serde_json::{json, Value};
+
+use crate::messages::Api;
+use crate::output::sse::SseEvent;
+
+/// What went wrong, independent of the API's words for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiErrorKind {
+    /// Malformed JSON, wrong types, missing fields, unsupported content: 400.
+    InvalidRequest,
+    /// Unknown or closed execution credential: 401.
+    Authentication,
+    PermissionDenied,
+    NotFound,
+    /// Body over the configured limit: 413.
+    RequestTooLarge,
+    RateLimited,
+    /// A proxy bug or an engine failure that could not be retried: 500.
+    Internal,
+    /// No engine can take the request now: 529 (Anthropic) / 503 (OpenAI).
+    Overloaded,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub api: Api,
+    pub kind: ApiErrorKind,
+    pub message: String,
+    /// The offending field path (`messages[3].content[1].tool_use_id`), when there is one.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(api: Api, kind: ApiErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            api,
+            kind,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A 400 about one field; the message starts with the field path.
+    pub fn invalid_field(api: Api, path: impl Into<String>, problem: impl AsRef<str>) -> Self {
+        let path = path.into();
+        let message = if path.is_empty() {
+            problem.as_ref().to_string()
+        } else {
+            format!("{path}: {}", problem.as_ref())
+        };
+        Self {
+            api,
+            kind: ApiErrorKind::InvalidRequest,
+            message,
+            param: (!path.is_empty()).then_some(path),
+        }
+    }
+
+    pub fn request_too_large(api: Api, body_bytes_max: usize) -> Self {
+        Self::new(
+            api,
+            ApiErrorKind::RequestTooLarge,
+            format!("request body exceeds the limit of {body_bytes_max} bytes"),
+        )
+    }
+
+    /// The HTTP status code.
+    pub fn status(&self) -> u16 {
+        match (self.kind, self.api) {
+            (ApiErrorKind::InvalidRequest, _) => 400,
+            (ApiErrorKind::Authentication, _) => 401,
+            (ApiErrorKind::PermissionDenied, _) => 403,
+            (ApiErrorKind::NotFound, _) => 404,
+            (ApiErrorKind::RequestTooLarge, _) => 413,
+            (ApiErrorKind::RateLimited, _) => 429,
+            (ApiErrorKind::Internal, _) => 500,
+            (ApiErrorKind::Overloaded, Api::Anthropic) => 529,
+            (ApiErrorKind::Overloaded, _) => 503,
+        }
+    }
+
+    /// The API's name for the error type.
+    pub fn type_name(&self) -> &'static str {
+        match self.api {
+            Api::Anthropic => match self.kind {
+                ApiErrorKind::InvalidRequest => "invalid_request_error",
+                ApiErrorKind::Authentication => "authentication_error",
+                ApiErrorKind::PermissionDenied => "permission_error",
+                ApiErrorKind::NotFound => "not_found_error",
+                ApiErrorKind::RequestTooLarge => "request_too_large",
+                ApiErrorKind::RateLimited => "rate_limit_error",
+                ApiErrorKind::Internal => "api_error",
+                ApiErrorKind::Overloaded => "overloaded_error",
+            },
+            Api::OpenAiChat | Api::OpenAiResponses => match self.kind {
+                ApiErrorKind::InvalidRequest
+                | ApiErrorKind::Authentication
+                | ApiErrorKind::NotFound
+                | ApiErrorKind::RequestTooLarge => "invalid_request_error",
+                ApiErrorKind::PermissionDenied => "permission_error",
+                ApiErrorKind::RateLimited => "rate_limit_error",
+                ApiErrorKind::Internal | ApiErrorKind::Overloaded => "server_error",
+            },
+        }
+    }
+
+    /// OpenAI's `code` field.
+    fn openai_code(&self) -> Option<&'static str> {
+        match self.kind {
+            ApiErrorKind::InvalidRequest | ApiErrorKind::Internal => None,
+            ApiErrorKind::Authentication => Some("invalid_api_key"),
+            ApiErrorKind::PermissionDenied => Some("permission_denied"),
+            ApiErrorKind::NotFound => Some("not_found"),
+            ApiErrorKind::RequestTooLarge => Some("request_too_large"),
+            ApiErrorKind::RateLimited => Some("rate_limit_exceeded"),
+            ApiErrorKind::Overloaded => Some("overloaded"),
+        }
+    }
+
+    /// The response body as JSON.
+    pub fn body_json(&self) -> Value {
+        match self.api {
+            Api::Anthropic => json!({
+                "type": "error",
+                "error": {"type": self.type_name(), "message": self.message},
+            }),
+            Api::OpenAiChat | Api::OpenAiResponses => json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.type_name(),
+                    "param": self.param,
+                    "code": self.openai_code(),
+                },
+            }),
+        }
+    }
+
+    /// The response body bytes.
+    pub fn body(&self) -> String {
+        self.body_json().to_string()
+    }
+
+    /// The error as an event inside an already started stream (Anthropic `event: error`,
+    /// a Chat Completions `data:` chunk holding the error, Responses `event: error`).
+    pub fn sse_event(&self, sequence_number: u64) -> SseEvent {
+        match self.api {
+            Api::Anthropic => SseEvent::named("error", self.body_json()),
+            Api::OpenAiChat => SseEvent::unnamed(self.body_json()),
+            Api::OpenAiResponses => SseEvent::named(
+                "error",
+                json!({
+                    "type": "error",
+                    "code": self.openai_code().unwrap_or(self.type_name()),
+                    "message": self.message,
+                    "param": self.param,
+                    "sequence_number": sequence_number,
+                }),
+            ),
+        }
+    }
+}

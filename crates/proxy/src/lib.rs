@@ -1,0 +1,43 @@
+//! gyre-proxy: the pure core of the black-box model proxy.
+//!
+//! The proxy stands in for a model API in front of unmodified harnesses (Claude Code speaks
+//! Anthropic Messages, Codex speaks OpenAI Responses, others OpenAI Chat Completions). This
+//! crate holds everything that does not touch a socket:
+//! - [`model_dir`]: a model's tokenizer and chat template, loaded from a directory;
+//! - [`template`]: chat-template rendering matching HF transformers' jinja2 byte for byte;
+//! - [`messages`]: the internal chat representation every request becomes;
+//! - [`anthropic`], [`openai_chat`], [`openai_responses`]: request parsers over raw bytes
+//!   that reject bad input as [`ApiError`] values in the API's own error shape;
+//! - [`output`]: generated text → reasoning / text / tool calls, and the response builders
+//!   (JSON and the exact SSE sequences) for the three APIs;
+//! - [`test_model`]: how the repository's test tokenizer is trained.
+//!
+//! Architecture invariant: no IO except reading a model directory, no clock (the date for
+//! `strftime_now` and response timestamps are inputs), no randomness (ids are inputs).
+
+pub mod anthropic;
+pub mod api_error;
+mod error;
+pub mod messages;
+pub mod model_dir;
+pub mod openai_chat;
+pub mod openai_responses;
+pub mod output;
+mod reader;
+pub mod template;
+pub mod test_model;
+
+pub use api_error::{ApiError, ApiErrorKind};
+pub use error::ProxyError;
+pub use messages::{Api, ChatRequest, Message, Role, Tool, ToolCall};
+pub use model_dir::ChatModel;
+pub use template::{ChatTemplate, CivilDateTime, RenderInput, SpecialTokens, ToolArgumentsForm};
+
+/// Parses a request body for `api` (the server's one entry point per route).
+pub fn parse_request(api: Api, body: &[u8]) -> Result<ChatRequest, ApiError> {
+    match api {
+        Api::Anthropic => anthropic::parse(body),
+        Api::OpenAiChat => openai_chat::parse(body),
+        Api::OpenAiResponses => openai_responses::parse(body),
+    }
+}

@@ -1,0 +1,288 @@
+//! The internal chat representation: what every API's request becomes and what the chat
+//! template sees.
+//!
+//! It follows the HF transformers message convention (`role`, `content`, `reasoning_content`,
+//! `tool_calls[].function.{name, arguments}`, `tool_call_id`) so real model templates render
+//! it, and keeps what the proxy needs to restore sampled tokens: tool-call ids, the raw
+//! argument text and the reasoning handle (Anthropic thinking `signature`, OpenAI Responses
+//! `encrypted_content`).
+
+use serde_json::{json, Map, Value};
+
+use crate::template::ToolArgumentsForm;
+
+/// Text parts of one message are joined with this separator (as vLLM does when it flattens
+/// OpenAI content parts for a text-only chat template), so `"x"` and `[{"type":"text",
+/// "text":"x"}]` are the same message.
+pub const TEXT_PART_SEPARATOR: &str = "\n";
+
+/// Which public API a request came in on (it decides the error and response shapes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    OpenAiChat,
+    /// OpenAI Responses (`/v1/responses`).
+    OpenAiResponses,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Also OpenAI's `developer` and Claude Code's mid-conversation `system` messages.
+    System,
+    User,
+    Assistant,
+    /// A tool result (Anthropic `tool_result` blocks become one message each).
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One tool call of an assistant message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// Anthropic `tool_use.id`, OpenAI `tool_calls[].id` or Responses `call_id`: the id tool
+    /// results pair with and the key of the proxy's tool-call payload cache.
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text. From OpenAI requests: the string the harness sent (which is
+    /// what the model produced). From Anthropic requests: `input` re-serialised compactly in
+    /// the harness's key order, because Claude Code re-orders and re-escapes it; the server
+    /// replaces it with the cached generated text by `id`.
+    pub arguments: String,
+}
+
+/// One reasoning (thinking) block of an assistant message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reasoning {
+    pub text: String,
+    /// Opaque round-trip handle: Anthropic `signature` (or `redacted_thinking.data`), OpenAI
+    /// Responses `encrypted_content`. The proxy mints it and resolves it to the exact tokens.
+    pub handle: Option<String>,
+    /// An Anthropic `redacted_thinking` block: no text, only the handle.
+    pub redacted: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub role: Role,
+    /// Text parts joined with [`TEXT_PART_SEPARATOR`]; empty when there is no text.
+    pub content: String,
+    pub reasoning: Vec<Reasoning>,
+    pub tool_calls: Vec<ToolCall>,
+    /// For `Role::Tool`: the tool call this result answers.
+    pub tool_call_id: Option<String>,
+    /// For `Role::Tool`: the called tool's name, looked up from the call when the API omits it.
+    pub tool_name: Option<String>,
+    /// For `Role::Tool`: Anthropic `is_error` (`false` and absent are the same).
+    pub is_error: bool,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            reasoning: Vec::new(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            tool_name: None,
+            is_error: false,
+        }
+    }
+
+    pub fn tool_result(
+        tool_call_id: impl Into<String>,
+        tool_name: Option<String>,
+        content: impl Into<String>,
+        is_error: bool,
+    ) -> Self {
+        Self {
+            tool_call_id: Some(tool_call_id.into()),
+            tool_name,
+            is_error,
+            ..Self::new(Role::Tool, content)
+        }
+    }
+
+    /// The reasoning text the template sees: the non-redacted blocks joined with
+    /// [`TEXT_PART_SEPARATOR`]; `None` when there are none.
+    pub fn reasoning_content(&self) -> Option<String> {
+        let texts: Vec<&str> = self
+            .reasoning
+            .iter()
+            .filter(|reasoning| !reasoning.redacted)
+            .map(|reasoning| reasoning.text.as_str())
+            .collect();
+        if texts.is_empty() {
+            None
+        } else {
+            Some(texts.join(TEXT_PART_SEPARATOR))
+        }
+    }
+
+    /// The HF-convention dict the chat template receives. Keys appear only when they apply:
+    /// `reasoning_content` when there is reasoning, `tool_calls` when there are calls,
+    /// `tool_call_id` / `name` on tool results. `content` is always a string.
+    pub fn template_view(&self, arguments_form: ToolArgumentsForm) -> Value {
+        let mut view = Map::new();
+        view.insert("role".into(), Value::from(self.role.as_str()));
+        view.insert("content".into(), Value::from(self.content.clone()));
+        if let Some(reasoning) = self.reasoning_content() {
+            view.insert("reasoning_content".into(), Value::from(reasoning));
+        }
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .iter()
+                .map(|call| {
+                    let arguments = match arguments_form {
+                        ToolArgumentsForm::RawText => Value::from(call.arguments.clone()),
+                        ToolArgumentsForm::Object => serde_json::from_str(&call.arguments)
+                            .unwrap_or_else(|_| Value::from(call.arguments.clone())),
+                    };
+                    json!({
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": arguments},
+                    })
+                })
+                .collect();
+            view.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &self.tool_call_id {
+            view.insert("tool_call_id".into(), Value::from(id.clone()));
+        }
+        if let Some(name) = &self.tool_name {
+            view.insert("name".into(), Value::from(name.clone()));
+        }
+        Value::Object(view)
+    }
+}
+
+/// A function tool the model may call.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments, key order as sent.
+    pub parameters: Value,
+}
+
+impl Tool {
+    /// `{"type": "function", "function": {"name", "description", "parameters"}}`, the shape HF
+    /// templates iterate over.
+    pub fn template_view(&self) -> Value {
+        let mut function = Map::new();
+        function.insert("name".into(), Value::from(self.name.clone()));
+        if let Some(description) = &self.description {
+            function.insert("description".into(), Value::from(description.clone()));
+        }
+        function.insert("parameters".into(), self.parameters.clone());
+        json!({"type": "function", "function": Value::Object(function)})
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    None,
+    /// Anthropic `any`, OpenAI `required`.
+    Required,
+    /// This tool, by name.
+    Tool(String),
+}
+
+/// The harness's reasoning request (Anthropic `thinking`, OpenAI `reasoning`/`reasoning_effort`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ReasoningRequest {
+    #[default]
+    Unspecified,
+    Disabled,
+    Enabled {
+        budget_tokens: Option<u32>,
+    },
+    /// Anthropic `adaptive` or an OpenAI effort level.
+    Adaptive {
+        effort: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SamplingParams {
+    /// Anthropic `max_tokens`, OpenAI `max_completion_tokens` / `max_tokens`,
+    /// Responses `max_output_tokens`.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    pub stop: Vec<String>,
+    pub seed: Option<i64>,
+}
+
+/// A parsed request of any API, in the internal representation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    pub api: Api,
+    pub model: String,
+    pub messages: Vec<Message>,
+    /// Tools rendered into the prompt (deferred and hosted tools excluded).
+    pub tools: Vec<Tool>,
+    /// Names of tools the request lists but the prompt does not show: Anthropic
+    /// `defer_loading` tools, hosted/server tools (`web_search`, …).
+    pub omitted_tools: Vec<String>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: Option<bool>,
+    pub reasoning: ReasoningRequest,
+    pub sampling: SamplingParams,
+    pub stream: bool,
+    /// OpenAI `stream_options.include_usage`.
+    pub stream_include_usage: bool,
+    /// Anthropic `metadata.user_id`, OpenAI `user` / `prompt_cache_key` (session hints).
+    pub user: Option<String>,
+    /// Top-level fields the parser knows and deliberately ignores (`context_management`,
+    /// `output_config`, `store`, …).
+    pub ignored_fields: Vec<String>,
+    /// Top-level fields the parser does not know; tolerated.
+    pub unknown_fields: Vec<String>,
+}
+
+impl ChatRequest {
+    pub fn new(api: Api, model: impl Into<String>) -> Self {
+        Self {
+            api,
+            model: model.into(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            omitted_tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: None,
+            reasoning: ReasoningRequest::Unspecified,
+            sampling: SamplingParams::default(),
+            stream: false,
+            stream_include_usage: false,
+            user: None,
+            ignored_fields: Vec::new(),
+            unknown_fields: Vec::new(),
+        }
+    }
+
+    /// Whether the harness pre-filled the start of the answer (the last message is an
+    /// assistant message): the server continues it instead of opening a new turn.
+    pub fn ends_with_assistant(&self) -> bool {
+        self.messages
+            .last()
+            .is_some_and(|message| message.role == Role::Assistant)
+    }
+}

@@ -1,0 +1,286 @@
+//! A chat model's text side: its tokenizer and chat template, loaded from a model directory
+//! (`tokenizer.json`, `tokenizer_config.json`, optionally `chat_template.jinja`) or built
+//! from parts (SmolLM2 from GGUF metadata).
+//!
+//! Template choice follows transformers: a `chat_template.jinja` file wins over the config's
+//! `chat_template`; a list of named templates uses `tool_use` when the request has tools and
+//! that template exists, `default` otherwise. Encoding never adds special tokens (the template
+//! writes them), as `apply_chat_template(tokenize=True)` does.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::template::{ChatTemplate, RenderInput, SpecialTokens, ToolArgumentsForm};
+use crate::ProxyError;
+
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// The tokenizer and chat template(s) of one model.
+pub struct ChatModel {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    /// The `tool_use` named template, used when a request has tools.
+    tool_use_template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for ChatModel {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ChatModel")
+            .field("vocab_size", &self.tokenizer.get_vocab_size(true))
+            .field("template", &self.template)
+            .field("tool_use_template", &self.tool_use_template.is_some())
+            .finish()
+    }
+}
+
+fn read_file(path: &Path) -> Result<String, ProxyError> {
+    std::fs::read_to_string(path).map_err(|error| ProxyError::ModelFile {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {error}"),
+    })
+}
+
+fn field_error(path: &Path, field: &str, message: impl Into<String>) -> ProxyError {
+    ProxyError::ModelField {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A special-token entry: a string, or an `AddedToken` object with `content`.
+fn token_text(path: &Path, field: &str, value: &Value) -> Result<Option<String>, ProxyError> {
+    match value {
+        Value::Null => Ok(None),
+        Value::String(text) => Ok(Some(text.clone())),
+        Value::Object(object) => match object.get("content") {
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            _ => Err(field_error(
+                path,
+                field,
+                "expected a string or an object with a string `content`",
+            )),
+        },
+        _ => Err(field_error(
+            path,
+            field,
+            "expected a string or an object with a string `content`",
+        )),
+    }
+}
+
+/// The special tokens of `tokenizer_config.json`.
+pub fn special_tokens_from_config(
+    path: &Path,
+    config: &Value,
+) -> Result<SpecialTokens, ProxyError> {
+    let get = |field: &str| -> Result<Option<String>, ProxyError> {
+        match config.get(field) {
+            None => Ok(None),
+            Some(value) => token_text(path, field, value),
+        }
+    };
+    let additional_special_tokens = match config.get("additional_special_tokens") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                token_text(path, &format!("additional_special_tokens[{index}]"), item)
+                    .map(Option::unwrap_or_default)
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(field_error(
+                path,
+                "additional_special_tokens",
+                "expected a list",
+            ))
+        }
+    };
+    Ok(SpecialTokens {
+        bos_token: get("bos_token")?,
+        eos_token: get("eos_token")?,
+        unk_token: get("unk_token")?,
+        sep_token: get("sep_token")?,
+        pad_token: get("pad_token")?,
+        cls_token: get("cls_token")?,
+        mask_token: get("mask_token")?,
+        additional_special_tokens,
+    })
+}
+
+/// `chat_template` as `(default, tool_use)` sources: a string, or a list of
+/// `{"name", "template"}` objects.
+pub fn chat_templates_from_config(
+    path: &Path,
+    config: &Value,
+) -> Result<(String, Option<String>), ProxyError> {
+    match config.get("chat_template") {
+        None | Some(Value::Null) => Err(field_error(
+            path,
+            "chat_template",
+            "missing: the model has no chat template (add one, or a chat_template.jinja file)",
+        )),
+        Some(Value::String(source)) => Ok((source.clone(), None)),
+        Some(Value::Array(entries)) => {
+            let mut named = Vec::new();
+            for (index, entry) in entries.iter().enumerate() {
+                let field = format!("chat_template[{index}]");
+                let name = entry.get("name").and_then(Value::as_str);
+                let template = entry.get("template").and_then(Value::as_str);
+                match (name, template) {
+                    (Some(name), Some(template)) => named.push((name.to_string(), template.to_string())),
+                    _ => {
+                        return Err(field_error(
+                            path,
+                            &field,
+                            "expected an object with string `name` and `template`",
+                        ))
+                    }
+                }
+            }
+            let find = |wanted: &str| {
+                named
+                    .iter()
+                    .find(|(name, _)| name == wanted)
+                    .map(|(_, template)| template.clone())
+            };
+            let default = find("default").ok_or_else(|| {
+                field_error(
+                    path,
+                    "chat_template",
+                    format!(
+                        "no template named `default` among {:?}",
+                        named.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>()
+                    ),
+                )
+            })?;
+            Ok((default, find("tool_use")))
+        }
+        Some(_) => Err(field_error(
+            path,
+            "chat_template",
+            "expected a string or a list of {name, template} objects",
+        )),
+    }
+}
+
+impl ChatModel {
+    /// Loads `directory`: `tokenizer.json`, `tokenizer_config.json`, and `chat_template.jinja`
+    /// if present.
+    pub fn load(directory: &Path, tool_arguments: ToolArgumentsForm) -> Result<Self, ProxyError> {
+        let tokenizer_path = directory.join(TOKENIZER_FILE);
+        let tokenizer_text = read_file(&tokenizer_path)?;
+        let tokenizer = Tokenizer::from_bytes(tokenizer_text.as_bytes()).map_err(|error| {
+            ProxyError::ModelFile {
+                path: tokenizer_path.clone(),
+                message: format!("not a valid tokenizers file: {error}"),
+            }
+        })?;
+        let config_path = directory.join(TOKENIZER_CONFIG_FILE);
+        let config: Value =
+            serde_json::from_str(&read_file(&config_path)?).map_err(|error| {
+                ProxyError::ModelFile {
+                    path: config_path.clone(),
+                    message: format!("not valid JSON: {error}"),
+                }
+            })?;
+        if !config.is_object() {
+            return Err(ProxyError::ModelFile {
+                path: config_path,
+                message: "expected a JSON object".into(),
+            });
+        }
+        let special_tokens = special_tokens_from_config(&config_path, &config)?;
+        let template_file: PathBuf = directory.join(CHAT_TEMPLATE_FILE);
+        let (default, tool_use) = if template_file.is_file() {
+            (read_file(&template_file)?, None)
+        } else {
+            chat_templates_from_config(&config_path, &config)?
+        };
+        let compile = |source: &str, origin: &Path| {
+            ChatTemplate::new(source, special_tokens.clone(), tool_arguments).map_err(|error| {
+                ProxyError::ModelFile {
+                    path: origin.to_path_buf(),
+                    message: error.to_string(),
+                }
+            })
+        };
+        let origin = if template_file.is_file() {
+            template_file.clone()
+        } else {
+            config_path.clone()
+        };
+        let template = compile(&default, &origin)?;
+        let tool_use_template = tool_use
+            .map(|source| compile(&source, &origin))
+            .transpose()?;
+        Ok(Self {
+            tokenizer,
+            template,
+            tool_use_template,
+        })
+    }
+
+    /// From an already built tokenizer and a template source (SmolLM2 from GGUF metadata).
+    pub fn from_parts(
+        tokenizer: Tokenizer,
+        chat_template: &str,
+        special_tokens: SpecialTokens,
+        tool_arguments: ToolArgumentsForm,
+    ) -> Result<Self, ProxyError> {
+        Ok(Self {
+            tokenizer,
+            template: ChatTemplate::new(chat_template, special_tokens, tool_arguments)?,
+            tool_use_template: None,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The template a request uses: `tool_use` when it has tools and the model has one.
+    pub fn template_for(&self, has_tools: bool) -> &ChatTemplate {
+        match (&self.tool_use_template, has_tools) {
+            (Some(template), true) => template,
+            _ => &self.template,
+        }
+    }
+
+    /// Renders the prompt text with the right template.
+    pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
+        self.template_for(!input.tools.is_empty()).render(input)
+    }
+
+    /// Token ids of `text`; special-token text becomes the special token, nothing is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ProxyError> {
+        Ok(self
+            .tokenizer
+            .encode_fast(text, false)
+            .map_err(|error| ProxyError::Tokenizer {
+                message: error.to_string(),
+            })?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ProxyError> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|error| ProxyError::Tokenizer {
+                message: error.to_string(),
+            })
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+}

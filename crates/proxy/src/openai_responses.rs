@@ -1,0 +1,457 @@
+//! OpenAI Responses requests (`POST /v1/responses`, what the Codex CLI speaks): the request
+//! types, the parser over raw bytes and the conversion to internal messages.
+//!
+//! The proxy is stateless towards the harness: `previous_response_id` and `item_reference`
+//! are rejected (Codex re-sends the whole input every turn). Consecutive assistant-side items
+//! (reasoning, assistant message, function calls) of one response become one internal
+//! assistant message; a reasoning item after text or calls, or a message after calls, starts
+//! a new one. Function-call `arguments` strings are kept byte for byte; reasoning items keep
+//! `encrypted_content` as their handle.
+
+use serde::Serialize;
+
+use crate::api_error::ApiError;
+use crate::messages::{
+    Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
+    ToolChoice, TEXT_PART_SEPARATOR,
+};
+use crate::reader::{body_object, classify_fields, Node, Read};
+
+const API: Api = Api::OpenAiResponses;
+
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "parallel_tool_calls",
+    "reasoning",
+    "previous_response_id",
+    "prompt_cache_key",
+    "user",
+];
+const IGNORED_FIELDS: &[&str] = &[
+    "store",
+    "include",
+    "text",
+    "metadata",
+    "truncation",
+    "service_tier",
+    "safety_identifier",
+    "background",
+    "stream_options",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt",
+    "client_metadata",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemRole {
+    User,
+    Assistant,
+    System,
+    Developer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputItem {
+    Message {
+        role: ItemRole,
+        /// Text parts (`input_text`, `output_text`, `refusal`); a string is one part.
+        content: Vec<String>,
+    },
+    FunctionCall {
+        call_id: String,
+        name: String,
+        /// The raw `arguments` string.
+        arguments: String,
+    },
+    FunctionCallOutput {
+        call_id: String,
+        output: String,
+    },
+    /// A freeform (`custom`) tool call: `input` is plain text, kept as the arguments.
+    CustomToolCall {
+        call_id: String,
+        name: String,
+        input: String,
+    },
+    CustomToolCallOutput {
+        call_id: String,
+        output: String,
+    },
+    Reasoning {
+        id: Option<String>,
+        /// `content[].reasoning_text` if present, else the `summary[].summary_text` texts.
+        text: String,
+        encrypted_content: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResponsesRequest {
+    pub model: String,
+    pub instructions: Option<String>,
+    pub input: Vec<InputItem>,
+    pub tools: Vec<Tool>,
+    /// Hosted and non-function tools (`web_search`, `custom`, …), by name or type.
+    pub other_tools: Vec<String>,
+    pub tool_choice: Option<ToolChoice>,
+    pub stream: bool,
+    pub max_output_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u32>,
+    pub seed: Option<i64>,
+    pub parallel_tool_calls: Option<bool>,
+    pub reasoning_effort: Option<String>,
+    /// `prompt_cache_key`, else `user`.
+    pub user: Option<String>,
+    pub ignored_fields: Vec<String>,
+    pub unknown_fields: Vec<String>,
+}
+
+/// Parses and converts a `/v1/responses` body.
+pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    parse_request(body)?.to_chat()
+}
+
+pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+    let value = body_object(API, body)?;
+    read_request(Node::root(&value, API))
+}
+
+fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
+    let object = root.object()?;
+    let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
+    if let Some(child) = root.get("previous_response_id")? {
+        return Err(child.node().error(
+            "is not supported: this proxy keeps no responses; send the whole conversation in `input`",
+        ));
+    }
+    let model = root.required_str("model")?.to_string();
+    let input_child = root.required("input")?;
+    let input_node = input_child.node();
+    let input = match input_node.value.as_str() {
+        Some(text) => vec![InputItem::Message {
+            role: ItemRole::User,
+            content: vec![text.to_string()],
+        }],
+        None => input_node
+            .array()?
+            .iter()
+            .map(|child| read_item(child.node()))
+            .collect::<Read<Vec<_>>>()?,
+    };
+    let mut tools = Vec::new();
+    let mut other_tools = Vec::new();
+    if let Some(child) = root.get("tools")? {
+        for tool in child.node().array()? {
+            let node = tool.node();
+            let kind = node.type_tag()?;
+            if kind == "function" {
+                let parameters = match node.get("parameters")? {
+                    None => serde_json::Value::Null,
+                    Some(child) => {
+                        child.node().object()?;
+                        child.value.clone()
+                    }
+                };
+                tools.push(Tool {
+                    name: node.required_str("name")?.to_string(),
+                    description: node.optional_str("description")?.map(str::to_string),
+                    parameters,
+                });
+            } else {
+                let name = node.optional_str("name")?.unwrap_or(kind);
+                other_tools.push(name.to_string());
+            }
+        }
+    }
+    let tool_choice = root
+        .get("tool_choice")?
+        .map(|child| read_tool_choice(child.node()))
+        .transpose()?;
+    let reasoning_effort = match root.get("reasoning")? {
+        None => None,
+        Some(child) => child.node().optional_str("effort")?.map(str::to_string),
+    };
+    let user = match root.optional_str("prompt_cache_key")? {
+        Some(key) => Some(key.to_string()),
+        None => root.optional_str("user")?.map(str::to_string),
+    };
+    Ok(ResponsesRequest {
+        model,
+        instructions: root.optional_str("instructions")?.map(str::to_string),
+        input,
+        tools,
+        other_tools,
+        tool_choice,
+        stream: root.optional_bool("stream")?.unwrap_or(false),
+        max_output_tokens: root.optional_u32("max_output_tokens")?,
+        temperature: root.optional_f64("temperature")?,
+        top_p: root.optional_f64("top_p")?,
+        top_k: root.optional_u32("top_k")?,
+        seed: root.optional_i64("seed")?,
+        parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
+        reasoning_effort,
+        user,
+        ignored_fields,
+        unknown_fields,
+    })
+}
+
+/// `string | [part]` text of a message or a tool output.
+fn read_text_parts(node: Node<'_>) -> Read<Vec<String>> {
+    if let Some(text) = node.value.as_str() {
+        return Ok(vec![text.to_string()]);
+    }
+    node.array()?
+        .iter()
+        .map(|child| {
+            let part = child.node();
+            match part.type_tag()? {
+                "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => {
+                    Ok(part.required_str("text")?.to_string())
+                }
+                "refusal" => Ok(part.required_str("refusal")?.to_string()),
+                kind @ ("input_image" | "input_file" | "input_audio") => Err(part.error(
+                    format!("`{kind}` content is not supported: this model takes text only"),
+                )),
+                other => Err(part.error(format!("unsupported content part type `{other}`"))),
+            }
+        })
+        .collect()
+}
+
+fn read_item(node: Node<'_>) -> Read<InputItem> {
+    node.object()?;
+    let kind = match node.optional_str("type")? {
+        Some(kind) => kind,
+        None if node.get("role")?.is_some() => "message",
+        None => {
+            return Err(ApiError::invalid_field(
+                API,
+                format!("{}.type", node.path),
+                "field required",
+            ))
+        }
+    };
+    Ok(match kind {
+        "message" => {
+            let role_child = node.required("role")?;
+            let role = match role_child.node().str()? {
+                "user" => ItemRole::User,
+                "assistant" => ItemRole::Assistant,
+                "system" => ItemRole::System,
+                "developer" => ItemRole::Developer,
+                other => {
+                    return Err(role_child.node().error(format!(
+                        "unknown role `{other}`, expected user, assistant, system or developer"
+                    )))
+                }
+            };
+            let content = read_text_parts(node.required("content")?.node())?;
+            InputItem::Message { role, content }
+        }
+        "function_call" => InputItem::FunctionCall {
+            call_id: node.required_str("call_id")?.to_string(),
+            name: node.required_str("name")?.to_string(),
+            arguments: node.required_str("arguments")?.to_string(),
+        },
+        "function_call_output" => InputItem::FunctionCallOutput {
+            call_id: node.required_str("call_id")?.to_string(),
+            output: read_text_parts(node.required("output")?.node())?.join(TEXT_PART_SEPARATOR),
+        },
+        "custom_tool_call" => InputItem::CustomToolCall {
+            call_id: node.required_str("call_id")?.to_string(),
+            name: node.required_str("name")?.to_string(),
+            input: node.required_str("input")?.to_string(),
+        },
+        "custom_tool_call_output" => InputItem::CustomToolCallOutput {
+            call_id: node.required_str("call_id")?.to_string(),
+            output: read_text_parts(node.required("output")?.node())?.join(TEXT_PART_SEPARATOR),
+        },
+        "reasoning" => {
+            let content = match node.get("content")? {
+                None => Vec::new(),
+                Some(child) => read_text_parts(child.node())?,
+            };
+            let text = if content.is_empty() {
+                match node.get("summary")? {
+                    None => Vec::new(),
+                    Some(child) => read_text_parts(child.node())?,
+                }
+            } else {
+                content
+            };
+            InputItem::Reasoning {
+                id: node.optional_str("id")?.map(str::to_string),
+                text: text.join(TEXT_PART_SEPARATOR),
+                encrypted_content: node.optional_str("encrypted_content")?.map(str::to_string),
+            }
+        }
+        "item_reference" => {
+            return Err(node.error(
+                "item_reference is not supported: this proxy keeps no items; send them in full",
+            ))
+        }
+        other => return Err(node.error(format!("unsupported input item type `{other}`"))),
+    })
+}
+
+fn read_tool_choice(node: Node<'_>) -> Read<ToolChoice> {
+    if let Some(text) = node.value.as_str() {
+        return match text {
+            "auto" => Ok(ToolChoice::Auto),
+            "none" => Ok(ToolChoice::None),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(node.error(format!(
+                "unknown tool_choice `{other}`, expected auto, none or required"
+            ))),
+        };
+    }
+    match node.type_tag()? {
+        "function" | "custom" => Ok(ToolChoice::Tool(node.required_str("name")?.to_string())),
+        _ => Ok(ToolChoice::Auto),
+    }
+}
+
+/// Where the assistant message being assembled stands.
+fn last_assistant(messages: &mut [Message]) -> Option<&mut Message> {
+    messages
+        .last_mut()
+        .filter(|message| message.role == Role::Assistant)
+}
+
+impl ResponsesRequest {
+    /// Converts to internal messages. Fails when a `function_call_output` names a `call_id`
+    /// that no earlier `function_call` holds.
+    pub fn to_chat(&self) -> Result<ChatRequest, ApiError> {
+        let mut chat = ChatRequest::new(API, self.model.clone());
+        if let Some(instructions) = &self.instructions {
+            chat.messages
+                .push(Message::new(Role::System, instructions.clone()));
+        }
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for (index, item) in self.input.iter().enumerate() {
+            match item {
+                InputItem::Message { role, content } => {
+                    let text = content.join(TEXT_PART_SEPARATOR);
+                    match role {
+                        ItemRole::Assistant => match last_assistant(&mut chat.messages) {
+                            Some(message)
+                                if message.tool_calls.is_empty() && message.content.is_empty() =>
+                            {
+                                message.content = text
+                            }
+                            _ => chat.messages.push(Message::new(Role::Assistant, text)),
+                        },
+                        ItemRole::User => chat.messages.push(Message::new(Role::User, text)),
+                        ItemRole::System | ItemRole::Developer => {
+                            chat.messages.push(Message::new(Role::System, text))
+                        }
+                    }
+                }
+                InputItem::Reasoning {
+                    text,
+                    encrypted_content,
+                    ..
+                } => {
+                    let reasoning = Reasoning {
+                        text: text.clone(),
+                        handle: encrypted_content.clone(),
+                        redacted: false,
+                    };
+                    match last_assistant(&mut chat.messages) {
+                        Some(message)
+                            if message.tool_calls.is_empty() && message.content.is_empty() =>
+                        {
+                            message.reasoning.push(reasoning)
+                        }
+                        _ => {
+                            let mut message = Message::new(Role::Assistant, "");
+                            message.reasoning.push(reasoning);
+                            chat.messages.push(message);
+                        }
+                    }
+                }
+                InputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                }
+                | InputItem::CustomToolCall {
+                    call_id,
+                    name,
+                    input: arguments,
+                } => {
+                    calls.push((call_id.clone(), name.clone()));
+                    let call = ToolCall {
+                        id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    };
+                    match last_assistant(&mut chat.messages) {
+                        Some(message) => message.tool_calls.push(call),
+                        None => {
+                            let mut message = Message::new(Role::Assistant, "");
+                            message.tool_calls.push(call);
+                            chat.messages.push(message);
+                        }
+                    }
+                }
+                InputItem::FunctionCallOutput { call_id, output }
+                | InputItem::CustomToolCallOutput { call_id, output } => {
+                    let Some((_, name)) = calls.iter().find(|(id, _)| id == call_id) else {
+                        return Err(ApiError::invalid_field(
+                            API,
+                            format!("input[{index}].call_id"),
+                            format!("no function_call with call_id `{call_id}` earlier in the input"),
+                        ));
+                    };
+                    chat.messages.push(Message::tool_result(
+                        call_id.clone(),
+                        Some(name.clone()),
+                        output.clone(),
+                        false,
+                    ));
+                }
+            }
+        }
+        chat.tools = self.tools.clone();
+        chat.omitted_tools = self.other_tools.clone();
+        chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
+        chat.parallel_tool_calls = self.parallel_tool_calls;
+        chat.reasoning = match self.reasoning_effort.as_deref() {
+            None => ReasoningRequest::Unspecified,
+            Some("none") => ReasoningRequest::Disabled,
+            Some(effort) => ReasoningRequest::Adaptive {
+                effort: Some(effort.to_string()),
+            },
+        };
+        chat.sampling = SamplingParams {
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop: Vec::new(),
+            seed: self.seed,
+        };
+        chat.stream = self.stream;
+        chat.user = self.user.clone();
+        chat.ignored_fields = self.ignored_fields.clone();
+        chat.unknown_fields = self.unknown_fields.clone();
+        Ok(chat)
+    }
+}

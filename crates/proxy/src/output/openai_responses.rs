@@ -1,0 +1,365 @@
+//! OpenAI Responses responses: the `response` JSON and its named SSE events, every one with a
+//! `sequence_number`, no `[DONE]`:
+//! `response.created`, `response.in_progress`, then per output item
+//! `response.output_item.added` → (reasoning: `response.reasoning_summary_part.added`,
+//! `response.reasoning_summary_text.delta`…, `….done`, `response.reasoning_summary_part.done`)
+//! | (message: `response.content_part.added`, `response.output_text.delta`…,
+//! `response.output_text.done`, `response.content_part.done`) | (function call:
+//! `response.function_call_arguments.delta`, `response.function_call_arguments.done`) →
+//! `response.output_item.done`, and finally `response.completed` (or `response.incomplete`
+//! when the token limit cut the output). This is the sequence Codex accepted from the
+//! research fake server.
+//!
+//! Reasoning is shown as a summary and its handle goes out as `encrypted_content`, which
+//! Codex echoes back verbatim. Item ids derive from the response id (`rs_<id>_<index>`,
+//! `msg_<id>_<index>`, `fc_<id>_<index>`).
+
+use serde_json::{json, Value};
+
+use super::sse::SseEvent;
+use super::{id_suffix, ResponseBlock, ResponseMeta, StopReason, StreamItem, Usage};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpenItem {
+    Reasoning,
+    Message,
+}
+
+#[derive(Clone, Debug)]
+pub struct ResponsesResponse {
+    meta: ResponseMeta,
+    sequence_number: u64,
+    /// Finished output items.
+    output: Vec<Value>,
+    open: Option<OpenItem>,
+    open_text: String,
+}
+
+fn usage_json(usage: &Usage) -> Value {
+    json!({
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    })
+}
+
+impl ResponsesResponse {
+    pub fn new(meta: ResponseMeta) -> Self {
+        Self {
+            meta,
+            sequence_number: 0,
+            output: Vec::new(),
+            open: None,
+            open_text: String::new(),
+        }
+    }
+
+    /// The next sequence number (for an `error` event the server sends mid-stream).
+    pub fn sequence_number(&self) -> u64 {
+        self.sequence_number
+    }
+
+    /// A named event whose payload is `{"type": name, …fields, "sequence_number": n}`.
+    fn event(&mut self, name: &str, fields: Value) -> SseEvent {
+        let mut data = serde_json::Map::new();
+        data.insert("type".into(), Value::from(name));
+        if let Value::Object(fields) = fields {
+            data.extend(fields);
+        }
+        data.insert("sequence_number".into(), Value::from(self.sequence_number));
+        self.sequence_number += 1;
+        SseEvent::named(name, Value::Object(data))
+    }
+
+    fn response_object(&self, status: &str, output: Vec<Value>, usage: Option<&Usage>) -> Value {
+        json!({
+            "id": self.meta.id,
+            "object": "response",
+            "created_at": self.meta.created_unix_s,
+            "status": status,
+            "error": null,
+            "incomplete_details": null,
+            "model": self.meta.model,
+            "output": output,
+            "parallel_tool_calls": true,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage.map(usage_json),
+        })
+    }
+
+    fn item_id(&self, prefix: &str) -> String {
+        format!("{prefix}_{}_{}", id_suffix(&self.meta.id), self.output.len())
+    }
+
+    fn output_index(&self) -> usize {
+        self.output.len()
+    }
+
+    pub fn start(&mut self) -> Vec<SseEvent> {
+        let created = self.response_object("in_progress", Vec::new(), None);
+        let in_progress = created.clone();
+        vec![
+            self.event("response.created", json!({"response": created})),
+            self.event("response.in_progress", json!({"response": in_progress})),
+        ]
+    }
+
+    fn open_reasoning(&mut self, events: &mut Vec<SseEvent>) {
+        self.close_message(events);
+        self.open = Some(OpenItem::Reasoning);
+        let id = self.item_id("rs");
+        let index = self.output_index();
+        events.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": {"id": id, "type": "reasoning", "summary": []}}),
+        ));
+        events.push(self.event(
+            "response.reasoning_summary_part.added",
+            json!({"item_id": id, "output_index": index, "summary_index": 0,
+                   "part": {"type": "summary_text", "text": ""}}),
+        ));
+    }
+
+    fn close_reasoning(&mut self, handle: &str, events: &mut Vec<SseEvent>) {
+        if self.open != Some(OpenItem::Reasoning) {
+            return;
+        }
+        self.open = None;
+        let id = self.item_id("rs");
+        let index = self.output_index();
+        let text = std::mem::take(&mut self.open_text);
+        events.push(self.event(
+            "response.reasoning_summary_text.done",
+            json!({"item_id": id, "output_index": index, "summary_index": 0, "text": text}),
+        ));
+        events.push(self.event(
+            "response.reasoning_summary_part.done",
+            json!({"item_id": id, "output_index": index, "summary_index": 0,
+                   "part": {"type": "summary_text", "text": text}}),
+        ));
+        let item = json!({
+            "id": id,
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": text}],
+            "encrypted_content": handle,
+        });
+        events.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.output.push(item);
+    }
+
+    fn open_message(&mut self, events: &mut Vec<SseEvent>) {
+        self.open = Some(OpenItem::Message);
+        let id = self.item_id("msg");
+        let index = self.output_index();
+        events.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": {
+                "id": id, "type": "message", "status": "in_progress", "role": "assistant", "content": [],
+            }}),
+        ));
+        events.push(self.event(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ));
+    }
+
+    fn message_item(&self, id: &str, text: &str) -> Value {
+        json!({
+            "id": id,
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        })
+    }
+
+    fn close_message(&mut self, events: &mut Vec<SseEvent>) {
+        if self.open != Some(OpenItem::Message) {
+            return;
+        }
+        self.open = None;
+        let id = self.item_id("msg");
+        let index = self.output_index();
+        let text = std::mem::take(&mut self.open_text);
+        events.push(self.event(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+        ));
+        events.push(self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": text, "annotations": []}}),
+        ));
+        let item = self.message_item(&id, &text);
+        events.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.output.push(item);
+    }
+
+    pub fn push(&mut self, item: StreamItem<'_>) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        match item {
+            StreamItem::ReasoningDelta(text) => {
+                if self.open != Some(OpenItem::Reasoning) {
+                    self.open_reasoning(&mut events);
+                }
+                if !text.is_empty() {
+                    self.open_text.push_str(text);
+                    let id = self.item_id("rs");
+                    let index = self.output_index();
+                    events.push(self.event(
+                        "response.reasoning_summary_text.delta",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": text}),
+                    ));
+                }
+            }
+            StreamItem::ReasoningEnd { handle } => {
+                if self.open != Some(OpenItem::Reasoning) {
+                    self.open_reasoning(&mut events);
+                }
+                self.close_reasoning(handle, &mut events);
+            }
+            StreamItem::TextDelta(text) => {
+                if text.is_empty() {
+                    return events;
+                }
+                self.close_reasoning("", &mut events);
+                if self.open != Some(OpenItem::Message) {
+                    self.open_message(&mut events);
+                }
+                self.open_text.push_str(text);
+                let id = self.item_id("msg");
+                let index = self.output_index();
+                events.push(self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "delta": text, "logprobs": []}),
+                ));
+            }
+            StreamItem::ToolCall {
+                id: call_id,
+                name,
+                arguments,
+            } => {
+                self.close_reasoning("", &mut events);
+                self.close_message(&mut events);
+                let id = self.item_id("fc");
+                let index = self.output_index();
+                events.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": {
+                        "id": id, "type": "function_call", "status": "in_progress",
+                        "call_id": call_id, "name": name, "arguments": "",
+                    }}),
+                ));
+                if !arguments.is_empty() {
+                    events.push(self.event(
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": index, "delta": arguments}),
+                    ));
+                }
+                events.push(self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "arguments": arguments}),
+                ));
+                let item = json!({
+                    "id": id, "type": "function_call", "status": "completed",
+                    "call_id": call_id, "name": name, "arguments": arguments,
+                });
+                events.push(self.event(
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                ));
+                self.output.push(item);
+            }
+        }
+        events
+    }
+
+    fn final_object(&self, output: Vec<Value>, stop: &StopReason, usage: &Usage) -> Value {
+        let incomplete = *stop == StopReason::MaxTokens;
+        let mut response = self.response_object(
+            if incomplete { "incomplete" } else { "completed" },
+            output,
+            Some(usage),
+        );
+        if incomplete {
+            response["incomplete_details"] = json!({"reason": "max_output_tokens"});
+        }
+        response
+    }
+
+    /// Closes open items; `response.completed` or `response.incomplete`.
+    pub fn finish(&mut self, stop: &StopReason, usage: &Usage) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        self.close_reasoning("", &mut events);
+        self.close_message(&mut events);
+        let response = self.final_object(self.output.clone(), stop, usage);
+        let name = if *stop == StopReason::MaxTokens {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        events.push(self.event(name, json!({"response": response})));
+        events
+    }
+
+    /// The non-streaming `response` body, from the pieces pushed so far.
+    pub fn response_json(&self, stop: &StopReason, usage: &Usage) -> Value {
+        let mut output = self.output.clone();
+        match self.open {
+            Some(OpenItem::Message) => output.push(self.message_item(&self.item_id("msg"), &self.open_text)),
+            Some(OpenItem::Reasoning) => output.push(json!({
+                "id": self.item_id("rs"),
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": self.open_text}],
+                "encrypted_content": "",
+            })),
+            None => {}
+        }
+        self.final_object(output, stop, usage)
+    }
+}
+
+/// One-shot: the non-streaming body.
+pub fn response_json(
+    meta: &ResponseMeta,
+    blocks: &[ResponseBlock],
+    stop: &StopReason,
+    usage: &Usage,
+) -> Value {
+    let mut response = ResponsesResponse::new(meta.clone());
+    for block in blocks {
+        for item in block.stream_items() {
+            response.push(item);
+        }
+    }
+    response.response_json(stop, usage)
+}
+
+/// One-shot: the whole event sequence.
+pub fn stream_events(
+    meta: &ResponseMeta,
+    blocks: &[ResponseBlock],
+    stop: &StopReason,
+    usage: &Usage,
+) -> Vec<SseEvent> {
+    let mut response = ResponsesResponse::new(meta.clone());
+    let mut events = response.start();
+    for block in blocks {
+        for item in block.stream_items() {
+            events.extend(response.push(item));
+        }
+    }
+    events.extend(response.finish(stop, usage));
+    events
+}

@@ -1,0 +1,348 @@
+//! The streaming output parser: generated text in (any chunking), [`OutputEvent`]s out.
+//!
+//! Text that could be the start of a tag (`<thi`) is held back until the next chunk decides.
+//! Tool calls are buffered whole and emitted at their end tag; a call whose body is not
+//! `{"name": string, "arguments": object}` is passed through as text, tags included, as vLLM's
+//! Hermes parser does. How the text is chunked changes only how deltas are split, never the
+//! blocks they add up to (a property test checks it).
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
+use super::{OutputBlock, OutputEvent, OutputFormat};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Text,
+    Reasoning,
+    ToolCall,
+    /// An end-of-turn marker was seen; the rest is ignored.
+    Ended,
+}
+
+#[derive(Debug)]
+pub struct OutputParser {
+    format: OutputFormat,
+    state: State,
+    /// Input not yet classified (may end in a partial tag).
+    buffer: String,
+    /// The body of the tool call being read.
+    tool_body: String,
+    /// With `trim_whitespace`: whether the open block emitted anything, and the whitespace
+    /// held back at its end.
+    block_started: bool,
+    pending_whitespace: String,
+    tool_calls_count: usize,
+}
+
+impl OutputParser {
+    pub fn new(format: OutputFormat) -> Self {
+        let state = if format.reasoning_open_at_start && format.reasoning_tags.is_some() {
+            State::Reasoning
+        } else {
+            State::Text
+        };
+        Self {
+            format,
+            state,
+            buffer: String::new(),
+            tool_body: String::new(),
+            block_started: false,
+            pending_whitespace: String::new(),
+            tool_calls_count: 0,
+        }
+    }
+
+    /// Whether an end-of-turn marker was seen.
+    pub fn ended(&self) -> bool {
+        self.state == State::Ended
+    }
+
+    /// Tool calls emitted so far.
+    pub fn tool_calls_count(&self) -> usize {
+        self.tool_calls_count
+    }
+
+    /// The markers that end the current state, with what each one does.
+    fn markers(&self) -> Vec<(String, Marker)> {
+        let mut markers = Vec::new();
+        match self.state {
+            State::Text => {
+                if let Some((start, _)) = &self.format.reasoning_tags {
+                    markers.push((start.clone(), Marker::ReasoningStart));
+                }
+                if let Some(tool_call) = &self.format.tool_call {
+                    markers.push((tool_call.start.clone(), Marker::ToolCallStart));
+                }
+            }
+            State::Reasoning => {
+                if let Some((_, end)) = &self.format.reasoning_tags {
+                    markers.push((end.clone(), Marker::ReasoningEnd));
+                }
+            }
+            State::ToolCall => {
+                if let Some(tool_call) = &self.format.tool_call {
+                    markers.push((tool_call.end.clone(), Marker::ToolCallEnd));
+                }
+            }
+            State::Ended => return markers,
+        }
+        for end in &self.format.end_of_turn {
+            markers.push((end.clone(), Marker::EndOfTurn));
+        }
+        markers.retain(|(text, _)| !text.is_empty());
+        markers
+    }
+
+    /// Feeds generated text; returns the events it completes.
+    pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
+        let mut events = Vec::new();
+        if self.state == State::Ended {
+            return events;
+        }
+        self.buffer.push_str(text);
+        loop {
+            let markers = self.markers();
+            let found = markers
+                .iter()
+                .filter_map(|(marker, kind)| {
+                    self.buffer
+                        .find(marker.as_str())
+                        .map(|position| (position, marker.len(), *kind))
+                })
+                // Earliest; at equal positions the longer marker.
+                .min_by_key(|(position, length, _)| (*position, usize::MAX - length));
+            match found {
+                Some((position, length, kind)) => {
+                    let before = self.buffer[..position].to_string();
+                    let marker = self.buffer[position..position + length].to_string();
+                    self.buffer.drain(..position + length);
+                    self.content(&before, &mut events);
+                    self.transition(kind, &marker, &mut events);
+                    if self.state == State::Ended {
+                        self.buffer.clear();
+                        return events;
+                    }
+                }
+                None => {
+                    let held = held_back_len(&self.buffer, &markers);
+                    let safe = self.buffer.len() - held;
+                    let ready = self.buffer[..safe].to_string();
+                    self.buffer.drain(..safe);
+                    self.content(&ready, &mut events);
+                    return events;
+                }
+            }
+        }
+    }
+
+    /// The output ended (any reason): flushes held text, closes an open reasoning block and
+    /// passes an unterminated tool call through as text.
+    pub fn finish(&mut self) -> Vec<OutputEvent> {
+        let mut events = Vec::new();
+        let rest = std::mem::take(&mut self.buffer);
+        match self.state {
+            State::Ended => {}
+            State::Text => self.emit_text(&rest, &mut events),
+            State::Reasoning => {
+                self.emit_reasoning(&rest, &mut events);
+                self.close_block();
+                events.push(OutputEvent::ReasoningEnd);
+            }
+            State::ToolCall => {
+                let start = self
+                    .format
+                    .tool_call
+                    .as_ref()
+                    .map(|tool_call| tool_call.start.clone())
+                    .unwrap_or_default();
+                let raw = format!("{start}{}{rest}", std::mem::take(&mut self.tool_body));
+                self.emit_text(&raw, &mut events);
+            }
+        }
+        self.state = State::Ended;
+        events
+    }
+
+    fn content(&mut self, text: &str, events: &mut Vec<OutputEvent>) {
+        match self.state {
+            State::Text => self.emit_text(text, events),
+            State::Reasoning => self.emit_reasoning(text, events),
+            State::ToolCall => self.tool_body.push_str(text),
+            State::Ended => {}
+        }
+    }
+
+    fn transition(&mut self, marker: Marker, marker_text: &str, events: &mut Vec<OutputEvent>) {
+        match marker {
+            Marker::ReasoningStart => {
+                self.close_block();
+                self.state = State::Reasoning;
+            }
+            Marker::ReasoningEnd => {
+                self.close_block();
+                events.push(OutputEvent::ReasoningEnd);
+                self.state = State::Text;
+            }
+            Marker::ToolCallStart => {
+                self.close_block();
+                self.state = State::ToolCall;
+            }
+            Marker::ToolCallEnd => {
+                let body = std::mem::take(&mut self.tool_body);
+                match parse_tool_call(&body, &self.format) {
+                    Some((name, arguments)) => {
+                        self.tool_calls_count += 1;
+                        events.push(OutputEvent::ToolCall { name, arguments });
+                    }
+                    None => {
+                        let start = self
+                            .format
+                            .tool_call
+                            .as_ref()
+                            .map(|tool_call| tool_call.start.clone())
+                            .unwrap_or_default();
+                        self.state = State::Text;
+                        self.emit_text(&format!("{start}{body}{marker_text}"), events);
+                    }
+                }
+                self.state = State::Text;
+            }
+            Marker::EndOfTurn => {
+                match self.state {
+                    State::Reasoning => {
+                        self.close_block();
+                        events.push(OutputEvent::ReasoningEnd);
+                    }
+                    State::ToolCall => {
+                        let start = self
+                            .format
+                            .tool_call
+                            .as_ref()
+                            .map(|tool_call| tool_call.start.clone())
+                            .unwrap_or_default();
+                        let raw = format!("{start}{}", std::mem::take(&mut self.tool_body));
+                        self.state = State::Text;
+                        self.emit_text(&raw, events);
+                    }
+                    State::Text | State::Ended => {}
+                }
+                self.state = State::Ended;
+            }
+        }
+    }
+
+    fn close_block(&mut self) {
+        self.block_started = false;
+        self.pending_whitespace.clear();
+    }
+
+    fn emit_text(&mut self, text: &str, events: &mut Vec<OutputEvent>) {
+        if let Some(text) = self.trimmed(text) {
+            events.push(OutputEvent::TextDelta(text));
+        }
+    }
+
+    fn emit_reasoning(&mut self, text: &str, events: &mut Vec<OutputEvent>) {
+        if let Some(text) = self.trimmed(text) {
+            events.push(OutputEvent::ReasoningDelta(text));
+        }
+    }
+
+    /// What to emit of `text` for the open block (`None`: nothing yet).
+    fn trimmed(&mut self, text: &str) -> Option<String> {
+        if !self.format.trim_whitespace {
+            return (!text.is_empty()).then(|| text.to_string());
+        }
+        let text = if self.block_started {
+            text
+        } else {
+            text.trim_start()
+        };
+        let core = text.trim_end();
+        if core.is_empty() {
+            if self.block_started {
+                self.pending_whitespace.push_str(text);
+            }
+            return None;
+        }
+        let out = format!("{}{core}", std::mem::take(&mut self.pending_whitespace));
+        self.pending_whitespace = text[core.len()..].to_string();
+        self.block_started = true;
+        Some(out)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Marker {
+    ReasoningStart,
+    ReasoningEnd,
+    ToolCallStart,
+    ToolCallEnd,
+    EndOfTurn,
+}
+
+/// How many bytes at the end of `buffer` could be the start of a marker.
+fn held_back_len(buffer: &str, markers: &[(String, Marker)]) -> usize {
+    let bytes = buffer.as_bytes();
+    let mut held = 0;
+    for (marker, _) in markers {
+        let marker = marker.as_bytes();
+        let longest = marker.len().saturating_sub(1).min(bytes.len());
+        for length in (held + 1..=longest).rev() {
+            if bytes.ends_with(&marker[..length]) && buffer.is_char_boundary(bytes.len() - length)
+            {
+                held = length;
+                break;
+            }
+        }
+    }
+    held
+}
+
+/// `{"name": "...", "arguments": {...}}` → (name, arguments text exactly as written).
+fn parse_tool_call(body: &str, format: &OutputFormat) -> Option<(String, String)> {
+    let tool_call = format.tool_call.as_ref()?;
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_str(body.trim()).ok()?;
+    let name: String = serde_json::from_str(fields.get(&tool_call.name_key)?.get()).ok()?;
+    let arguments = fields.get(&tool_call.arguments_key)?.get();
+    if !arguments.starts_with('{') {
+        return None;
+    }
+    Some((name, arguments.to_string()))
+}
+
+/// Parses a whole output into blocks (consecutive deltas of one kind merged).
+pub fn parse_output(format: &OutputFormat, text: &str) -> Vec<OutputBlock> {
+    let mut parser = OutputParser::new(format.clone());
+    let mut events = parser.push(text);
+    events.extend(parser.finish());
+    let mut blocks: Vec<OutputBlock> = Vec::new();
+    let mut reasoning_open = false;
+    for event in events {
+        match event {
+            OutputEvent::ReasoningDelta(delta) => match blocks.last_mut() {
+                Some(OutputBlock::Reasoning(text)) if reasoning_open => text.push_str(&delta),
+                _ => {
+                    blocks.push(OutputBlock::Reasoning(delta));
+                    reasoning_open = true;
+                }
+            },
+            OutputEvent::ReasoningEnd => {
+                if !reasoning_open {
+                    blocks.push(OutputBlock::Reasoning(String::new()));
+                }
+                reasoning_open = false;
+            }
+            OutputEvent::TextDelta(delta) => match blocks.last_mut() {
+                Some(OutputBlock::Text(text)) => text.push_str(&delta),
+                _ => blocks.push(OutputBlock::Text(delta)),
+            },
+            OutputEvent::ToolCall { name, arguments } => {
+                blocks.push(OutputBlock::ToolCall { name, arguments })
+            }
+        }
+    }
+    blocks
+}

@@ -1,0 +1,245 @@
+//! Typed reading of a JSON request body that names the offending field path in every error
+//! (`messages[3].content[1].tool_use_id: expected a string, got a number`).
+//!
+//! The request parsers go through these helpers instead of serde derives so that every
+//! rejection carries the exact path, tagged unions ("string or list of blocks", "block by
+//! `type`") get specific messages, and nothing can panic on hostile input. `null` counts as
+//! absent for optional fields, as the official SDKs send it.
+
+use serde_json::{Map, Value};
+
+use crate::api_error::ApiError;
+use crate::messages::Api;
+
+pub(crate) type Read<T> = Result<T, ApiError>;
+
+/// Parses the body bytes into a top-level JSON object.
+pub(crate) fn body_object(api: Api, bytes: &[u8]) -> Read<Value> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_field(api, "", "request body is empty"));
+    }
+    // serde_json bounds nesting at 128 levels, so hostile depth is an error, not a crash.
+    let value: Value = serde_json::from_slice(bytes).map_err(|error| {
+        ApiError::invalid_field(api, "", format!("request body is not valid JSON: {error}"))
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::invalid_field(
+            api,
+            "",
+            format!(
+                "request body must be a JSON object, got {}",
+                kind_name(&value)
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+pub(crate) fn kind_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A JSON value and where it sits in the request.
+#[derive(Clone, Copy)]
+pub(crate) struct Node<'a> {
+    pub value: &'a Value,
+    pub path: &'a str,
+    pub api: Api,
+}
+
+/// An owned path plus its value, for children (paths are built as the reader descends).
+pub(crate) struct Child<'a> {
+    pub value: &'a Value,
+    pub path: String,
+    pub api: Api,
+}
+
+impl<'a> Child<'a> {
+    pub fn node(&self) -> Node<'_> {
+        Node {
+            value: self.value,
+            path: &self.path,
+            api: self.api,
+        }
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+impl<'a> Node<'a> {
+    pub fn root(value: &'a Value, api: Api) -> Self {
+        Node {
+            value,
+            path: "",
+            api,
+        }
+    }
+
+    pub fn error(&self, problem: impl AsRef<str>) -> ApiError {
+        ApiError::invalid_field(self.api, self.path, problem)
+    }
+
+    fn expected(&self, what: &str) -> ApiError {
+        self.error(format!("expected {what}, got {}", kind_name(self.value)))
+    }
+
+    pub fn object(&self) -> Read<&'a Map<String, Value>> {
+        self.value.as_object().ok_or_else(|| self.expected("an object"))
+    }
+
+    pub fn array(&self) -> Read<Vec<Child<'a>>> {
+        let items = self.value.as_array().ok_or_else(|| self.expected("an array"))?;
+        Ok(items
+            .iter()
+            .enumerate()
+            .map(|(index, value)| Child {
+                value,
+                path: format!("{}[{index}]", self.path),
+                api: self.api,
+            })
+            .collect())
+    }
+
+    pub fn str(&self) -> Read<&'a str> {
+        self.value.as_str().ok_or_else(|| self.expected("a string"))
+    }
+
+    pub fn bool(&self) -> Read<bool> {
+        self.value.as_bool().ok_or_else(|| self.expected("a boolean"))
+    }
+
+    pub fn f64(&self) -> Read<f64> {
+        self.value
+            .as_f64()
+            .filter(|number| number.is_finite())
+            .ok_or_else(|| self.expected("a number"))
+    }
+
+    pub fn i64(&self) -> Read<i64> {
+        if let Some(integer) = self.value.as_i64() {
+            return Ok(integer);
+        }
+        match self.value.as_f64() {
+            Some(float) if float.fract() == 0.0 && float.abs() < 9.0e15 => Ok(float as i64),
+            _ => Err(self.expected("an integer")),
+        }
+    }
+
+    pub fn u32(&self) -> Read<u32> {
+        let integer = self.i64()?;
+        u32::try_from(integer).map_err(|_| {
+            self.error(format!(
+                "expected an integer from 0 to {}, got {integer}",
+                u32::MAX
+            ))
+        })
+    }
+
+    /// The member `key`, absent or `null` → `None`.
+    pub fn get(&self, key: &str) -> Read<Option<Child<'a>>> {
+        let object = self.object()?;
+        Ok(object
+            .get(key)
+            .filter(|value| !value.is_null())
+            .map(|value| Child {
+                value,
+                path: join(self.path, key),
+                api: self.api,
+            }))
+    }
+
+    pub fn required(&self, key: &str) -> Read<Child<'a>> {
+        self.get(key)?
+            .ok_or_else(|| ApiError::invalid_field(self.api, join(self.path, key), "field required"))
+    }
+
+    pub fn required_str(&self, key: &str) -> Read<&'a str> {
+        let child = self.required(key)?;
+        let value = child.value;
+        value.as_str().ok_or_else(|| child.node().expected("a string"))
+    }
+
+    pub fn optional_str(&self, key: &str) -> Read<Option<&'a str>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(child) => {
+                let value = child.value;
+                value
+                    .as_str()
+                    .map(Some)
+                    .ok_or_else(|| child.node().expected("a string"))
+            }
+        }
+    }
+
+    pub fn optional_bool(&self, key: &str) -> Read<Option<bool>> {
+        self.get(key)?.map(|child| child.node().bool()).transpose()
+    }
+
+    pub fn optional_f64(&self, key: &str) -> Read<Option<f64>> {
+        self.get(key)?.map(|child| child.node().f64()).transpose()
+    }
+
+    pub fn optional_i64(&self, key: &str) -> Read<Option<i64>> {
+        self.get(key)?.map(|child| child.node().i64()).transpose()
+    }
+
+    pub fn optional_u32(&self, key: &str) -> Read<Option<u32>> {
+        self.get(key)?.map(|child| child.node().u32()).transpose()
+    }
+
+    /// The `type` member of a tagged object.
+    pub fn type_tag(&self) -> Read<&'a str> {
+        self.required_str("type")
+    }
+
+    /// A `string | [string]` field (OpenAI `stop`, Anthropic `stop_sequences`).
+    pub fn optional_strings(&self, key: &str) -> Read<Vec<String>> {
+        let Some(child) = self.get(key)? else {
+            return Ok(Vec::new());
+        };
+        if let Some(text) = child.value.as_str() {
+            return Ok(vec![text.to_string()]);
+        }
+        child
+            .node()
+            .array()?
+            .iter()
+            .map(|item| item.node().str().map(str::to_string))
+            .collect()
+    }
+}
+
+/// Top-level keys of `object` that are in neither list, in request order.
+pub(crate) fn classify_fields(
+    object: &Map<String, Value>,
+    known: &[&str],
+    ignored: &[&str],
+) -> (Vec<String>, Vec<String>) {
+    let mut ignored_present = Vec::new();
+    let mut unknown = Vec::new();
+    for key in object.keys() {
+        if known.contains(&key.as_str()) {
+            continue;
+        }
+        if ignored.contains(&key.as_str()) {
+            ignored_present.push(key.clone());
+        } else {
+            unknown.push(key.clone());
+        }
+    }
+    (ignored_present, unknown)
+}

@@ -1,0 +1,1 @@
+//! gyre-proxy's one integration-test binary (STYLE.md rule 15).
