@@ -12,7 +12,8 @@
 //! - Python string/dict/list methods via `minijinja_contrib::pycompat`;
 //! - `{{ value }}` and the `string` filter print with Python's `str()` (`None`, `True`, `1.0`,
 //!   `{'a': 1}`), see [`python`];
-//! - `{% generation %}…{% endgeneration %}` (transformers' `AssistantTracker`) renders its body.
+//! - `{% generation %}…{% endgeneration %}` (transformers' `AssistantTracker`) renders its body;
+//! - `\r\n` and `\r` in the source become `\n`, as jinja2's lexer does.
 //!
 //! Known differences left: the `~` operator uses minijinja's own text for non-strings
 //! (`true`, not `True`); Python `%` string formatting is not available.
@@ -87,6 +88,12 @@ impl std::fmt::Debug for ChatTemplate {
             .field("tool_arguments", &self.tool_arguments)
             .finish_non_exhaustive()
     }
+}
+
+/// jinja2's lexer turns every `\r\n` and `\r` of template text and string literals into
+/// `\n` (its `newline_sequence`); templates saved with Windows line endings exist on the Hub.
+fn normalize_newlines(source: &str) -> String {
+    source.replace("\r\n", "\n").replace('\r', "\n")
 }
 
 /// Rewrites transformers' `{% generation %}` / `{% endgeneration %}` block tags (which only mark
@@ -240,7 +247,10 @@ impl ChatTemplate {
         environment.add_function("raise_exception", raise_exception);
         environment.add_function("strftime_now", strftime_now);
         environment
-            .add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
+            .add_template_owned(
+                TEMPLATE_NAME,
+                rewrite_generation_tags(&normalize_newlines(source)),
+            )
             .map_err(|error| ProxyError::Template {
                 message: format!("chat template does not compile: {error:#}"),
             })?;

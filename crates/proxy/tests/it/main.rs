@@ -1,1 +1,4 @@
 //! gyre-proxy's one integration-test binary (STYLE.md rule 15).
+
+mod support;
+mod template_cases;
