@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::api_error::ApiError;
 use crate::messages::{
-    Api, ChatRequest, Message, ReasoningRequest, Reasoning, Role, SamplingParams, Tool, ToolCall,
+    Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
     ToolChoice, TEXT_PART_SEPARATOR,
 };
 use crate::reader::{body_object, classify_fields, Node, Read};
@@ -108,9 +108,16 @@ pub struct ToolDefinition {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToolChoiceParam {
-    Auto { disable_parallel_tool_use: bool },
-    Any { disable_parallel_tool_use: bool },
-    Tool { name: String, disable_parallel_tool_use: bool },
+    Auto {
+        disable_parallel_tool_use: bool,
+    },
+    Any {
+        disable_parallel_tool_use: bool,
+    },
+    Tool {
+        name: String,
+        disable_parallel_tool_use: bool,
+    },
     None,
 }
 
@@ -325,7 +332,10 @@ fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
         },
         "thinking" => ContentBlock::Thinking {
             thinking: node.required_str("thinking")?.to_string(),
-            signature: node.optional_str("signature")?.unwrap_or_default().to_string(),
+            signature: node
+                .optional_str("signature")?
+                .unwrap_or_default()
+                .to_string(),
         },
         "redacted_thinking" => ContentBlock::RedactedThinking {
             data: node.required_str("data")?.to_string(),
@@ -473,14 +483,17 @@ impl MessagesRequest {
                     let mut texts = Vec::new();
                     for block in &message.content {
                         match block {
-                            ContentBlock::Text { text } => texts.push(TextBlock { text: text.clone() }),
-                            ContentBlock::Thinking { thinking, signature } => {
-                                assistant.reasoning.push(Reasoning {
-                                    text: thinking.clone(),
-                                    handle: (!signature.is_empty()).then(|| signature.clone()),
-                                    redacted: false,
-                                })
+                            ContentBlock::Text { text } => {
+                                texts.push(TextBlock { text: text.clone() })
                             }
+                            ContentBlock::Thinking {
+                                thinking,
+                                signature,
+                            } => assistant.reasoning.push(Reasoning {
+                                text: thinking.clone(),
+                                handle: (!signature.is_empty()).then(|| signature.clone()),
+                                redacted: false,
+                            }),
                             ContentBlock::RedactedThinking { data } => {
                                 assistant.reasoning.push(Reasoning {
                                     text: String::new(),
@@ -509,7 +522,9 @@ impl MessagesRequest {
                     let mut emitted = false;
                     for (block_index, block) in message.content.iter().enumerate() {
                         match block {
-                            ContentBlock::Text { text } => pending.push(TextBlock { text: text.clone() }),
+                            ContentBlock::Text { text } => {
+                                pending.push(TextBlock { text: text.clone() })
+                            }
                             ContentBlock::ToolResult {
                                 tool_use_id,
                                 content,
@@ -520,7 +535,8 @@ impl MessagesRequest {
                                         .push(Message::new(Role::User, join_text(&pending)));
                                     pending.clear();
                                 }
-                                let Some((_, name)) = calls.iter().find(|(id, _)| id == tool_use_id)
+                                let Some((_, name)) =
+                                    calls.iter().find(|(id, _)| id == tool_use_id)
                                 else {
                                     return Err(ApiError::invalid_field(
                                         API,

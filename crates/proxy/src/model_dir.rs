@@ -135,7 +135,9 @@ pub fn chat_templates_from_config(
                 let name = entry.get("name").and_then(Value::as_str);
                 let template = entry.get("template").and_then(Value::as_str);
                 match (name, template) {
-                    (Some(name), Some(template)) => named.push((name.to_string(), template.to_string())),
+                    (Some(name), Some(template)) => {
+                        named.push((name.to_string(), template.to_string()))
+                    }
                     _ => {
                         return Err(field_error(
                             path,
@@ -157,7 +159,10 @@ pub fn chat_templates_from_config(
                     "chat_template",
                     format!(
                         "no template named `default` among {:?}",
-                        named.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>()
+                        named
+                            .iter()
+                            .map(|(name, _)| name.as_str())
+                            .collect::<Vec<_>>()
                     ),
                 )
             })?;
@@ -184,13 +189,12 @@ impl ChatModel {
             }
         })?;
         let config_path = directory.join(TOKENIZER_CONFIG_FILE);
-        let config: Value =
-            serde_json::from_str(&read_file(&config_path)?).map_err(|error| {
-                ProxyError::ModelFile {
-                    path: config_path.clone(),
-                    message: format!("not valid JSON: {error}"),
-                }
-            })?;
+        let config: Value = serde_json::from_str(&read_file(&config_path)?).map_err(|error| {
+            ProxyError::ModelFile {
+                path: config_path.clone(),
+                message: format!("not valid JSON: {error}"),
+            }
+        })?;
         if !config.is_object() {
             return Err(ProxyError::ModelFile {
                 path: config_path,

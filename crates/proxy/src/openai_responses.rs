@@ -225,9 +225,9 @@ fn read_text_parts(node: Node<'_>) -> Read<Vec<String>> {
                     Ok(part.required_str("text")?.to_string())
                 }
                 "refusal" => Ok(part.required_str("refusal")?.to_string()),
-                kind @ ("input_image" | "input_file" | "input_audio") => Err(part.error(
-                    format!("`{kind}` content is not supported: this model takes text only"),
-                )),
+                kind @ ("input_image" | "input_file" | "input_audio") => Err(part.error(format!(
+                    "`{kind}` content is not supported: this model takes text only"
+                ))),
                 other => Err(part.error(format!("unsupported content part type `{other}`"))),
             }
         })
@@ -417,7 +417,9 @@ impl ResponsesRequest {
                         return Err(ApiError::invalid_field(
                             API,
                             format!("input[{index}].call_id"),
-                            format!("no function_call with call_id `{call_id}` earlier in the input"),
+                            format!(
+                                "no function_call with call_id `{call_id}` earlier in the input"
+                            ),
                         ));
                     };
                     chat.messages.push(Message::tool_result(

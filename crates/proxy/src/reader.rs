@@ -97,11 +97,16 @@ impl<'a> Node<'a> {
     }
 
     pub fn object(&self) -> Read<&'a Map<String, Value>> {
-        self.value.as_object().ok_or_else(|| self.expected("an object"))
+        self.value
+            .as_object()
+            .ok_or_else(|| self.expected("an object"))
     }
 
     pub fn array(&self) -> Read<Vec<Child<'a>>> {
-        let items = self.value.as_array().ok_or_else(|| self.expected("an array"))?;
+        let items = self
+            .value
+            .as_array()
+            .ok_or_else(|| self.expected("an array"))?;
         Ok(items
             .iter()
             .enumerate()
@@ -118,7 +123,9 @@ impl<'a> Node<'a> {
     }
 
     pub fn bool(&self) -> Read<bool> {
-        self.value.as_bool().ok_or_else(|| self.expected("a boolean"))
+        self.value
+            .as_bool()
+            .ok_or_else(|| self.expected("a boolean"))
     }
 
     pub fn f64(&self) -> Read<f64> {
@@ -162,14 +169,17 @@ impl<'a> Node<'a> {
     }
 
     pub fn required(&self, key: &str) -> Read<Child<'a>> {
-        self.get(key)?
-            .ok_or_else(|| ApiError::invalid_field(self.api, join(self.path, key), "field required"))
+        self.get(key)?.ok_or_else(|| {
+            ApiError::invalid_field(self.api, join(self.path, key), "field required")
+        })
     }
 
     pub fn required_str(&self, key: &str) -> Read<&'a str> {
         let child = self.required(key)?;
         let value = child.value;
-        value.as_str().ok_or_else(|| child.node().expected("a string"))
+        value
+            .as_str()
+            .ok_or_else(|| child.node().expected("a string"))
     }
 
     pub fn optional_str(&self, key: &str) -> Read<Option<&'a str>> {

@@ -206,7 +206,10 @@ impl AnthropicResponse {
                 "usage": usage_json(usage),
             }),
         ));
-        events.push(SseEvent::named("message_stop", json!({"type": "message_stop"})));
+        events.push(SseEvent::named(
+            "message_stop",
+            json!({"type": "message_stop"}),
+        ));
         events
     }
 
@@ -218,7 +221,8 @@ impl AnthropicResponse {
                 content.push(json!({"type": "text", "text": self.open_text}));
             }
             Some(OpenBlock::Thinking) => {
-                content.push(json!({"type": "thinking", "thinking": self.open_text, "signature": ""}));
+                content
+                    .push(json!({"type": "thinking", "thinking": self.open_text, "signature": ""}));
             }
             None => {}
         }

@@ -94,7 +94,10 @@ pub enum OutputEvent {
     ReasoningEnd,
     TextDelta(String),
     /// A complete tool call. `arguments` is the JSON text exactly as generated.
-    ToolCall { name: String, arguments: String },
+    ToolCall {
+        name: String,
+        arguments: String,
+    },
 }
 
 /// A complete block of parsed output.
@@ -191,7 +194,9 @@ pub struct ResponseMeta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamItem<'a> {
     ReasoningDelta(&'a str),
-    ReasoningEnd { handle: &'a str },
+    ReasoningEnd {
+        handle: &'a str,
+    },
     TextDelta(&'a str),
     ToolCall {
         id: &'a str,
@@ -203,7 +208,10 @@ pub enum StreamItem<'a> {
 /// A complete block of the answer, for the one-shot builders.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseBlock {
-    Reasoning { text: String, handle: String },
+    Reasoning {
+        text: String,
+        handle: String,
+    },
     Text(String),
     ToolCall {
         id: String,

@@ -91,7 +91,11 @@ impl ResponsesResponse {
     }
 
     fn item_id(&self, prefix: &str) -> String {
-        format!("{prefix}_{}_{}", id_suffix(&self.meta.id), self.output.len())
+        format!(
+            "{prefix}_{}_{}",
+            id_suffix(&self.meta.id),
+            self.output.len()
+        )
     }
 
     fn output_index(&self) -> usize {
@@ -288,7 +292,11 @@ impl ResponsesResponse {
     fn final_object(&self, output: Vec<Value>, stop: &StopReason, usage: &Usage) -> Value {
         let incomplete = *stop == StopReason::MaxTokens;
         let mut response = self.response_object(
-            if incomplete { "incomplete" } else { "completed" },
+            if incomplete {
+                "incomplete"
+            } else {
+                "completed"
+            },
             output,
             Some(usage),
         );
@@ -317,7 +325,9 @@ impl ResponsesResponse {
     pub fn response_json(&self, stop: &StopReason, usage: &Usage) -> Value {
         let mut output = self.output.clone();
         match self.open {
-            Some(OpenItem::Message) => output.push(self.message_item(&self.item_id("msg"), &self.open_text)),
+            Some(OpenItem::Message) => {
+                output.push(self.message_item(&self.item_id("msg"), &self.open_text))
+            }
             Some(OpenItem::Reasoning) => output.push(json!({
                 "id": self.item_id("rs"),
                 "type": "reasoning",

@@ -291,8 +291,7 @@ fn held_back_len(buffer: &str, markers: &[(String, Marker)]) -> usize {
         let marker = marker.as_bytes();
         let longest = marker.len().saturating_sub(1).min(bytes.len());
         for length in (held + 1..=longest).rev() {
-            if bytes.ends_with(&marker[..length]) && buffer.is_char_boundary(bytes.len() - length)
-            {
+            if bytes.ends_with(&marker[..length]) && buffer.is_char_boundary(bytes.len() - length) {
                 held = length;
                 break;
             }

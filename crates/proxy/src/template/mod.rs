@@ -132,7 +132,11 @@ fn rewrite_generation_tags(source: &str) -> String {
     out
 }
 
-fn optional_argument(value: Option<Value>, kwargs: &Kwargs, name: &str) -> Result<Option<Value>, Error> {
+fn optional_argument(
+    value: Option<Value>,
+    kwargs: &Kwargs,
+    name: &str,
+) -> Result<Option<Value>, Error> {
     let keyword: Option<Value> = kwargs.get(name)?;
     if value.is_some() && keyword.is_some() {
         return Err(Error::new(
@@ -163,7 +167,10 @@ fn tojson(
             Some(text) => Some(text.to_string()),
             None => {
                 let width = i64::try_from(indent.clone()).map_err(|_| {
-                    Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or str")
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: indent must be an int or str",
+                    )
                 })?;
                 Some(" ".repeat(width.clamp(0, 64) as usize))
             }
@@ -237,7 +244,8 @@ impl ChatTemplate {
         // jinja2's default `Undefined` prints as "" and iterates as empty; so does Lenient.
         environment.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
         environment.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        environment.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        environment
+            .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         environment.set_formatter(|out, _state, value| {
             out.write_str(&python::python_str(value))
                 .map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed"))

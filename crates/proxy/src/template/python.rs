@@ -37,9 +37,7 @@ pub fn float_repr(x: f64) -> String {
     let (mantissa, exponent) = scientific
         .split_once('e')
         .expect("LowerExp output always has an exponent");
-    let exponent: i32 = exponent
-        .parse()
-        .expect("LowerExp exponent is an integer");
+    let exponent: i32 = exponent.parse().expect("LowerExp exponent is an integer");
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
     let sign = if x < 0.0 { "-" } else { "" };
     if (-4..16).contains(&exponent) {

@@ -52,9 +52,8 @@ fn days_from_civil(year: i32, month: u32, day: u32) -> i64 {
     let era = if year >= 0 { year } else { year - 399 } / 400;
     let year_of_era = year - era * 400;
     let month = i64::from(month);
-    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5
-        + i64::from(day)
-        - 1;
+    let day_of_year =
+        (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
 }
@@ -101,8 +100,7 @@ impl CivilDateTime {
 
     /// 1-based day of the year.
     fn day_of_year(&self) -> u32 {
-        (days_from_civil(self.year, self.month, self.day) - days_from_civil(self.year, 1, 1))
-            as u32
+        (days_from_civil(self.year, self.month, self.day) - days_from_civil(self.year, 1, 1)) as u32
             + 1
     }
 
@@ -174,10 +172,7 @@ impl CivilDateTime {
                     self.day,
                     self.year.rem_euclid(100)
                 )),
-                'F' => out.push_str(&format!(
-                    "{}-{:02}-{:02}",
-                    self.year, self.month, self.day
-                )),
+                'F' => out.push_str(&format!("{}-{:02}-{:02}", self.year, self.month, self.day)),
                 'T' | 'X' => out.push_str(&format!(
                     "{:02}:{:02}:{:02}",
                     self.hour, self.minute, self.second

@@ -1,4 +1,15 @@
 //! gyre-proxy's one integration-test binary (STYLE.md rule 15).
 
+mod anthropic;
+mod builders;
+mod hostile_requests;
+mod model_dir;
+mod openai_chat;
+mod openai_responses;
+mod output_parser;
+mod python_values;
+mod smollm2;
+mod stream_clients;
 mod support;
 mod template_cases;
+mod test_model;

@@ -25,8 +25,12 @@ fn render_case(directory: &Path, case: &Value) -> Result<String, String> {
             .expect("a case has a template or a template_file")
             .to_string(),
     };
-    let template = ChatTemplate::new(&source, SpecialTokens::default(), ToolArgumentsForm::RawText)
-        .map_err(|error| format!("compile: {error}"))?;
+    let template = ChatTemplate::new(
+        &source,
+        SpecialTokens::default(),
+        ToolArgumentsForm::RawText,
+    )
+    .map_err(|error| format!("compile: {error}"))?;
     let context = case["context"]
         .as_object()
         .expect("a case's context is an object")
@@ -91,17 +95,22 @@ fn a_wrong_expectation_is_reported() {
     let directory = tempfile::tempdir().expect("temp dir");
     let cases = std::fs::read_to_string(testdata("template_cases.json")).expect("cases");
     let cases: Vec<Value> = serde_json::from_str(&cases).expect("cases parse");
-    let inline: Vec<&Value> = cases.iter().filter(|case| case.get("template").is_some()).collect();
+    let inline: Vec<&Value> = cases
+        .iter()
+        .filter(|case| case.get("template").is_some())
+        .collect();
     std::fs::write(
         directory.path().join("template_cases.json"),
         serde_json::to_string(&inline).expect("serialises"),
     )
     .expect("write");
-    let mut expected: serde_json::Map<String, Value> =
-        serde_json::from_str(&std::fs::read_to_string(testdata("template_expected.json")).expect("expected"))
-            .expect("expected parses");
+    let mut expected: serde_json::Map<String, Value> = serde_json::from_str(
+        &std::fs::read_to_string(testdata("template_expected.json")).expect("expected"),
+    )
+    .expect("expected parses");
     expected.retain(|name, _| inline.iter().any(|case| case["name"] == name.as_str()));
-    expected["print_scalars"]["output"] = Value::from("None|true|False|1|2.5|2.0|3|1|3.0|7||12345678901234567890");
+    expected["print_scalars"]["output"] =
+        Value::from("None|true|False|1|2.5|2.0|3|1|3.0|7||12345678901234567890");
     std::fs::write(
         directory.path().join("template_expected.json"),
         serde_json::to_string(&expected).expect("serialises"),

@@ -1,0 +1,294 @@
+//! Anthropic Messages requests: Claude Code's shapes, the normalisation its re-sends need, and
+//! rejections in Anthropic's error format naming the field.
+
+use gyre_proxy::anthropic::{parse, parse_count_tokens};
+use gyre_proxy::messages::{ReasoningRequest, Role, ToolChoice};
+use gyre_proxy::{ApiError, ChatRequest};
+use serde_json::{json, Value};
+
+fn parse_json(body: &Value) -> Result<ChatRequest, ApiError> {
+    parse(body.to_string().as_bytes())
+}
+
+/// A first turn shaped like Claude Code 2.1.332's (research report §1.5).
+fn claude_code_first_turn() -> Value {
+    json!({
+        "model": "claude-opus-5-5",
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>attribution</system-reminder>"},
+                {"type": "text", "text": "Create hello.txt", "cache_control": {"type": "ephemeral"}},
+            ]},
+            {"role": "system", "content": [
+                {"type": "text", "text": "Environment: cwd=/w", "cache_control": {"type": "ephemeral"}},
+            ], "output_config": {"effort": "medium"}},
+        ],
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.e48;"},
+            {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Main prompt.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "tools": [
+            {"name": "Bash", "description": "Run a command", "input_schema": {
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+                "required": ["command"], "additionalProperties": false}},
+            {"name": "DeferredToolPlaceholder", "description": "d", "defer_loading": true,
+             "input_schema": {"type": "object"}},
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+        ],
+        "metadata": {"user_id": "{\"device_id\":\"d\",\"session_id\":\"s\"}"},
+        "max_tokens": 128000,
+        "thinking": {"type": "adaptive", "display": "updates"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "medium"},
+        "stream": true,
+        "some_future_field": 1,
+    })
+}
+
+#[test]
+fn claude_code_first_turn_converts() {
+    let chat = parse_json(&claude_code_first_turn()).expect("parses");
+    let roles: Vec<Role> = chat.messages.iter().map(|message| message.role).collect();
+    assert_eq!(roles, [Role::System, Role::User, Role::System]);
+    assert_eq!(
+        chat.messages[0].content,
+        "x-anthropic-billing-header: cc_version=2.1.332.e48;\nYou are a Claude agent.\nMain prompt."
+    );
+    assert_eq!(
+        chat.messages[1].content,
+        "<system-reminder>attribution</system-reminder>\nCreate hello.txt"
+    );
+    assert_eq!(chat.messages[2].content, "Environment: cwd=/w");
+    assert_eq!(chat.tools.len(), 1);
+    assert_eq!(chat.tools[0].name, "Bash");
+    assert_eq!(
+        chat.tools[0].parameters.to_string(),
+        r#"{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"command":{"type":"string"},"description":{"type":"string"}},"required":["command"],"additionalProperties":false}"#,
+        "schema key order is kept"
+    );
+    assert_eq!(
+        chat.omitted_tools,
+        ["DeferredToolPlaceholder", "web_search"]
+    );
+    assert_eq!(chat.reasoning, ReasoningRequest::Adaptive { effort: None });
+    assert_eq!(chat.sampling.max_tokens, Some(128000));
+    assert!(chat.stream);
+    assert_eq!(
+        chat.user.as_deref(),
+        Some("{\"device_id\":\"d\",\"session_id\":\"s\"}")
+    );
+    assert_eq!(chat.ignored_fields, ["context_management", "output_config"]);
+    assert_eq!(chat.unknown_fields, ["some_future_field"]);
+}
+
+fn turn_with_history(first_send: bool) -> Value {
+    // The same history as Claude Code sends it on two consecutive turns: cache_control moves,
+    // content switches between list and string, `is_error: false` appears or not.
+    let cache = |on: bool| {
+        if on {
+            json!({"type": "ephemeral"})
+        } else {
+            Value::Null
+        }
+    };
+    let text = |text: &str, cached: bool| {
+        let mut block = json!({"type": "text", "text": text});
+        if cached {
+            block["cache_control"] = cache(true);
+        }
+        block
+    };
+    let system = if first_send {
+        json!([text("Sys A", false), text("Sys B", true)])
+    } else {
+        json!("Sys A\nSys B")
+    };
+    let mid_system = if first_send {
+        json!([text("Mid", true)])
+    } else {
+        json!("Mid")
+    };
+    let mut result = json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"});
+    if first_send {
+        result["is_error"] = json!(false);
+        result["cache_control"] = cache(true);
+    }
+    json!({
+        "model": "m", "max_tokens": 10, "system": system,
+        "messages": [
+            {"role": "user", "content": if first_send { json!([text("Go", true)]) } else { json!("Go") }},
+            {"role": "system", "content": mid_system},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": "SIG"},
+                {"type": "text", "text": "Running.\n"},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls", "description": "List"}},
+            ]},
+            {"role": "user", "content": [result, text("<system-reminder>r</system-reminder>", !first_send)]},
+        ],
+    })
+}
+
+#[test]
+fn re_sent_history_normalises_to_the_same_messages() {
+    let first = parse_json(&turn_with_history(true)).expect("parses");
+    let second = parse_json(&turn_with_history(false)).expect("parses");
+    assert_eq!(first.messages, second.messages);
+    let assistant = &first.messages[3];
+    assert_eq!(assistant.role, Role::Assistant);
+    assert_eq!(assistant.content, "Running.\n");
+    assert_eq!(assistant.reasoning[0].text, "plan");
+    assert_eq!(assistant.reasoning[0].handle.as_deref(), Some("SIG"));
+    assert_eq!(assistant.tool_calls[0].id, "toolu_1");
+    assert_eq!(
+        assistant.tool_calls[0].arguments,
+        r#"{"command":"ls","description":"List"}"#
+    );
+    let result = &first.messages[4];
+    assert_eq!(result.role, Role::Tool);
+    assert_eq!(result.tool_call_id.as_deref(), Some("toolu_1"));
+    assert_eq!(result.tool_name.as_deref(), Some("Bash"));
+    assert!(!result.is_error);
+    assert_eq!(first.messages[5].role, Role::User);
+    assert_eq!(
+        first.messages[5].content,
+        "<system-reminder>r</system-reminder>"
+    );
+}
+
+#[test]
+fn parallel_tool_results_keep_request_order_and_error_flags() {
+    let body = json!({
+        "model": "m", "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "a", "name": "Bash", "input": {}},
+                {"type": "tool_use", "id": "b", "name": "Read", "input": {"file_path": "x"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]},
+                {"type": "tool_result", "tool_use_id": "a", "content": "boom", "is_error": true},
+            ]},
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": "done"}]},
+        ],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        "stop_sequences": ["END"], "temperature": 0.5, "top_k": 5,
+    });
+    let chat = parse_json(&body).expect("parses");
+    let results: Vec<(&str, &str, bool)> = chat.messages[2..4]
+        .iter()
+        .map(|message| {
+            (
+                message.tool_call_id.as_deref().unwrap_or_default(),
+                message.content.as_str(),
+                message.is_error,
+            )
+        })
+        .collect();
+    assert_eq!(results, [("b", "r1\nr2", false), ("a", "boom", true)]);
+    assert_eq!(chat.messages[1].tool_calls[0].arguments, "{}");
+    assert_eq!(
+        chat.messages.len(),
+        5,
+        "no empty user message after tool results"
+    );
+    assert!(chat.messages[4].reasoning[0].redacted);
+    assert_eq!(chat.messages[4].reasoning_content(), None);
+    assert_eq!(chat.tool_choice, ToolChoice::Required);
+    assert_eq!(chat.parallel_tool_calls, Some(false));
+    assert_eq!(chat.sampling.stop, ["END"]);
+    assert_eq!(chat.sampling.temperature, Some(0.5));
+    assert_eq!(chat.sampling.top_k, Some(5));
+    assert!(
+        chat.ends_with_assistant(),
+        "a trailing assistant message is a prefill"
+    );
+}
+
+#[test]
+fn count_tokens_needs_no_max_tokens() {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "foo"}]});
+    let request = parse_count_tokens(body.to_string().as_bytes()).expect("parses");
+    assert_eq!(request.max_tokens, None);
+    let error = parse_json(&body).expect_err("/v1/messages needs max_tokens");
+    assert_eq!(error.message, "max_tokens: field required");
+}
+
+fn rejection(body: &[u8]) -> ApiError {
+    parse(body).expect_err("rejected")
+}
+
+fn base_with(message_content: Value) -> Value {
+    json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": message_content}]})
+}
+
+#[test]
+fn bad_requests_name_the_field() {
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"".to_vec(), "request body is empty"),
+        (b"{\"model\":".to_vec(), "request body is not valid JSON: EOF while parsing a value at line 1 column 9"),
+        (b"[1]".to_vec(), "request body must be a JSON object, got an array"),
+        (json!({"max_tokens": 1, "messages": []}).to_string().into_bytes(), "model: field required"),
+        (json!({"model": 3, "max_tokens": 1, "messages": []}).to_string().into_bytes(), "model: expected a string, got a number"),
+        (json!({"model": "m", "max_tokens": 0, "messages": []}).to_string().into_bytes(), "max_tokens: must be at least 1"),
+        (json!({"model": "m", "max_tokens": -1, "messages": []}).to_string().into_bytes(), "max_tokens: expected an integer from 0 to 4294967295, got -1"),
+        (json!({"model": "m", "max_tokens": 1.5, "messages": []}).to_string().into_bytes(), "max_tokens: expected an integer, got a number"),
+        (json!({"model": "m", "max_tokens": 1, "messages": []}).to_string().into_bytes(), "messages: at least one message is required"),
+        (json!({"model": "m", "max_tokens": 1, "messages": {}}).to_string().into_bytes(), "messages: expected an array, got an object"),
+        (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "bot", "content": "x"}]}).to_string().into_bytes(), "messages[0].role: unknown role `bot`, expected `user`, `assistant` or `system`"),
+        (base_with(json!([{"type": "text", "text": "a"}, {"type": "image", "source": {}}])).to_string().into_bytes(), "messages[0].content[1]: image content is not supported: this model takes text only"),
+        (base_with(json!([{"type": "tool_use", "id": "x", "name": "n", "input": {}}])).to_string().into_bytes(), "messages[0].content[0]: a `tool_use` block cannot appear in a user message"),
+        (base_with(json!([{"type": "thinking", "thinking": "t"}])).to_string().into_bytes(), "messages[0].content[0]: a `thinking` block cannot appear in a user message"),
+        (base_with(json!([{"type": "text"}])).to_string().into_bytes(), "messages[0].content[0].text: field required"),
+        (base_with(json!([{"text": "x"}])).to_string().into_bytes(), "messages[0].content[0].type: field required"),
+        (base_with(json!([{"type": "bogus"}])).to_string().into_bytes(), "messages[0].content[0]: unsupported content block type `bogus`"),
+        (base_with(json!([{"type": "tool_result", "tool_use_id": "nope", "content": "x"}])).to_string().into_bytes(), "messages[0].content[0].tool_use_id: no tool_use block with id `nope` in an earlier assistant message"),
+        (base_with(json!([{"type": "tool_result", "tool_use_id": "x", "content": [{"type": "image"}]}])).to_string().into_bytes(), "messages[0].content[0].content[0]: image content is not supported: this model takes text only"),
+        (json!({"model": "m", "max_tokens": 1, "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "system[0]: image content is not supported: this model takes text only"),
+        (json!({"model": "m", "max_tokens": 1, "stream": "yes", "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "stream: expected a boolean, got a string"),
+        (json!({"model": "m", "max_tokens": 1, "tools": [{"name": "t"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tools[0].input_schema: field required"),
+        (json!({"model": "m", "max_tokens": 1, "tool_choice": {"type": "sometimes"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tool_choice.type: unknown tool_choice type `sometimes`"),
+        (json!({"model": "m", "max_tokens": 1, "thinking": {"type": "enabled", "budget_tokens": "lots"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "thinking.budget_tokens: expected an integer, got a string"),
+        (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "n", "input": [1]}]}]}).to_string().into_bytes(), "messages[0].content[0].input: expected an object, got an array"),
+    ];
+    for (body, wanted) in cases {
+        let error = rejection(&body);
+        assert_eq!(error.status(), 400, "{wanted}");
+        assert_eq!(error.message, wanted);
+    }
+}
+
+#[test]
+fn a_later_tool_result_for_an_unknown_id_points_at_its_block() {
+    let body = json!({
+        "model": "m", "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+            {"role": "user", "content": [
+                {"type": "text", "text": "more"},
+                {"type": "tool_result", "tool_use_id": "toolu_9", "content": "?"},
+            ]},
+        ],
+    });
+    let error = parse_json(&body).expect_err("rejected");
+    assert_eq!(
+        error.param.as_deref(),
+        Some("messages[3].content[1].tool_use_id")
+    );
+}
+
+#[test]
+fn errors_render_in_anthropic_shape() {
+    let error = rejection(b"nope");
+    assert_eq!(error.status(), 400);
+    let body: Value = serde_json::from_str(&error.body()).expect("JSON");
+    assert_eq!(
+        body,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "request body is not valid JSON: expected ident at line 1 column 2"}})
+    );
+}

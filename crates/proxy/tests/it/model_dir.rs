@@ -1,0 +1,157 @@
+//! Loading model directories: the files, the two `chat_template` forms, special tokens, and
+//! errors that name the file and the field.
+
+use std::path::Path;
+
+use gyre_proxy::messages::{Message, Role, Tool};
+use gyre_proxy::{ChatModel, ProxyError, RenderInput, ToolArgumentsForm};
+use serde_json::json;
+
+use crate::support::{reference_now, test_model_dir};
+
+fn directory_with(config: &serde_json::Value) -> tempfile::TempDir {
+    let directory = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(
+        test_model_dir().join("tokenizer.json"),
+        directory.path().join("tokenizer.json"),
+    )
+    .expect("copy tokenizer");
+    std::fs::write(
+        directory.path().join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .expect("write config");
+    directory
+}
+
+fn load(path: &Path) -> Result<ChatModel, ProxyError> {
+    ChatModel::load(path, ToolArgumentsForm::RawText)
+}
+
+fn error_text(path: &Path) -> String {
+    load(path).expect_err("loading fails").to_string()
+}
+
+fn render(model: &ChatModel, tools: &[Tool]) -> String {
+    model
+        .render(&RenderInput {
+            messages: &[Message::new(Role::User, "hi")],
+            tools,
+            add_generation_prompt: false,
+            now: reference_now(),
+            extra: None,
+        })
+        .expect("renders")
+}
+
+#[test]
+fn missing_files_are_named() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let message = error_text(directory.path());
+    assert!(message.contains("tokenizer.json: cannot read"), "{message}");
+    std::fs::copy(
+        test_model_dir().join("tokenizer.json"),
+        directory.path().join("tokenizer.json"),
+    )
+    .expect("copy");
+    let message = error_text(directory.path());
+    assert!(
+        message.contains("tokenizer_config.json: cannot read"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_broken_tokenizer_file_is_named() {
+    let directory = directory_with(&json!({"chat_template": "x"}));
+    std::fs::write(directory.path().join("tokenizer.json"), "{\"model\": 3}").expect("write");
+    let message = error_text(directory.path());
+    assert!(
+        message.contains("tokenizer.json: not a valid tokenizers file"),
+        "{message}"
+    );
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let cases = [
+        (json!({}), "field `chat_template`: missing"),
+        (
+            json!({"chat_template": 7}),
+            "field `chat_template`: expected a string or a list",
+        ),
+        (
+            json!({"chat_template": [{"name": "x"}]}),
+            "field `chat_template[0]`: expected an object",
+        ),
+        (
+            json!({"chat_template": [{"name": "tool_use", "template": "t"}]}),
+            "no template named `default`",
+        ),
+        (
+            json!({"chat_template": "x", "bos_token": 3}),
+            "field `bos_token`",
+        ),
+        (
+            json!({"chat_template": "x", "additional_special_tokens": "<a>"}),
+            "field `additional_special_tokens`: expected a list",
+        ),
+        (
+            json!({"chat_template": "{% if %}"}),
+            "chat template does not compile",
+        ),
+    ];
+    for (config, wanted) in cases {
+        let directory = directory_with(&config);
+        let message = error_text(directory.path());
+        assert!(message.contains("tokenizer_config.json"), "{message}");
+        assert!(message.contains(wanted), "{config}: {message}");
+    }
+    let directory = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(
+        test_model_dir().join("tokenizer.json"),
+        directory.path().join("tokenizer.json"),
+    )
+    .expect("copy");
+    std::fs::write(directory.path().join("tokenizer_config.json"), "{not json").expect("write");
+    let message = error_text(directory.path());
+    assert!(
+        message.contains("tokenizer_config.json: not valid JSON"),
+        "{message}"
+    );
+}
+
+#[test]
+fn named_templates_pick_tool_use_when_there_are_tools() {
+    let directory = directory_with(&json!({
+        "chat_template": [
+            {"name": "default", "template": "D{{ messages | length }}"},
+            {"name": "tool_use", "template": "T{{ tools | length }}"},
+        ],
+    }));
+    let model = load(directory.path()).expect("loads");
+    assert_eq!(render(&model, &[]), "D1");
+    let tool = Tool {
+        name: "f".into(),
+        description: None,
+        parameters: json!({"type": "object"}),
+    };
+    assert_eq!(render(&model, &[tool]), "T1");
+}
+
+#[test]
+fn chat_template_jinja_file_wins_and_special_tokens_accept_both_forms() {
+    let directory = directory_with(&json!({
+        "chat_template": "from config",
+        "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
+        "eos_token": "</s>",
+        "additional_special_tokens": ["<a>", {"content": "<b>"}],
+    }));
+    std::fs::write(
+        directory.path().join("chat_template.jinja"),
+        "{{ bos_token }}|{{ eos_token }}|{{ additional_special_tokens | join(',') }}|{{ unk_token is defined }}\n",
+    )
+    .expect("write");
+    let model = load(directory.path()).expect("loads");
+    assert_eq!(render(&model, &[]), "<s>|</s>|<a>,<b>|False");
+}

