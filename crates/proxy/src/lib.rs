@@ -30,7 +30,7 @@ pub mod test_model;
 pub use api_error::{ApiError, ApiErrorKind};
 pub use error::ProxyError;
 pub use messages::{Api, ChatRequest, Message, Role, Tool, ToolCall};
-pub use model_dir::ChatModel;
+pub use model_dir::{ChatModel, TextStream};
 pub use template::{ChatTemplate, CivilDateTime, RenderInput, SpecialTokens, ToolArgumentsForm};
 
 /// Parses a request body for `api` (the server's one entry point per route).

@@ -10,7 +10,10 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tokenizers::Tokenizer;
+use tokenizers::{
+    DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    Tokenizer,
+};
 
 use crate::template::{ChatTemplate, RenderInput, SpecialTokens, ToolArgumentsForm};
 use crate::ProxyError;
@@ -286,5 +289,35 @@ impl ChatModel {
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
+    }
+
+    /// An incremental decoder for output ids as the engine samples them.
+    pub fn text_stream(&self) -> TextStream<'_> {
+        TextStream {
+            inner: self.tokenizer.decode_stream(false),
+        }
+    }
+}
+
+/// Output ids → text deltas, special tokens included. A character whose UTF-8 bytes span
+/// several byte-level tokens is emitted once all of them arrived; the deltas concatenate to
+/// `decode(ids)`.
+pub struct TextStream<'a> {
+    inner: tokenizers::DecodeStream<
+        'a,
+        ModelWrapper,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+}
+
+impl TextStream<'_> {
+    /// Feeds one id; returns the new text, if any is complete.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>, ProxyError> {
+        self.inner.step(id).map_err(|error| ProxyError::Tokenizer {
+            message: error.to_string(),
+        })
     }
 }

@@ -42,10 +42,6 @@ const MONTHS: [&str; 12] = [
     "December",
 ];
 
-fn is_leap(year: i32) -> bool {
-    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
-}
-
 /// Days since 1970-01-01 (Howard Hinnant's `days_from_civil`).
 fn days_from_civil(year: i32, month: u32, day: u32) -> i64 {
     let year = i64::from(year) - i64::from(month <= 2);
@@ -204,16 +200,4 @@ impl CivilDateTime {
         }
         out
     }
-}
-
-/// Whether `year`-`month`-`day` is a real calendar date.
-pub fn is_valid_date(year: i32, month: u32, day: u32) -> bool {
-    let days_in_month = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap(year) => 29,
-        2 => 28,
-        _ => return false,
-    };
-    (1..=days_in_month).contains(&day)
 }

@@ -58,6 +58,22 @@ fn decode_inverts_encode_for_any_text() {
     }
 }
 
+#[test]
+fn streamed_decoding_concatenates_to_the_full_decoding() {
+    let model = test_model();
+    let text = "<think>é😀 日本</think>ok<tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call><|im_end|>";
+    let ids = model.encode(text).expect("encodes");
+    let mut stream = model.text_stream();
+    let mut streamed = String::new();
+    for id in &ids {
+        if let Some(delta) = stream.push(*id).expect("decodes") {
+            assert!(!delta.contains('\u{fffd}'), "no half characters: {delta:?}");
+            streamed.push_str(&delta);
+        }
+    }
+    assert_eq!(streamed, text);
+}
+
 fn conversation() -> Vec<Message> {
     let mut assistant = Message::new(Role::Assistant, "I'll create the file first.\n");
     assistant.reasoning.push(Reasoning {
