@@ -155,3 +155,16 @@ fn chat_template_jinja_file_wins_and_special_tokens_accept_both_forms() {
     let model = load(directory.path()).expect("loads");
     assert_eq!(render(&model, &[]), "<s>|</s>|<a>,<b>|False");
 }
+
+#[test]
+fn the_server_can_share_models_and_move_builders_across_tasks() {
+    fn shared<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+    shared::<ChatModel>();
+    shared::<gyre_proxy::ChatTemplate>();
+    movable::<gyre_proxy::output::OutputParser>();
+    movable::<gyre_proxy::output::anthropic::AnthropicResponse>();
+    movable::<gyre_proxy::output::openai_chat::ChatCompletionResponse>();
+    movable::<gyre_proxy::output::openai_responses::ResponsesResponse>();
+    movable::<gyre_proxy::TextStream<'static>>();
+}
