@@ -10,16 +10,16 @@
 //!   refusal is deterministic, so every replica refuses it too; the other events of the batch
 //!   are still folded. Refusals are reported as lines `#<position>: <reason>` in
 //!   `Applied::rejected`, which the proposer hands back to the client that sent that event.
-//! - **Snapshot body (a known gap).** `ControlState` has no binary encoding yet, so the body is
-//!   every applied batch, re-encoded, and restore refolds them: correct and simple, but the
-//!   snapshot grows with the log (memory and disk O(log)) and restore costs a full replay
-//!   (about 1M events/s). A compact encoding of `ControlState` replaces this later.
+//! - **Snapshot body.** `GYRE-CP2`, then `last_at`, `last_index`, `events_folded` (u64 LE each),
+//!   then `ControlState::encode_snapshot` (its own magic, version and checksum). Restore decodes
+//!   the state directly: no refold, memory O(state). A diverged (halted) replica never builds
+//!   a snapshot: the state machine stops first.
 
 use gyre_event::{Event, EventBody, Timestamp};
 use gyre_log::raft::Projection;
 use gyre_state::ControlState;
 
-const BODY_MAGIC: &[u8; 8] = b"GYRE-CP1";
+const BODY_MAGIC: &[u8; 8] = b"GYRE-CP2";
 
 /// The replicated projection of a control node.
 #[derive(Clone, Debug)]
@@ -27,8 +27,6 @@ pub struct ControlProjection {
     pub state: ControlState,
     /// The latest `at` folded, so a new leader stamps monotonic times.
     pub last_at: Timestamp,
-    /// Batches folded so far, as `[index u64 LE][len u32 LE][EventBatch]` (the snapshot body).
-    batches: Vec<u8>,
     /// Why the node must stop (a digest mismatch); never cleared.
     halted: Option<String>,
     /// Raft index of the last folded batch.
@@ -42,21 +40,16 @@ impl ControlProjection {
         ControlProjection {
             state: ControlState::new(),
             last_at: Timestamp::ZERO,
-            batches: Vec::new(),
             halted: None,
             last_index: 0,
             events_folded: 0,
         }
     }
 
-    /// Bytes held for the snapshot body.
-    pub fn body_bytes(&self) -> usize {
-        self.batches.len()
-    }
 
-    fn fold(&mut self, index: u64, events: &[Event]) -> Vec<String> {
+    fn fold(&mut self, index: u64, events: Vec<Event>) -> Vec<String> {
         let mut refused = Vec::new();
-        for (position, event) in events.iter().enumerate() {
+        for (position, event) in events.into_iter().enumerate() {
             if let EventBody::ProjectionDigest { upto, hash } = &event.body {
                 let ours = self.state.digest();
                 if &ours != hash {
@@ -74,11 +67,9 @@ impl ControlProjection {
             if event.at > self.last_at {
                 self.last_at = event.at;
             }
-            if let Err(error) = self.state.apply(event) {
-                refused.push(format!(
-                    "#{position}: {} refused: {error}",
-                    event.kind_name()
-                ));
+            let kind = event.body.kind_name();
+            if let Err(error) = self.state.apply_owned(event) {
+                refused.push(format!("#{position}: {kind} refused: {error}"));
             }
         }
         refused
@@ -92,20 +83,17 @@ impl Default for ControlProjection {
 }
 
 impl Projection for ControlProjection {
-    fn apply_events(&mut self, index: u64, batch: &[u8], events: &[Event]) -> Result<(), String> {
+    fn apply_events(
+        &mut self,
+        index: u64,
+        _batch: &[u8],
+        events: Vec<Event>,
+    ) -> Result<(), String> {
         if self.halted.is_some() {
             return Err("node halted".to_string());
         }
-        let refused = self.fold(index, events);
         self.events_folded += events.len() as u64;
-        let encoded = batch;
-        self.batches.extend_from_slice(&index.to_le_bytes());
-        self.batches.extend_from_slice(
-            &u32::try_from(encoded.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
-        self.batches.extend_from_slice(encoded);
+        let refused = self.fold(index, events);
         self.last_index = index;
         if refused.is_empty() {
             Ok(())
@@ -115,39 +103,42 @@ impl Projection for ControlProjection {
     }
 
     fn snapshot_body(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(BODY_MAGIC.len() + self.batches.len());
+        let state = self.state.encode_snapshot();
+        let mut body = Vec::with_capacity(BODY_MAGIC.len() + 24 + state.len());
         body.extend_from_slice(BODY_MAGIC);
-        body.extend_from_slice(&self.batches);
+        body.extend_from_slice(&self.last_at.nanos().to_le_bytes());
+        body.extend_from_slice(&self.last_index.to_le_bytes());
+        body.extend_from_slice(&self.events_folded.to_le_bytes());
+        body.extend_from_slice(&state);
         body
     }
 
     fn restore(body: &[u8]) -> Result<Self, String> {
-        let Some(mut rest) = body.strip_prefix(BODY_MAGIC.as_slice()) else {
-            return Err("snapshot body does not start with GYRE-CP1".to_string());
+        let Some(rest) = body.strip_prefix(BODY_MAGIC.as_slice()) else {
+            let found = body.get(..8).map(String::from_utf8_lossy).unwrap_or_default();
+            return Err(format!(
+                "snapshot body starts with {found:?}, not GYRE-CP2 (a snapshot from another format; \
+                 remove the node's snapshot directory to rebuild it from the log and peers)"
+            ));
         };
-        let mut projection = ControlProjection::new();
-        while !rest.is_empty() {
-            if rest.len() < 12 {
-                return Err(format!("{} trailing bytes in snapshot body", rest.len()));
-            }
-            let (head, tail) = rest.split_at(12);
-            let index = u64::from_le_bytes(head[..8].try_into().map_err(|_| "index bytes")?);
-            let len =
-                u32::from_le_bytes(head[8..].try_into().map_err(|_| "length bytes")?) as usize;
-            if tail.len() < len {
-                return Err(format!("batch of entry {index} is cut short"));
-            }
-            let (batch, after) = tail.split_at(len);
-            let events = gyre_log::decode_batch(batch)
-                .map_err(|error| format!("batch of entry {index}: {error}"))?;
-            // Refusals were recorded when the batch was first applied; refolding repeats them.
-            let _ = projection.apply_events(index, batch, &events);
-            if let Some(detail) = &projection.halted {
-                return Err(detail.clone());
-            }
-            rest = after;
+        if rest.len() < 24 {
+            return Err(format!("snapshot body header is cut short ({} bytes)", rest.len()));
         }
-        Ok(projection)
+        let word = |at: usize| -> Result<u64, String> {
+            rest.get(at..at + 8)
+                .and_then(|bytes| bytes.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| "snapshot body header is cut short".to_string())
+        };
+        let state = ControlState::decode_snapshot(&rest[24..])
+            .map_err(|error| format!("snapshot body: {error}"))?;
+        Ok(ControlProjection {
+            state,
+            last_at: Timestamp(word(0)?),
+            halted: None,
+            last_index: word(8)?,
+            events_folded: word(16)?,
+        })
     }
 
     fn digest(&self) -> [u8; 32] {

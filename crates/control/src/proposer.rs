@@ -1,7 +1,10 @@
 //! The proposer: the single task on a node that turns append requests into Raft entries.
 //!
 //! Requests queue on a bounded channel. The task takes the first, then keeps collecting for a
-//! short window (`window`, 1 ms by default) or until `events_max` events / `bytes_max` bytes,
+//! short window (`window`; zero by default: measured on the 3-node loopback benchmark, a 1 ms
+//! window cost 30–40% of throughput at every writer count, because the pipeline already batches:
+//! requests that arrive while `in_flight_max` entries are outstanding form the next entry) or
+//! until `events_max` events / `bytes_max` bytes,
 //! stamps every event's `at` with the leader's clock (never earlier than anything already
 //! folded or stamped, so time is monotonic across leader changes), encodes the lot as one
 //! `EventBatch` and hands it to `client_write` on its own task, so up to `in_flight_max` entries
@@ -53,7 +56,7 @@ pub struct ProposerOptions {
 impl Default for ProposerOptions {
     fn default() -> Self {
         ProposerOptions {
-            window: Duration::from_millis(1),
+            window: Duration::ZERO,
             events_max: 4096,
             bytes_max: 4 << 20,
             in_flight_max: 4,

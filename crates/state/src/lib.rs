@@ -76,6 +76,19 @@ impl ControlState {
         Ok(())
     }
 
+    /// [`ControlState::apply`] taking the event by value (replay and the state machine own
+    /// their decoded events): the same fold, without copying a model call's tokens.
+    pub fn apply_owned(&mut self, event: Event) -> Result<(), StateError> {
+        self.scheduler
+            .apply_unchecked(&event)
+            .map_err(StateError::Scheduler)?;
+        self.trajectories
+            .apply_owned(event)
+            .map_err(StateError::Trajectory)?;
+        self.events_applied += 1;
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.scheduler.validate()
     }

@@ -37,6 +37,22 @@ impl TrajectoryBuffer {
         }
     }
 
+    /// [`TrajectoryBuffer::apply`] taking the event by value: a model call's tokens move into
+    /// the tree instead of being copied.
+    pub fn apply_owned(&mut self, event: Event) -> Result<(), TrajectoryError> {
+        match event.body {
+            EventBody::ModelCall(record) => {
+                let config = self.tree_config;
+                self.trees
+                    .entry(record.execution)
+                    .or_insert_with(|| Tree::new(record.execution, config))
+                    .apply_owned(*record)?;
+                Ok(())
+            }
+            body => self.apply(&Event { at: event.at, body }),
+        }
+    }
+
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
         match &event.body {
             EventBody::ModelCall(record) => {

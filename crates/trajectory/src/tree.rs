@@ -211,6 +211,45 @@ impl Tree {
     /// pair is normalised: if the reused prefix ends before the parent's own tokens, the node
     /// attaches to the ancestor that owns the last reused token.
     pub fn apply(&mut self, record: &ModelCallRecord) -> Result<NodeId, TrajectoryError> {
+        let parent = self.check(record)?;
+        Ok(self.attach(NodeParts {
+            call: record.call,
+            agent: record.agent.clone(),
+            kind: record.kind,
+            engine: record.engine,
+            policy_version: record.policy_version,
+            spawned_by: record.spawned_by,
+            parent,
+            start: record.reused_prefix_tokens_count,
+            input_ids: record.input_ids.clone(),
+            input_provenance: record.input_provenance.clone(),
+            output_ids: record.output_ids.clone(),
+            output_logprobs: record.output_logprobs.clone(),
+        }))
+    }
+
+    /// [`Tree::apply`] taking the record by value: its token vectors move into the node (the
+    /// replay and state-machine path, which own their decoded events).
+    pub fn apply_owned(&mut self, record: ModelCallRecord) -> Result<NodeId, TrajectoryError> {
+        let parent = self.check(&record)?;
+        Ok(self.attach(NodeParts {
+            call: record.call,
+            agent: record.agent,
+            kind: record.kind,
+            engine: record.engine,
+            policy_version: record.policy_version,
+            spawned_by: record.spawned_by,
+            parent,
+            start: record.reused_prefix_tokens_count,
+            input_ids: record.input_ids,
+            input_provenance: record.input_provenance,
+            output_ids: record.output_ids,
+            output_logprobs: record.output_logprobs,
+        }))
+    }
+
+    /// Every check `apply` makes; returns the prefix parent the record's node hangs from.
+    fn check(&self, record: &ModelCallRecord) -> Result<Option<NodeId>, TrajectoryError> {
         let call = record.call;
         if record.execution != self.execution {
             return Err(TrajectoryError::WrongExecution {
@@ -281,20 +320,7 @@ impl Tree {
                 limit: self.config.path_tokens_max,
             });
         }
-        Ok(self.attach(NodeParts {
-            call,
-            agent: record.agent.clone(),
-            kind: record.kind,
-            engine: record.engine,
-            policy_version: record.policy_version,
-            spawned_by: record.spawned_by,
-            parent,
-            start: reused,
-            input_ids: record.input_ids.clone(),
-            input_provenance: record.input_provenance.clone(),
-            output_ids: record.output_ids.clone(),
-            output_logprobs: record.output_logprobs.clone(),
-        }))
+        Ok(parent)
     }
 
     /// Appends a checked node and maintains everything derived from it: the parent's children

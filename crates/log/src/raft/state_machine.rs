@@ -30,7 +30,7 @@ pub trait Projection: Send + Sync + 'static {
         &mut self,
         index: u64,
         batch: &[u8],
-        events: &[gyre_event::Event],
+        events: Vec<gyre_event::Event>,
     ) -> Result<(), String>;
     /// The projection's state as bytes for a snapshot file body, and back.
     fn snapshot_body(&self) -> Vec<u8>;
@@ -164,7 +164,7 @@ impl<P: Projection> StateMachineStore<P> {
                         .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read)
                 })?;
                 let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-                let outcome = state.projection.apply_events(index, &batch.0, &events);
+                let outcome = state.projection.apply_events(index, &batch.0, events);
                 if let Some(detail) = state.projection.halted() {
                     tracing::error!(index, detail = %detail, "projection halted the state machine");
                     return Err(RaftStoreError::BadEntry { index, detail }

@@ -34,7 +34,7 @@ pub struct CountingProjection {
 }
 
 impl Projection for CountingProjection {
-    fn apply_events(&mut self, index: u64, _batch: &[u8], events: &[Event]) -> Result<(), String> {
+    fn apply_events(&mut self, index: u64, _batch: &[u8], events: Vec<Event>) -> Result<(), String> {
         if index <= self.last_index && self.batches > 0 {
             return Err(format!(
                 "index {index} applied twice (last {})",
@@ -44,7 +44,7 @@ impl Projection for CountingProjection {
         let mut hasher = Sha256::new();
         hasher.update(self.chain);
         hasher.update(index.to_le_bytes());
-        hasher.update(gyre_log::encode_batch(events));
+        hasher.update(gyre_log::encode_batch(&events));
         self.chain = hasher.finalize().into();
         self.batches += 1;
         self.events += events.len() as u64;
