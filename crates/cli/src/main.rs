@@ -48,6 +48,13 @@ enum Command {
     Control(commands::control::ControlArgs),
     /// Operator tools on the replicated log: `append` JSON events, `tail`, `export` to a file.
     Log(commands::log::LogArgs),
+    /// The black-box model proxy: Anthropic Messages, OpenAI Chat Completions and Responses in
+    /// front of token-in/token-out engines; every call's exact tokens are recorded first.
+    ///
+    /// Point a harness at an execution's credential (`--open N` prints them):
+    /// `ANTHROPIC_BASE_URL=<anthropic_base_url>` for Claude Code, a Responses provider with
+    /// `base_url=<openai_base_url>` for Codex.
+    Proxy(commands::proxy::ProxyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::Audit(args) => commands::audit::run(args),
         Command::Control(args) => commands::control::run(args),
         Command::Log(args) => commands::log::run(args),
+        Command::Proxy(args) => commands::proxy::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -17,4 +17,8 @@ pub enum ProxyError {
     Template { message: String },
     #[error("tokenizer: {message}")]
     Tokenizer { message: String },
+    #[error("engine: {message}")]
+    Engine { message: String },
+    #[error("{path}: {message}")]
+    Config { path: PathBuf, message: String },
 }

@@ -17,6 +17,9 @@
 
 pub mod anthropic;
 pub mod api_error;
+pub mod engine;
+#[cfg(feature = "server")]
+pub mod server;
 mod error;
 pub mod messages;
 pub mod model_dir;

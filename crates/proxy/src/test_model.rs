@@ -87,3 +87,9 @@ pub fn tokenizer_config(chat_template: &str) -> String {
     text.push('\n');
     text
 }
+
+/// The repository's test model directory (`crates/proxy/assets/test-model`), as built into this
+/// binary; what `gyre proxy` serves when no `--model-dir` is given.
+pub fn directory() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/test-model")
+}

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod bench;
 pub mod control;
 pub mod log;
+pub mod proxy;
 pub mod model;
 pub mod quickstart;
 pub mod replay;

@@ -1,0 +1,207 @@
+//! `gyre proxy`: the black-box model proxy as a server (Anthropic Messages, OpenAI Chat
+//! Completions and Responses in front of token-in/token-out engines), recording every call's
+//! TITO record to the replicated log (`--cluster`) or a local event file (`--log`).
+//!
+//! On start it prints one JSON line `{"listening": "http://ADDR"}`, then one line per
+//! execution opened with `--open N` (`{"execution", "token", "anthropic_base_url",
+//! "openai_base_url"}`), so scripts and tests can point harnesses at it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use gyre_proxy::engine::{
+    DeterministicEngine, DeterministicOptions, Script, ScriptedEngine, ScriptedOptions,
+    TokenEngine,
+};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::{self, AppState, ControlSink, FileSink, RecordSink, ServerConfig};
+use gyre_proxy::{ChatModel, ToolArgumentsForm};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EngineKind {
+    /// Replays `--script` (JSONL of Anthropic content blocks) rendered in the model's format.
+    Scripted,
+    /// A fixed-length pseudo-random answer per request (benchmarks).
+    Deterministic,
+    /// SGLang servers at `--engine-url` (native `/generate` with `input_ids`).
+    Sglang,
+    /// vLLM servers at `--engine-url` (`/inference/v1/generate`).
+    Vllm,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    /// The repository's test model: `<think>`, `<tool_call>{json}</tool_call>`, `<|im_end|>`.
+    TestModel,
+    /// Qwen-style reasoning and tool calls.
+    Qwen,
+    /// Plain ChatML without tools (SmolLM2).
+    Chatml,
+}
+
+/// Arguments of `gyre proxy`.
+#[derive(Args, Debug)]
+pub struct ProxyArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Model directory with `tokenizer.json` and `tokenizer_config.json` (chat template).
+    /// Default: the repository's test model.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// How the model writes reasoning and tool calls.
+    #[arg(long, value_enum, default_value = "test-model")]
+    output_format: Format,
+    /// Which engines answer.
+    #[arg(long, value_enum, default_value = "scripted")]
+    engine: EngineKind,
+    /// The script of `--engine scripted`.
+    #[arg(long)]
+    script: Option<PathBuf>,
+    /// Engine base URLs (`http://host:port`), one per engine, for sglang / vllm.
+    #[arg(long = "engine-url")]
+    engine_urls: Vec<String>,
+    /// Engines for scripted / deterministic (each an independent copy).
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    /// Record TITO events to this local event file (fdatasync per group).
+    #[arg(long, conflicts_with = "cluster")]
+    log: Option<PathBuf>,
+    /// Record TITO events to the control quorum at these addresses (comma-separated).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Open this many executions at start and print their credentials.
+    #[arg(long, default_value_t = 0)]
+    open: usize,
+    /// Request bodies over this many bytes get 413.
+    #[arg(long, default_value_t = 32 << 20)]
+    body_limit: usize,
+    /// Cap on new tokens per call.
+    #[arg(long, default_value_t = 4096)]
+    max_new_tokens: u32,
+    /// Tokens per answer of `--engine deterministic`.
+    #[arg(long, default_value_t = 32)]
+    answer_tokens: u32,
+}
+
+pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
+    let directory = args
+        .model_dir
+        .clone()
+        .unwrap_or_else(gyre_proxy::test_model::directory);
+    let model = Arc::new(
+        ChatModel::load(&directory, ToolArgumentsForm::RawText)
+            .with_context(|| format!("loading the model directory {}", directory.display()))?,
+    );
+    let format = match args.output_format {
+        Format::TestModel => OutputFormat::test_model(),
+        Format::Qwen => OutputFormat::qwen(),
+        Format::Chatml => OutputFormat::chatml_plain(),
+    };
+    let engines = engines(&args, &model, &format)?;
+    let sink: Arc<dyn RecordSink> = match (&args.log, &args.cluster) {
+        (Some(path), None) => Arc::new(FileSink::open(path).map_err(anyhow::Error::msg)?),
+        (None, Some(addresses)) => {
+            Arc::new(ControlSink::new(addresses).map_err(anyhow::Error::msg)?)
+        }
+        _ => bail!("say where records go: --log FILE (a local event file) or --cluster ADDRS (the control quorum)"),
+    };
+    let listener = std::net::TcpListener::bind(args.listen)
+        .with_context(|| format!("binding {}", args.listen))?;
+    let address = listener.local_addr()?;
+    drop(listener);
+    let config = ServerConfig {
+        body_bytes_max: args.body_limit,
+        max_new_tokens: args.max_new_tokens,
+        public_url: format!("http://{address}"),
+        ..ServerConfig::default()
+    };
+    let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;
+    let (bound, task) = server::serve(state.clone(), address, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .with_context(|| format!("listening on {address}"))?;
+    println!("{}", serde_json::json!({ "listening": format!("http://{bound}") }));
+    for _ in 0..args.open {
+        let (execution, token) = state.open_execution(None, None);
+        println!(
+            "{}",
+            serde_json::json!({
+                "execution": execution,
+                "token": token,
+                "anthropic_base_url": format!("http://{bound}/x/{token}"),
+                "openai_base_url": format!("http://{bound}/x/{token}/v1"),
+            })
+        );
+    }
+    task.await.context("server task")?.context("serving")?;
+    Ok(())
+}
+
+fn engines(
+    args: &ProxyArgs,
+    model: &Arc<ChatModel>,
+    format: &OutputFormat,
+) -> anyhow::Result<Vec<Arc<dyn TokenEngine>>> {
+    let mut engines: Vec<Arc<dyn TokenEngine>> = Vec::new();
+    match args.engine {
+        EngineKind::Scripted => {
+            let path = args
+                .script
+                .as_ref()
+                .context("--engine scripted needs --script FILE (JSONL of content blocks)")?;
+            let script = Script::load(path)?;
+            for index in 0..args.engines.max(1) {
+                let options = ScriptedOptions {
+                    name: format!("scripted-{index}"),
+                    ..ScriptedOptions::default()
+                };
+                engines.push(Arc::new(ScriptedEngine::new(&script, model, format, options)?));
+            }
+        }
+        EngineKind::Deterministic => {
+            for index in 0..args.engines.max(1) {
+                let options = DeterministicOptions {
+                    name: format!("deterministic-{index}"),
+                    output_tokens: args.answer_tokens,
+                    end_token_id: format
+                        .end_of_turn
+                        .first()
+                        .and_then(|token| model.token_id(token)),
+                    ..DeterministicOptions::default()
+                };
+                engines.push(Arc::new(DeterministicEngine::new(options)));
+            }
+        }
+        EngineKind::Sglang | EngineKind::Vllm => {
+            if args.engine_urls.is_empty() {
+                bail!("--engine sglang/vllm needs at least one --engine-url");
+            }
+            for url in &args.engine_urls {
+                engines.push(http_engine(args.engine, url)?);
+            }
+        }
+    }
+    Ok(engines)
+}
+
+fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngine>> {
+    use gyre_proxy::engine::{SglangConfig, SglangEngine, VllmConfig, VllmEngine};
+    Ok(match kind {
+        EngineKind::Vllm => Arc::new(VllmEngine::new(url, VllmConfig::default())?),
+        _ => Arc::new(SglangEngine::new(url, SglangConfig::default())?),
+    })
+}

@@ -1,0 +1,419 @@
+//! One model call from parsed request to recorded answer: engine streaming with transparent
+//! failover, output parsing, response building, and the commit of the TITO record before the
+//! end of the answer is released.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use gyre_event::{Duration as EventDuration, EngineId, Event, EventBody, PolicyVersion};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::engine::{EngineChunk, EngineFailure, EngineRequest, FinishKind};
+use crate::messages::{Api, ChatRequest};
+use crate::output::anthropic::AnthropicResponse;
+use crate::output::openai_chat::ChatCompletionResponse;
+use crate::output::openai_responses::ResponsesResponse;
+use crate::output::sse::SseEvent;
+use crate::output::{
+    EngineFinish, OutputEvent, OutputParser, ResponseMeta, StopReason, StreamItem, Usage,
+};
+use crate::{ApiError, ApiErrorKind};
+
+use super::session::{Prepared, Sampled};
+use super::{wall_clock, AppState, ExecutionHandle};
+
+/// The per-API response builder.
+enum Builder {
+    Anthropic(AnthropicResponse),
+    Chat(ChatCompletionResponse),
+    Responses(ResponsesResponse),
+}
+
+impl Builder {
+    fn new(api: Api, meta: ResponseMeta, usage: Usage, include_usage: bool) -> Self {
+        match api {
+            Api::Anthropic => Builder::Anthropic(AnthropicResponse::new(meta, usage)),
+            Api::OpenAiChat => Builder::Chat(ChatCompletionResponse::new(meta, include_usage)),
+            Api::OpenAiResponses => Builder::Responses(ResponsesResponse::new(meta)),
+        }
+    }
+
+    fn start(&mut self) -> Vec<SseEvent> {
+        match self {
+            Builder::Anthropic(b) => b.start(),
+            Builder::Chat(b) => b.start(),
+            Builder::Responses(b) => b.start(),
+        }
+    }
+
+    fn push(&mut self, item: StreamItem<'_>) -> Vec<SseEvent> {
+        match self {
+            Builder::Anthropic(b) => b.push(item),
+            Builder::Chat(b) => b.push(item),
+            Builder::Responses(b) => b.push(item),
+        }
+    }
+
+    fn finish(&mut self, stop: &StopReason, usage: &Usage) -> Vec<SseEvent> {
+        match self {
+            Builder::Anthropic(b) => b.finish(stop, usage),
+            Builder::Chat(b) => b.finish(stop, usage),
+            Builder::Responses(b) => b.finish(stop, usage),
+        }
+    }
+
+    fn body(&self, stop: &StopReason, usage: &Usage) -> Value {
+        match self {
+            Builder::Anthropic(b) => b.message_json(stop, usage),
+            Builder::Chat(b) => b.completion_json(stop, usage),
+            Builder::Responses(b) => b.response_json(stop, usage),
+        }
+    }
+}
+
+/// What the caller gets: SSE frames as they are produced, then either the final JSON body
+/// (non-streaming) or nothing more. An `Err` is an error to put in the API's shape.
+pub enum Piece {
+    Frames(String),
+    Body(Value),
+    Failed(ApiError),
+}
+
+fn random_id(prefix: &str, length: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let tail: String = (0..length)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{prefix}{tail}")
+}
+
+/// An execution credential: 32 random alphanumerics.
+pub fn random_token() -> String {
+    random_id("gx-", 32)
+}
+
+fn tool_call_id(api: Api) -> String {
+    match api {
+        Api::Anthropic => random_id("toolu_", 24),
+        Api::OpenAiChat | Api::OpenAiResponses => random_id("call_", 24),
+    }
+}
+
+fn response_id(api: Api) -> String {
+    match api {
+        Api::Anthropic => random_id("msg_", 24),
+        Api::OpenAiChat => random_id("chatcmpl-", 24),
+        Api::OpenAiResponses => random_id("resp_", 24),
+    }
+}
+
+/// Runs the call and sends its pieces to `out` (dropped receiver = the harness went away: the
+/// engine request is aborted and nothing is recorded).
+pub async fn run(
+    app: Arc<AppState>,
+    execution: ExecutionHandle,
+    request: ChatRequest,
+    prepared: Prepared,
+    out: mpsc::Sender<Piece>,
+) {
+    let started = Instant::now();
+    let requested_at = wall_clock();
+    let api = request.api;
+    let usage_start = Usage {
+        input_tokens: prepared.context_ids.len() as u64,
+        cached_input_tokens: prepared.tree_reused,
+        output_tokens: 0,
+        reasoning_tokens: 0,
+    };
+    let meta = ResponseMeta {
+        id: response_id(api),
+        model: request.model.clone(),
+        created_unix_s: requested_at.nanos() / 1_000_000_000,
+    };
+    let mut builder = Builder::new(api, meta, usage_start, request.stream_include_usage);
+    let streaming = request.stream;
+    let send_frames = |events: Vec<SseEvent>| {
+        let out = out.clone();
+        async move {
+            if streaming && !events.is_empty() {
+                let wire: String = events.iter().map(SseEvent::to_wire).collect();
+                out.send(Piece::Frames(wire)).await.is_ok()
+            } else {
+                !out.is_closed()
+            }
+        }
+    };
+    if !send_frames(builder.start()).await {
+        return;
+    }
+    let model = app.model.clone();
+    let mut text_stream = model.text_stream();
+    let mut parser = OutputParser::new(app.output_format.clone());
+    let mut sampled = Sampled {
+        requested_at,
+        ..Sampled::default()
+    };
+    let mut reasoning_text = String::new();
+    let mut reasoning_tokens = 0u64;
+    let mut tool_calls = 0usize;
+    let max_new = request
+        .sampling
+        .max_tokens
+        .unwrap_or(app.config.max_new_tokens)
+        .min(app.config.max_new_tokens)
+        .max(1);
+    let mut engine_index = execution.lock().engine;
+    let mut attempts = 0usize;
+    let mut first_token: Option<std::time::Duration> = None;
+    let finish = 'engines: loop {
+        attempts += 1;
+        let engine = app.engines[engine_index % app.engines.len()].clone();
+        let produced = sampled.output_ids.len() as u32;
+        let mut input_ids = prepared.context_ids.clone();
+        input_ids.extend_from_slice(&sampled.output_ids);
+        let rid = {
+            let session = execution.lock();
+            format!("{}-{}-{attempts}", session.execution, session.calls())
+        };
+        let engine_request = EngineRequest {
+            rid: rid.clone(),
+            input_ids,
+            max_new_tokens: max_new.saturating_sub(produced).max(1),
+            temperature: request.sampling.temperature.unwrap_or(1.0) as f32,
+            top_p: request.sampling.top_p.unwrap_or(1.0) as f32,
+            stop_token_ids: app.stop_token_ids.clone(),
+            seed: request.sampling.seed.map(|seed| seed as u64),
+            agent: Some(if prepared.agent == "main" {
+                "main".to_string()
+            } else {
+                "sub".to_string()
+            }),
+        };
+        let failure = match engine.generate(engine_request).await {
+            Err(failure) => failure,
+            Ok(mut chunks) => loop {
+                let chunk = tokio::select! {
+                    chunk = chunks.recv() => chunk,
+                    () = out.closed() => {
+                        let _ = engine.abort(&rid).await;
+                        app.metrics.harness_gone();
+                        return;
+                    }
+                };
+                match chunk {
+                    None => {
+                        break EngineFailure::Unreachable {
+                            engine: engine.name().to_string(),
+                            message: "the engine's stream ended without a finish".into(),
+                        }
+                    }
+                    Some(Err(failure)) => break failure,
+                    // A role switch (the source engine aborts its in-flight requests): the
+                    // partial output continues on the destination.
+                    Some(Ok(EngineChunk::Finished {
+                        kind: FinishKind::Abort,
+                        ..
+                    })) => {
+                        break EngineFailure::Failed {
+                            engine: engine.name().to_string(),
+                            message: "aborted (role switch or engine pause)".into(),
+                        }
+                    }
+                    Some(Ok(EngineChunk::Finished {
+                        kind,
+                        policy_version,
+                    })) => {
+                        sampled.policy_version = PolicyVersion(policy_version);
+                        sampled.engine = EngineId(engine_index as u32);
+                        break 'engines kind;
+                    }
+                    Some(Ok(EngineChunk::Tokens { ids, logprobs })) => {
+                        if first_token.is_none() {
+                            first_token = Some(started.elapsed());
+                        }
+                        for (id, logprob) in ids.iter().zip(logprobs.iter()) {
+                            sampled.output_ids.push(*id);
+                            sampled.output_logprobs.push(*logprob);
+                            let delta = match text_stream.push(*id) {
+                                Ok(delta) => delta,
+                                Err(error) => {
+                                    let _ = out
+                                        .send(Piece::Failed(ApiError::new(
+                                            api,
+                                            ApiErrorKind::Internal,
+                                            format!("detokenizing the engine's output: {error}"),
+                                        )))
+                                        .await;
+                                    return;
+                                }
+                            };
+                            if let Some(delta) = delta {
+                                sampled.output_text.push_str(&delta);
+                                let events = parser.push(&delta);
+                                if events
+                                    .iter()
+                                    .any(|event| matches!(event, OutputEvent::ReasoningDelta(_)))
+                                {
+                                    reasoning_tokens += 1;
+                                }
+                                let frames = emit(
+                                    &app,
+                                    &execution,
+                                    api,
+                                    &mut builder,
+                                    events,
+                                    &mut reasoning_text,
+                                    &mut tool_calls,
+                                );
+                                if !send_frames(frames).await {
+                                    let _ = engine.abort(&rid).await;
+                                    app.metrics.harness_gone();
+                                    return;
+                                }
+                            }
+                            sampled.output_ends.push(sampled.output_text.len() as u32);
+                        }
+                    }
+                }
+            },
+        };
+        // The engine failed, died or was aborted (a role switch): continue the same answer on
+        // another engine from the tokens already produced; the harness sees one response.
+        app.metrics.failover();
+        tracing::warn!(
+            engine = %engine.name(),
+            %failure,
+            produced = sampled.output_ids.len(),
+            "engine failed mid-call; continuing on the next engine"
+        );
+        if !failure.is_retryable() || attempts >= app.config.engine_attempts_max.max(1) {
+            let _ = out
+                .send(Piece::Failed(ApiError::new(
+                    api,
+                    ApiErrorKind::Overloaded,
+                    format!("no engine could finish the call after {attempts} attempts: {failure}"),
+                )))
+                .await;
+            return;
+        }
+        engine_index = (engine_index + 1) % app.engines.len();
+        {
+            execution.lock().engine = engine_index;
+        }
+    };
+    let finish = match finish {
+        FinishKind::Stop => EngineFinish::EndOfTurn,
+        FinishKind::Length => EngineFinish::Length,
+        FinishKind::Abort => EngineFinish::Length,
+    };
+    let events = parser.finish();
+    let frames = emit(
+        &app,
+        &execution,
+        api,
+        &mut builder,
+        events,
+        &mut reasoning_text,
+        &mut tool_calls,
+    );
+    if !send_frames(frames).await {
+        app.metrics.harness_gone();
+        return;
+    }
+    let stop = StopReason::from_finish(&finish, tool_calls > 0);
+    let usage = Usage {
+        input_tokens: prepared.context_ids.len() as u64,
+        cached_input_tokens: prepared.tree_reused,
+        output_tokens: sampled.output_ids.len() as u64,
+        reasoning_tokens,
+    };
+    sampled.first_token_after = EventDuration(first_token.unwrap_or_default().as_nanos() as u64);
+    sampled.completed_after = EventDuration(started.elapsed().as_nanos() as u64);
+    let encoded = prepared.encoded as u64;
+    let reused = prepared.reused_by_text as u64;
+    // Record, then commit, then release the end of the answer.
+    let finished = execution.lock().finish_call(prepared, sampled);
+    let record = match finished {
+        Ok(record) => record,
+        Err(error) => {
+            let _ = out
+                .send(Piece::Failed(ApiError::new(
+                    api,
+                    ApiErrorKind::Internal,
+                    format!("recording the call: {error}"),
+                )))
+                .await;
+            return;
+        }
+    };
+    let commit_started = Instant::now();
+    let committed = app
+        .sink
+        .commit(Event::new(wall_clock(), EventBody::ModelCall(Box::new(record))))
+        .await;
+    app.metrics.commit_seconds(commit_started.elapsed().as_secs_f64());
+    if let Err(error) = committed {
+        tracing::error!(%error, "a TITO record was not committed; the call fails");
+        let _ = out
+            .send(Piece::Failed(ApiError::new(
+                api,
+                ApiErrorKind::Overloaded,
+                format!("the call's record could not be committed: {error}"),
+            )))
+            .await;
+        return;
+    }
+    app.metrics.recorded(encoded, reused, started.elapsed().as_secs_f64());
+    if streaming {
+        let _ = send_frames(builder.finish(&stop, &usage)).await;
+    } else {
+        let _ = out.send(Piece::Body(builder.body(&stop, &usage))).await;
+    }
+}
+
+/// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.
+fn emit(
+    app: &AppState,
+    execution: &ExecutionHandle,
+    api: Api,
+    builder: &mut Builder,
+    events: Vec<OutputEvent>,
+    reasoning_text: &mut String,
+    tool_calls: &mut usize,
+) -> Vec<SseEvent> {
+    let mut frames = Vec::new();
+    for event in events {
+        match event {
+            OutputEvent::ReasoningDelta(text) => {
+                reasoning_text.push_str(&text);
+                frames.extend(builder.push(StreamItem::ReasoningDelta(&text)));
+            }
+            OutputEvent::ReasoningEnd => {
+                let handle = random_id("gyre-r1-", 32);
+                execution
+                    .lock()
+                    .remember_reasoning(&handle, reasoning_text);
+                reasoning_text.clear();
+                frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
+            }
+            OutputEvent::TextDelta(text) => {
+                frames.extend(builder.push(StreamItem::TextDelta(&text)));
+            }
+            OutputEvent::ToolCall { name, arguments } => {
+                let id = tool_call_id(api);
+                execution.lock().remember_tool_call(&id, &arguments);
+                *tool_calls += 1;
+                frames.extend(builder.push(StreamItem::ToolCall {
+                    id: &id,
+                    name: &name,
+                    arguments: &arguments,
+                }));
+            }
+        }
+    }
+    let _ = app;
+    frames
+}

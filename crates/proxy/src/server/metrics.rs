@@ -1,0 +1,152 @@
+//! Prometheus metrics of the proxy, rendered by hand in the text exposition format (a handful of
+//! counters and two histograms do not need a metrics crate).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::messages::Api;
+
+/// Histogram bucket upper bounds, seconds.
+const BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, value: f64) {
+        for (bound, count) in BUCKETS.iter().zip(self.counts.iter_mut()) {
+            if value <= *bound {
+                *count += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (bound, count) in BUCKETS.iter().zip(self.counts.iter()) {
+            out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {count}\n"));
+        }
+        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count));
+        out.push_str(&format!("{name}_sum {}\n{name}_count {}\n", self.sum, self.count));
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: [AtomicU64; 3],
+    rejected_4xx: AtomicU64,
+    rejected_5xx: AtomicU64,
+    recorded: AtomicU64,
+    tokens_encoded: AtomicU64,
+    tokens_reused: AtomicU64,
+    failovers: AtomicU64,
+    harness_gone: AtomicU64,
+    stream_errors: AtomicU64,
+    call_seconds: Mutex<Histogram>,
+    commit_seconds: Mutex<Histogram>,
+}
+
+fn api_index(api: Api) -> usize {
+    match api {
+        Api::Anthropic => 0,
+        Api::OpenAiChat => 1,
+        Api::OpenAiResponses => 2,
+    }
+}
+
+impl Metrics {
+    pub fn request(&self, api: Api) {
+        self.requests[api_index(api)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self, status: u16) {
+        if status >= 500 {
+            self.rejected_5xx.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.rejected_4xx.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn recorded(&self, encoded: u64, reused: u64, seconds: f64) {
+        self.recorded.fetch_add(1, Ordering::Relaxed);
+        self.tokens_encoded.fetch_add(encoded, Ordering::Relaxed);
+        self.tokens_reused.fetch_add(reused, Ordering::Relaxed);
+        self.call_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(seconds);
+    }
+
+    pub fn commit_seconds(&self, seconds: f64) {
+        self.commit_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(seconds);
+    }
+
+    pub fn failover(&self) {
+        self.failovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn harness_gone(&self) {
+        self.harness_gone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stream_error(&self) {
+        self.stream_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Calls recorded so far.
+    pub fn recorded_count(&self) -> u64 {
+        self.recorded.load(Ordering::Relaxed)
+    }
+
+    pub fn failovers_count(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP gyre_proxy_requests_total Model-API requests received, by API.\n# TYPE gyre_proxy_requests_total counter\n");
+        for (api, name) in ["anthropic", "openai_chat", "openai_responses"].iter().enumerate() {
+            out.push_str(&format!(
+                "gyre_proxy_requests_total{{api=\"{name}\"}} {}\n",
+                self.requests[api].load(Ordering::Relaxed)
+            ));
+        }
+        let counters = [
+            ("gyre_proxy_rejected_total{class=\"4xx\"}", "Requests answered with an error, by class.", &self.rejected_4xx),
+            ("gyre_proxy_rejected_total{class=\"5xx\"}", "", &self.rejected_5xx),
+            ("gyre_proxy_calls_recorded_total", "Model calls whose TITO record was committed.", &self.recorded),
+            ("gyre_proxy_tokens_encoded_total", "Prompt tokens the proxy tokenized.", &self.tokens_encoded),
+            ("gyre_proxy_tokens_reused_total", "Prompt tokens reused from the execution's previous context.", &self.tokens_reused),
+            ("gyre_proxy_engine_failovers_total", "Engine failures or aborts continued on another engine.", &self.failovers),
+            ("gyre_proxy_harness_disconnects_total", "Calls whose harness went away before the answer ended.", &self.harness_gone),
+            ("gyre_proxy_stream_errors_total", "Streams ended with an error event.", &self.stream_errors),
+        ];
+        for (name, help, value) in counters {
+            let family = name.split('{').next().unwrap_or(name);
+            if !help.is_empty() {
+                out.push_str(&format!("# HELP {family} {help}\n# TYPE {family} counter\n"));
+            }
+            out.push_str(&format!("{name} {}\n", value.load(Ordering::Relaxed)));
+        }
+        self.call_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .render("gyre_proxy_call_seconds", "Request to recorded answer, seconds.", &mut out);
+        self.commit_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .render("gyre_proxy_commit_seconds", "Committing one TITO record, seconds.", &mut out);
+        out
+    }
+}

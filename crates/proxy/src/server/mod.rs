@@ -1,0 +1,583 @@
+//! The proxy's HTTP server: the IO shell around the pure core (axum on tokio).
+//!
+//! Routes (each model route also under `/x/<token>/…`, so a harness that can only set a base
+//! URL is pointed at its own execution):
+//! - `POST /v1/messages` (`?beta=true` accepted), `POST /v1/messages/count_tokens` — Anthropic;
+//! - `POST /v1/chat/completions` — OpenAI Chat Completions; `POST /v1/responses` — Responses;
+//! - `HEAD|GET /api/hello` — Claude Code's preflight; `GET /health`; `GET /metrics` (Prometheus);
+//! - `POST /admin/executions` `{"execution"?: n, "engine"?: i}` → a credential and base URLs;
+//!   `POST /admin/executions/<token>/close`; `POST /admin/executions/<token>/route {"engine": i}`.
+//!
+//! Execution identity: the credential is the API key (`x-api-key` or `Authorization: Bearer`)
+//! or the `/x/<token>` path prefix. Unknown or closed credentials get 401 in the API's shape.
+//! Bodies over `body_bytes_max` get 413 in the API's shape; nothing is recorded for a rejected
+//! call. A call's TITO record is committed to the sink before the end of its answer is sent.
+
+mod generate;
+mod metrics;
+pub mod session;
+pub mod sink;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use gyre_event::{ExecutionId, Timestamp};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::engine::TokenEngine;
+use crate::messages::Api;
+use crate::model_dir::ChatModel;
+use crate::output::OutputFormat;
+use crate::template::CivilDateTime;
+use crate::{ApiError, ApiErrorKind};
+
+pub use metrics::Metrics;
+use session::Session;
+pub use sink::{ControlSink, FileSink, RecordSink};
+
+/// Server settings (the `gyre proxy` flags).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Request bodies above this get 413.
+    pub body_bytes_max: usize,
+    /// Cap on new tokens per call (a request's `max_tokens` is clipped to it).
+    pub max_new_tokens: u32,
+    /// Engines tried for one call before the harness gets an overloaded error.
+    pub engine_attempts_max: usize,
+    /// Base URL printed in credentials (`http://host:port`).
+    pub public_url: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            body_bytes_max: 32 << 20,
+            max_new_tokens: 4096,
+            engine_attempts_max: 4,
+            public_url: String::new(),
+        }
+    }
+}
+
+/// One execution's session, shared by its concurrent calls (sub-agents run in parallel).
+#[derive(Clone)]
+pub struct ExecutionHandle(Arc<Mutex<Session>>);
+
+impl ExecutionHandle {
+    pub fn lock(&self) -> MutexGuard<'_, Session> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub model: Arc<ChatModel>,
+    pub output_format: OutputFormat,
+    pub engines: Vec<Arc<dyn TokenEngine>>,
+    pub stop_token_ids: Vec<u32>,
+    pub sink: Arc<dyn RecordSink>,
+    executions: Mutex<HashMap<String, ExecutionHandle>>,
+    next_execution: AtomicU64,
+    next_engine: AtomicU64,
+    pub metrics: Metrics,
+}
+
+impl AppState {
+    pub fn new(
+        config: ServerConfig,
+        model: Arc<ChatModel>,
+        output_format: OutputFormat,
+        engines: Vec<Arc<dyn TokenEngine>>,
+        sink: Arc<dyn RecordSink>,
+    ) -> Result<Arc<AppState>, String> {
+        if engines.is_empty() {
+            return Err("at least one engine is needed".into());
+        }
+        let stop_token_ids = output_format
+            .end_of_turn
+            .iter()
+            .filter_map(|token| model.token_id(token))
+            .collect();
+        Ok(Arc::new(AppState {
+            config,
+            model,
+            output_format,
+            engines,
+            stop_token_ids,
+            sink,
+            executions: Mutex::new(HashMap::new()),
+            next_execution: AtomicU64::new(1),
+            next_engine: AtomicU64::new(0),
+            metrics: Metrics::default(),
+        }))
+    }
+
+    fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
+        self.executions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Opens an execution; returns its credential.
+    pub fn open_execution(&self, execution: Option<u64>, engine: Option<usize>) -> (u64, String) {
+        let id = execution.unwrap_or_else(|| self.next_execution.fetch_add(1, Ordering::Relaxed));
+        let engine = engine.unwrap_or_else(|| {
+            self.next_engine.fetch_add(1, Ordering::Relaxed) as usize % self.engines.len()
+        }) % self.engines.len();
+        let token = generate::random_token();
+        let session = Session::new(ExecutionId(id), &self.model, engine);
+        self.executions()
+            .insert(token.clone(), ExecutionHandle(Arc::new(Mutex::new(session))));
+        (id, token)
+    }
+
+    pub fn execution(&self, token: &str) -> Option<ExecutionHandle> {
+        self.executions().get(token).cloned()
+    }
+}
+
+/// The leader-independent wall clock, for record times.
+pub fn wall_clock() -> Timestamp {
+    Timestamp(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64),
+    )
+}
+
+fn now_civil() -> CivilDateTime {
+    CivilDateTime::from_unix_seconds((wall_clock().nanos() / 1_000_000_000) as i64)
+}
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(anthropic_messages))
+        .route("/x/{token}/v1/messages", post(anthropic_messages_at))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/x/{token}/v1/messages/count_tokens", post(count_tokens_at))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/x/{token}/v1/chat/completions", post(chat_completions_at))
+        .route("/v1/responses", post(responses))
+        .route("/x/{token}/v1/responses", post(responses_at))
+        .route("/api/hello", get(hello).head(hello))
+        .route("/x/{token}/api/hello", get(hello).head(hello))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/admin/executions", post(admin_open))
+        .route("/admin/executions/{token}/close", post(admin_close))
+        .route("/admin/executions/{token}/route", post(admin_route))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Binds `listen` and serves until `shutdown` resolves. Returns the bound address at once.
+pub async fn serve(
+    state: Arc<AppState>,
+    listen: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let address = listener.local_addr()?;
+    let app = router(state);
+    // Task "proxy-http": owned by the returned handle.
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok((address, task))
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut response = (status, error.body()).into_response();
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    response
+}
+
+fn credential(headers: &HeaderMap, path_token: Option<&str>) -> Option<String> {
+    if let Some(token) = path_token {
+        return Some(token.to_string());
+    }
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key.trim().to_string());
+    }
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(|v| v.trim().to_string())
+}
+
+fn authenticate(
+    app: &AppState,
+    api: Api,
+    headers: &HeaderMap,
+    path_token: Option<&str>,
+) -> Result<ExecutionHandle, ApiError> {
+    let Some(token) = credential(headers, path_token) else {
+        return Err(ApiError::new(
+            api,
+            ApiErrorKind::Authentication,
+            "no execution credential: send the execution's token as the API key or use the base URL /x/<token>",
+        ));
+    };
+    match app.execution(&token) {
+        Some(handle) if !handle.lock().closed => Ok(handle),
+        Some(_) => Err(ApiError::new(
+            api,
+            ApiErrorKind::Authentication,
+            "this execution is closed; its credential no longer accepts calls",
+        )),
+        None => Err(ApiError::new(
+            api,
+            ApiErrorKind::Authentication,
+            "unknown execution credential",
+        )),
+    }
+}
+
+async fn read_body(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, app.config.body_bytes_max)
+        .await
+        .map_err(|_| ApiError::request_too_large(api, app.config.body_bytes_max))
+}
+
+/// The agent a call belongs to: Claude Code marks sub-agent calls with a header.
+fn agent_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-claude-code-agent-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|agent| format!("sub:{agent}"))
+}
+
+async fn model_call(
+    app: Arc<AppState>,
+    api: Api,
+    path_token: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    app.metrics.request(api);
+    let execution = match authenticate(&app, api, &headers, path_token.as_deref()) {
+        Ok(execution) => execution,
+        Err(error) => return rejected(&app, &error),
+    };
+    let bytes = match read_body(&app, api, body).await {
+        Ok(bytes) => bytes,
+        Err(error) => return rejected(&app, &error),
+    };
+    let mut request = match crate::parse_request(api, &bytes) {
+        Ok(request) => request,
+        Err(error) => return rejected(&app, &error),
+    };
+    let agent = agent_of(&headers);
+    let prepared = {
+        let mut session = execution.lock();
+        session.restore(&mut request);
+        session.prepare(&app.model, &request, agent.as_deref(), now_civil())
+    };
+    let prepared = match prepared {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            return rejected(
+                &app,
+                &ApiError::new(
+                    api,
+                    ApiErrorKind::InvalidRequest,
+                    format!("the request cannot be rendered for this model: {error}"),
+                ),
+            )
+        }
+    };
+    let streaming = request.stream;
+    let (sender, mut receiver) = mpsc::channel(64);
+    // Task "model-call": owned by the response; it notices a dropped receiver.
+    tokio::spawn(generate::run(
+        app.clone(),
+        execution,
+        request,
+        prepared,
+        sender,
+    ));
+    if streaming {
+        let first = receiver.recv().await;
+        let head = match first {
+            Some(generate::Piece::Failed(error)) => return rejected(&app, &error),
+            Some(generate::Piece::Frames(frames)) => frames,
+            Some(generate::Piece::Body(_)) | None => String::new(),
+        };
+        let app_for_stream = app.clone();
+        let stream = futures_util::stream::unfold(
+            (Some(head), receiver, false),
+            move |(head, mut receiver, done)| {
+                let app = app_for_stream.clone();
+                async move {
+                    if let Some(head) = head {
+                        return Some((Ok::<_, std::io::Error>(Bytes::from(head)), (None, receiver, done)));
+                    }
+                    if done {
+                        return None;
+                    }
+                    match receiver.recv().await {
+                        Some(generate::Piece::Frames(frames)) => {
+                            Some((Ok(Bytes::from(frames)), (None, receiver, false)))
+                        }
+                        Some(generate::Piece::Failed(error)) => {
+                            app.metrics.stream_error();
+                            // A well-formed error event: harnesses retry the identical body.
+                            let event = error.sse_event(0).to_wire();
+                            Some((Ok(Bytes::from(event)), (None, receiver, true)))
+                        }
+                        Some(generate::Piece::Body(_)) | None => None,
+                    }
+                }
+            },
+        );
+        let mut response = Response::new(Body::from_stream(stream));
+        let headers = response.headers_mut();
+        headers.insert("content-type", HeaderValue::from_static("text/event-stream"));
+        headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+        response
+    } else {
+        loop {
+            match receiver.recv().await {
+                Some(generate::Piece::Frames(_)) => continue,
+                Some(generate::Piece::Body(body)) => {
+                    let mut response = (StatusCode::OK, body.to_string()).into_response();
+                    response
+                        .headers_mut()
+                        .insert("content-type", HeaderValue::from_static("application/json"));
+                    return response;
+                }
+                Some(generate::Piece::Failed(error)) => return rejected(&app, &error),
+                None => {
+                    return rejected(
+                        &app,
+                        &ApiError::new(api, ApiErrorKind::Internal, "the call ended without an answer"),
+                    )
+                }
+            }
+        }
+    }
+}
+
+fn rejected(app: &AppState, error: &ApiError) -> Response {
+    app.metrics.rejected(error.status());
+    error_response(error)
+}
+
+async fn anthropic_messages(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    model_call(app, Api::Anthropic, None, headers, body).await
+}
+
+async fn anthropic_messages_at(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    model_call(app, Api::Anthropic, Some(token), headers, body).await
+}
+
+async fn chat_completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    model_call(app, Api::OpenAiChat, None, headers, body).await
+}
+
+async fn chat_completions_at(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    model_call(app, Api::OpenAiChat, Some(token), headers, body).await
+}
+
+async fn responses(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    model_call(app, Api::OpenAiResponses, None, headers, body).await
+}
+
+async fn responses_at(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    model_call(app, Api::OpenAiResponses, Some(token), headers, body).await
+}
+
+async fn count_tokens_inner(
+    app: Arc<AppState>,
+    path_token: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let api = Api::Anthropic;
+    if let Err(error) = authenticate(&app, api, &headers, path_token.as_deref()) {
+        return rejected(&app, &error);
+    }
+    let bytes = match read_body(&app, api, body).await {
+        Ok(bytes) => bytes,
+        Err(error) => return rejected(&app, &error),
+    };
+    let request = match crate::anthropic::parse_count_tokens(&bytes).and_then(|r| r.to_chat()) {
+        Ok(request) => request,
+        Err(error) => return rejected(&app, &error),
+    };
+    let rendered = app.model.render(&crate::template::RenderInput {
+        messages: &request.messages,
+        tools: &request.tools,
+        add_generation_prompt: true,
+        now: now_civil(),
+        extra: None,
+    });
+    match rendered.and_then(|text| app.model.encode(&text)) {
+        Ok(ids) => axum::Json(json!({ "input_tokens": ids.len() })).into_response(),
+        Err(error) => rejected(
+            &app,
+            &ApiError::new(api, ApiErrorKind::InvalidRequest, error.to_string()),
+        ),
+    }
+}
+
+async fn count_tokens(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    count_tokens_inner(app, None, headers, body).await
+}
+
+async fn count_tokens_at(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    count_tokens_inner(app, Some(token), headers, body).await
+}
+
+async fn hello() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn health(State(app): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({
+        "status": "ok",
+        "engines": app.engines.iter().map(|engine| engine.name().to_string()).collect::<Vec<_>>(),
+        "records": app.sink.describe(),
+        "executions_open": app.executions().values().filter(|e| !e.lock().closed).count(),
+    }))
+    .into_response()
+}
+
+async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
+    let mut response = app.metrics.render().into_response();
+    response.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}
+
+async fn not_found() -> Response {
+    let error = ApiError::new(Api::Anthropic, ApiErrorKind::NotFound, "no such route");
+    error_response(&error)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct OpenRequest {
+    execution: Option<u64>,
+    engine: Option<usize>,
+}
+
+fn admin_error(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let request: OpenRequest = if body.is_empty() {
+        OpenRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(request) => request,
+            Err(error) => return admin_error(StatusCode::BAD_REQUEST, format!("body: {error}")),
+        }
+    };
+    if let Some(engine) = request.engine {
+        if engine >= app.engines.len() {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                format!("engine: {engine} is not one of the {} engines", app.engines.len()),
+            );
+        }
+    }
+    let (execution, token) = app.open_execution(request.execution, request.engine);
+    let base = &app.config.public_url;
+    axum::Json(json!({
+        "execution": execution,
+        "token": token,
+        "anthropic_base_url": format!("{base}/x/{token}"),
+        "openai_base_url": format!("{base}/x/{token}/v1"),
+    }))
+    .into_response()
+}
+
+async fn admin_close(State(app): State<Arc<AppState>>, Path(token): Path<String>) -> Response {
+    match app.execution(&token) {
+        Some(handle) => {
+            let mut session = handle.lock();
+            session.closed = true;
+            axum::Json(json!({
+                "execution": session.execution.get(),
+                "calls": session.calls(),
+                "tokens_encoded": session.tokens_encoded,
+                "tokens_reused": session.tokens_reused,
+                "sampled_divergences": session.sampled_divergences,
+            }))
+            .into_response()
+        }
+        None => admin_error(StatusCode::NOT_FOUND, "unknown execution credential".into()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteRequest {
+    engine: usize,
+}
+
+async fn admin_route(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    body: Bytes,
+) -> Response {
+    let request: RouteRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(error) => return admin_error(StatusCode::BAD_REQUEST, format!("body: {error}")),
+    };
+    if request.engine >= app.engines.len() {
+        return admin_error(
+            StatusCode::BAD_REQUEST,
+            format!("engine: {} is not one of the {} engines", request.engine, app.engines.len()),
+        );
+    }
+    match app.execution(&token) {
+        Some(handle) => {
+            handle.lock().engine = request.engine;
+            axum::Json(json!({ "engine": request.engine })).into_response()
+        }
+        None => admin_error(StatusCode::NOT_FOUND, "unknown execution credential".into()),
+    }
+}

@@ -1,0 +1,418 @@
+//! One execution's proxy-side state: its trajectory tree (the same fold the log's projection
+//! runs), each agent's last context as text and tokens, and the caches that undo what harnesses
+//! change when they re-send history.
+//!
+//! **Incremental encoding.** A request is rendered with the chat template to text `R`. The
+//! agent's last context (previous prompt + the tokens the engine sampled, with the byte end of
+//! every token) is compared with `R` byte by byte; the tokens of the longest common prefix are
+//! reused, backed off to a safe boundary: just after a special token (byte-level BPE merges
+//! across any other boundary, research/tokenize-anchor-report.md) or the end of a sampled output
+//! that matched completely. Sampled ids are never re-encoded. Only the rest of `R` is tokenized.
+//! The tree matcher (`gyre_trajectory::match_context`) then decides the record's parent and
+//! reused count, so the record is exactly what the log's projection will fold.
+//!
+//! **Caches.** Claude Code re-serialises `tool_use.input` (keys reordered, escapes normalised);
+//! the exact generated arguments text is restored by tool-call id before rendering. Reasoning is
+//! restored from the handle (Anthropic `signature`, Responses `encrypted_content`) the proxy
+//! minted when it produced it.
+//!
+//! Everything here is synchronous and deterministic given its inputs; the server holds a
+//! session behind a mutex.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gyre_event::{
+    CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, Provenance,
+    ProvenanceSpan, Timestamp,
+};
+use gyre_trajectory::{match_context, Tree, TreeConfig};
+
+use crate::messages::{ChatRequest, Role};
+use crate::model_dir::ChatModel;
+use crate::template::{CivilDateTime, RenderInput};
+use crate::ProxyError;
+
+/// The text Claude Code appends to the last user message of a compaction request.
+const COMPACTION_MARKERS: [&str; 2] = [
+    "CRITICAL: Respond with TEXT ONLY",
+    "Your task is to create a detailed summary of the conversation",
+];
+
+/// An agent's last full context: what the engine saw plus what it sampled.
+#[derive(Clone, Debug, Default)]
+struct AgentContext {
+    call: Option<CallId>,
+    text: String,
+    ids: Vec<u32>,
+    /// Byte end in `text` of each token.
+    ends: Vec<u32>,
+    provenance: Vec<Provenance>,
+    /// Token index where the last call's sampled output starts (`ids.len()` if none).
+    output_start: usize,
+}
+
+/// What a request becomes before it is sent to an engine.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub agent: String,
+    pub kind: CallKind,
+    pub spawned_by: Option<CallId>,
+    /// The full prompt, rendered.
+    pub text: String,
+    /// The full prompt as token ids: reused prefix + newly encoded tail.
+    pub context_ids: Vec<u32>,
+    ends: Vec<u32>,
+    provenance: Vec<Provenance>,
+    /// Tokens taken from the agent's previous context instead of being encoded.
+    pub reused_by_text: usize,
+    /// Tokens encoded for this request.
+    pub encoded: usize,
+    /// Input tokens the tree already holds (reported as cached prompt tokens).
+    pub tree_reused: u64,
+    parent_call: Option<CallId>,
+}
+
+/// What the engine produced for a call.
+#[derive(Clone, Debug, Default)]
+pub struct Sampled {
+    pub output_ids: Vec<u32>,
+    pub output_logprobs: Vec<f32>,
+    /// Byte end of each output token within `output_text`.
+    pub output_ends: Vec<u32>,
+    pub output_text: String,
+    pub engine: EngineId,
+    pub policy_version: PolicyVersion,
+    pub requested_at: Timestamp,
+    pub first_token_after: Duration,
+    pub completed_after: Duration,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub execution: ExecutionId,
+    pub tree: Tree,
+    agents: BTreeMap<String, AgentContext>,
+    tool_calls: HashMap<String, String>,
+    reasoning: HashMap<String, String>,
+    special: HashSet<u32>,
+    next_call: u64,
+    pub closed: bool,
+    /// Index of the engine this execution is pinned to.
+    pub engine: usize,
+    pub tokens_encoded: u64,
+    pub tokens_reused: u64,
+    /// Requests whose rendered history diverged from the agent's last context inside a sampled
+    /// output (a template that does not re-render outputs exactly; counted, never hidden).
+    pub sampled_divergences: u64,
+}
+
+/// Run-length provenance of a token slice.
+pub fn spans(provenance: &[Provenance]) -> Vec<ProvenanceSpan> {
+    let mut spans: Vec<ProvenanceSpan> = Vec::new();
+    for item in provenance {
+        match spans.last_mut() {
+            Some(last) if last.provenance == *item => last.tokens_count += 1,
+            _ => spans.push(ProvenanceSpan {
+                provenance: *item,
+                tokens_count: 1,
+            }),
+        }
+    }
+    spans
+}
+
+fn common_prefix_bytes(left: &str, right: &str) -> usize {
+    let (left, right) = (left.as_bytes(), right.as_bytes());
+    let length = left.len().min(right.len());
+    let mut at = 0;
+    while at + 64 <= length && left[at..at + 64] == right[at..at + 64] {
+        at += 64;
+    }
+    while at < length && left[at] == right[at] {
+        at += 1;
+    }
+    at
+}
+
+impl Session {
+    pub fn new(execution: ExecutionId, model: &ChatModel, engine: usize) -> Self {
+        let special = model
+            .tokenizer()
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Session {
+            execution,
+            tree: Tree::new(execution, TreeConfig::default()),
+            agents: BTreeMap::new(),
+            tool_calls: HashMap::new(),
+            reasoning: HashMap::new(),
+            special,
+            next_call: 0,
+            closed: false,
+            engine,
+            tokens_encoded: 0,
+            tokens_reused: 0,
+            sampled_divergences: 0,
+        }
+    }
+
+    /// Remembers what the model produced so a re-sent history can be restored exactly.
+    pub fn remember_tool_call(&mut self, id: &str, arguments: &str) {
+        self.tool_calls.insert(id.to_string(), arguments.to_string());
+    }
+
+    pub fn remember_reasoning(&mut self, handle: &str, text: &str) {
+        self.reasoning.insert(handle.to_string(), text.to_string());
+    }
+
+    /// Restores exact tool-call arguments and reasoning text in a re-sent history. Returns how
+    /// many pieces were restored.
+    pub fn restore(&self, request: &mut ChatRequest) -> usize {
+        let mut restored = 0;
+        for message in &mut request.messages {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            for call in &mut message.tool_calls {
+                if let Some(exact) = self.tool_calls.get(&call.id) {
+                    if call.arguments != *exact {
+                        call.arguments = exact.clone();
+                    }
+                    restored += 1;
+                }
+            }
+            for reasoning in &mut message.reasoning {
+                if let Some(exact) = reasoning
+                    .handle
+                    .as_ref()
+                    .and_then(|handle| self.reasoning.get(handle))
+                {
+                    reasoning.text = exact.clone();
+                    reasoning.redacted = false;
+                    restored += 1;
+                }
+            }
+        }
+        restored
+    }
+
+    fn known_output(&self, message: &crate::messages::Message) -> bool {
+        message
+            .tool_calls
+            .iter()
+            .any(|call| self.tool_calls.contains_key(&call.id))
+            || message.reasoning.iter().any(|reasoning| {
+                reasoning
+                    .handle
+                    .as_ref()
+                    .is_some_and(|handle| self.reasoning.contains_key(handle))
+            })
+    }
+
+    /// Provenance of each byte range of `text` that holds a message's content, in order.
+    fn content_spans(&self, request: &ChatRequest, text: &str) -> Vec<(usize, usize, Provenance)> {
+        let mut spans = Vec::new();
+        let mut cursor = 0usize;
+        for message in &request.messages {
+            let provenance = match message.role {
+                Role::System => Provenance::System,
+                Role::User => Provenance::User,
+                Role::Tool => Provenance::ToolResult,
+                Role::Assistant if self.known_output(message) => Provenance::Sampled,
+                Role::Assistant => Provenance::HarnessAssistant,
+            };
+            let mut pieces: Vec<&str> = Vec::new();
+            pieces.extend(message.reasoning.iter().map(|r| r.text.as_str()));
+            pieces.push(message.content.as_str());
+            pieces.extend(message.tool_calls.iter().map(|c| c.arguments.as_str()));
+            for piece in pieces.into_iter().filter(|piece| !piece.is_empty()) {
+                if let Some(found) = text.get(cursor..).and_then(|rest| rest.find(piece)) {
+                    let start = cursor + found;
+                    spans.push((start, start + piece.len(), provenance));
+                    cursor = start + piece.len();
+                }
+            }
+        }
+        spans
+    }
+
+    /// Renders, reuses and encodes `request` for `agent` (`None`: the main agent).
+    pub fn prepare(
+        &mut self,
+        model: &ChatModel,
+        request: &ChatRequest,
+        agent: Option<&str>,
+        now: CivilDateTime,
+    ) -> Result<Prepared, ProxyError> {
+        let agent = agent.unwrap_or("main").to_string();
+        let text = model.render(&RenderInput {
+            messages: &request.messages,
+            tools: &request.tools,
+            add_generation_prompt: true,
+            now,
+            extra: None,
+        })?;
+        let empty = AgentContext::default();
+        let previous = self.agents.get(&agent).unwrap_or(&empty);
+        let matched = common_prefix_bytes(&previous.text, &text);
+        // Tokens wholly inside the matched bytes.
+        let mut keep = previous.ends.partition_point(|end| *end as usize <= matched);
+        // A sampled output that matched completely is kept whole; otherwise back off to just
+        // after a special token, never into the middle of a sampled output.
+        let whole_output = keep == previous.ids.len() && keep > previous.output_start;
+        if !whole_output {
+            if keep > previous.output_start && keep < previous.ids.len() {
+                self.sampled_divergences += 1;
+                keep = previous.output_start;
+            }
+            while keep > 0 && !self.special.contains(&previous.ids[keep - 1]) {
+                keep -= 1;
+            }
+        }
+        let tail_start = if keep == 0 {
+            0
+        } else {
+            previous.ends[keep - 1] as usize
+        };
+        let tail = &text[tail_start..];
+        let encoding = model
+            .tokenizer()
+            .encode(tail, false)
+            .map_err(|error| ProxyError::Tokenizer {
+                message: error.to_string(),
+            })?;
+        let mut context_ids = previous.ids[..keep].to_vec();
+        let mut ends = previous.ends[..keep].to_vec();
+        let mut provenance = previous.provenance[..keep].to_vec();
+        let spans_of_content = self.content_spans(request, &text);
+        let mut span_at = spans_of_content.partition_point(|(_, end, _)| *end <= tail_start);
+        for (id, (start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            let absolute_start = tail_start + start;
+            context_ids.push(*id);
+            ends.push((tail_start + end) as u32);
+            while span_at < spans_of_content.len() && spans_of_content[span_at].1 <= absolute_start
+            {
+                span_at += 1;
+            }
+            let inside = spans_of_content
+                .get(span_at)
+                .filter(|(span_start, _, _)| *span_start <= absolute_start);
+            provenance.push(if self.special.contains(id) {
+                Provenance::Template
+            } else {
+                inside.map_or(Provenance::Template, |(_, _, provenance)| *provenance)
+            });
+        }
+        // Offsets of tokens that merge bytes past the end of a text are clamped by the
+        // tokenizer; keep the ends monotonic and inside the text.
+        let mut floor = 0u32;
+        for end in &mut ends {
+            *end = (*end).max(floor).min(text.len() as u32);
+            floor = *end;
+        }
+        let encoded = encoding.get_ids().len();
+        self.tokens_encoded += encoded as u64;
+        self.tokens_reused += keep as u64;
+        let found = match_context(&self.tree, &context_ids);
+        let last_user = request
+            .messages
+            .iter()
+            .rev()
+            .find(|message| message.role == Role::User);
+        let kind = if last_user.is_some_and(|message| {
+            COMPACTION_MARKERS
+                .iter()
+                .any(|marker| message.content.contains(marker))
+        }) {
+            CallKind::Summary
+        } else {
+            CallKind::Turn
+        };
+        let spawned_by = if agent != "main" && !self.agents.contains_key(&agent) {
+            self.agents.get("main").and_then(|main| main.call)
+        } else {
+            None
+        };
+        Ok(Prepared {
+            agent,
+            kind,
+            spawned_by,
+            text,
+            context_ids,
+            ends,
+            provenance,
+            reused_by_text: keep,
+            encoded,
+            tree_reused: found.reused_tokens_count,
+            parent_call: found.parent_call,
+        })
+    }
+
+    /// The record of a finished call; applies it to the session's tree and makes it the agent's
+    /// last context. The caller commits the record to the log (and must not answer the harness
+    /// before that succeeds).
+    pub fn finish_call(
+        &mut self,
+        prepared: Prepared,
+        sampled: Sampled,
+    ) -> Result<ModelCallRecord, ProxyError> {
+        let call = CallId(self.next_call);
+        let reused = prepared.tree_reused as usize;
+        let record = ModelCallRecord {
+            execution: self.execution,
+            call,
+            agent: prepared.agent.clone(),
+            kind: prepared.kind,
+            parent_call: prepared.parent_call,
+            reused_prefix_tokens_count: prepared.tree_reused,
+            spawned_by: prepared.spawned_by,
+            input_ids: prepared.context_ids[reused..].to_vec(),
+            input_provenance: spans(&prepared.provenance[reused..]),
+            output_ids: sampled.output_ids.clone(),
+            output_logprobs: sampled.output_logprobs.clone(),
+            engine: sampled.engine,
+            policy_version: sampled.policy_version,
+            requested_at: sampled.requested_at,
+            first_token_after: sampled.first_token_after,
+            completed_after: sampled.completed_after,
+        };
+        if record.output_ids.is_empty() {
+            return Err(ProxyError::Engine {
+                message: "the engine returned no tokens".into(),
+            });
+        }
+        self.tree
+            .apply(&record)
+            .map_err(|error| ProxyError::Engine {
+                message: format!("record does not fit the execution's tree: {error}"),
+            })?;
+        self.next_call += 1;
+        let mut context = AgentContext {
+            call: Some(call),
+            output_start: prepared.context_ids.len(),
+            text: prepared.text,
+            ids: prepared.context_ids,
+            ends: prepared.ends,
+            provenance: prepared.provenance,
+        };
+        let base = context.text.len() as u32;
+        context.text.push_str(&sampled.output_text);
+        context.ids.extend_from_slice(&sampled.output_ids);
+        context
+            .ends
+            .extend(sampled.output_ends.iter().map(|end| base + end));
+        context
+            .provenance
+            .extend(std::iter::repeat_n(Provenance::Sampled, sampled.output_ids.len()));
+        self.agents.insert(prepared.agent, context);
+        Ok(record)
+    }
+
+    /// Calls recorded so far.
+    pub fn calls(&self) -> u64 {
+        self.next_call
+    }
+}

@@ -1,0 +1,127 @@
+//! Where TITO records go before the harness gets the end of its answer.
+//!
+//! - [`ControlSink`]: the replicated log — a `gyre_control::Producer` appending to the control
+//!   quorum; `commit` returns once the record's entry is committed and folded (a projection
+//!   refusal is an error: the proxy's tree and the log's would disagree).
+//! - [`FileSink`]: a local event file (`gyre-log`'s CRC-framed, hash-chained format, readable by
+//!   `gyre replay` and `gyre audit`) for single-machine runs and tests. One writer thread; every
+//!   group of records waiting together is appended as one batch and made durable with one
+//!   `fdatasync` before any of them is acknowledged.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+
+use futures_util::future::BoxFuture;
+use gyre_event::Event;
+use tokio::sync::oneshot;
+
+/// Commits events durably.
+pub trait RecordSink: Send + Sync + 'static {
+    /// Resolves once `event` is durable (committed on a quorum, or fsynced to the file).
+    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>>;
+    /// Where records go, for `/health` and logs.
+    fn describe(&self) -> String;
+}
+
+pub struct ControlSink {
+    producer: gyre_control::Producer,
+    addresses: String,
+}
+
+impl ControlSink {
+    /// Must be called inside a tokio runtime (the producer starts its connection task).
+    pub fn new(addresses: &str) -> Result<ControlSink, String> {
+        let client = gyre_control::ClusterClient::new(addresses).map_err(|e| e.to_string())?;
+        Ok(ControlSink {
+            producer: gyre_control::Producer::new(client, gyre_control::ProducerOptions::default()),
+            addresses: addresses.to_string(),
+        })
+    }
+}
+
+impl RecordSink for ControlSink {
+    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>> {
+        let producer = self.producer.clone();
+        Box::pin(async move {
+            let (_, refused) = producer
+                .append(vec![event])
+                .await
+                .map_err(|error| format!("control log: {error}"))?;
+            match refused.into_iter().find(|reason| !reason.is_empty()) {
+                Some(reason) => Err(format!("control log refused the record: {reason}")),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("control cluster {}", self.addresses)
+    }
+}
+
+struct FileJob {
+    event: Event,
+    reply: oneshot::Sender<Result<(), String>>,
+}
+
+pub struct FileSink {
+    jobs: std_mpsc::Sender<FileJob>,
+    path: PathBuf,
+}
+
+impl FileSink {
+    /// Creates `path` (or appends to it after recovering a torn tail) and starts the writer.
+    pub fn open(path: &Path) -> Result<FileSink, String> {
+        let mut writer = if path.exists() {
+            let (writer, recovered) = gyre_log::EventFileWriter::open_append(path)
+                .map_err(|error| format!("{}: {error}", path.display()))?;
+            tracing::info!(?recovered, path = %path.display(), "appending to an existing event file");
+            writer
+        } else {
+            gyre_log::EventFileWriter::create(path)
+                .map_err(|error| format!("{}: {error}", path.display()))?
+        };
+        let (jobs, queue) = std_mpsc::channel::<FileJob>();
+        let shown = path.display().to_string();
+        std::thread::Builder::new()
+            .name("gyre-proxy-log".into())
+            .spawn(move || {
+                while let Ok(first) = queue.recv() {
+                    let mut group = vec![first];
+                    while let Ok(next) = queue.try_recv() {
+                        group.push(next);
+                    }
+                    let events: Vec<Event> = group.iter().map(|job| job.event.clone()).collect();
+                    let result = writer
+                        .append_batch(&events)
+                        .and_then(|_| writer.sync())
+                        .map_err(|error| format!("{shown}: {error}"));
+                    for job in group {
+                        let _ = job.reply.send(result.clone());
+                    }
+                }
+            })
+            .map_err(|error| format!("starting the log writer: {error}"))?;
+        Ok(FileSink {
+            jobs,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl RecordSink for FileSink {
+    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.jobs.send(FileJob { event, reply });
+        Box::pin(async move {
+            sent.map_err(|_| "the log writer stopped".to_string())?;
+            answer
+                .await
+                .map_err(|_| "the log writer stopped".to_string())?
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("event file {}", self.path.display())
+    }
+}
