@@ -2,6 +2,7 @@
 //! workspace's tidy test.
 
 mod control;
+mod harness;
 mod replay;
 mod simulate;
 mod support;

@@ -291,6 +291,11 @@ async fn model_call(
         session.restore(&mut request);
         session.prepare(&app.model, &request, agent.as_deref(), now_civil())
     };
+    if let (Ok(prepared), Some(dir)) = (&prepared, std::env::var_os("GYRE_PROXY_DUMP_DIR")) {
+        // Debugging aid: every rendered prompt, as the engine will see it.
+        let name = format!("{}-{}.txt", prepared.agent.replace(':', "_"), execution.lock().calls());
+        let _ = std::fs::write(std::path::Path::new(&dir).join(name), &prepared.text);
+    }
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(error) => {

@@ -9,7 +9,9 @@
 //! across any other boundary, research/tokenize-anchor-report.md) or the end of a sampled output
 //! that matched completely. Sampled ids are never re-encoded. Only the rest of `R` is tokenized.
 //! The tree matcher (`gyre_trajectory::match_context`) then decides the record's parent and
-//! reused count, so the record is exactly what the log's projection will fold.
+//! reused count, so the record is exactly what the log's projection will fold; a match that
+//! shares only system-prompt and template tokens (a sub-agent, the conversation after a
+//! compaction) becomes a new root instead.
 //!
 //! **Caches.** Claude Code re-serialises `tool_use.input` (keys reordered, escapes normalised);
 //! the exact generated arguments text is restored by tool-call id before rendering. Reasoning is
@@ -316,7 +318,15 @@ impl Session {
         let encoded = encoding.get_ids().len();
         self.tokens_encoded += encoded as u64;
         self.tokens_reused += keep as u64;
-        let found = match_context(&self.tree, &context_ids);
+        let mut found = match_context(&self.tree, &context_ids);
+        // Sharing only the system prompt and tool list (a sub-agent, or the conversation that
+        // restarts after a compaction) starts a new root: the tree's roots are conversations.
+        let shares_conversation = provenance[..found.reused_tokens_count as usize]
+            .iter()
+            .any(|item| !matches!(item, Provenance::System | Provenance::Template));
+        if !shares_conversation {
+            found = gyre_trajectory::PrefixMatch::ROOT;
+        }
         let last_user = request
             .messages
             .iter()

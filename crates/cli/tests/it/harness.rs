@@ -1,0 +1,196 @@
+//! The real harness CLIs through `gyre proxy` with the scripted engine: Claude Code
+//! (`@anthropic-ai/claude-code`, pinned in `.ci/run`) runs a multi-turn task with parallel tool
+//! calls, a sub-agent and a forced auto-compaction, and the recorded TITO trees must show every
+//! turn extending the previous one (no re-encoding of history), the sub-agent as its own root and
+//! the compaction as a branch followed by a new root.
+//!
+//! The CLIs come from npm: `GYRE_CLAUDE_BIN` (and `GYRE_CODEX_BIN`) point at them; `.ci/run`
+//! installs them and sets `GYRE_HARNESS_REQUIRED=1`, under which a missing CLI fails the test
+//! instead of passing by.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use gyre_event::{CallKind, EventBody, ModelCallRecord};
+
+fn harness_bin(variable: &str) -> Option<PathBuf> {
+    let required = std::env::var("GYRE_HARNESS_REQUIRED").is_ok_and(|value| value == "1");
+    match std::env::var_os(variable).map(PathBuf::from) {
+        Some(path) if path.exists() => Some(path),
+        other => {
+            assert!(
+                !required,
+                "GYRE_HARNESS_REQUIRED=1 but {variable} ({other:?}) is not an installed CLI"
+            );
+            eprintln!("{variable} not set: this test needs the CLI from npm (see .ci/run)");
+            None
+        }
+    }
+}
+
+/// A running `gyre proxy` and the first execution's credential.
+struct Proxy {
+    child: Child,
+    anthropic_base_url: String,
+    openai_base_url: String,
+    token: String,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_proxy(script: &Path, log: &Path) -> Proxy {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--open", "1", "--script"])
+        .arg(script)
+        .arg("--log")
+        .arg(log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("gyre proxy starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let listening = lines.next().expect("a listening line").expect("utf-8");
+    assert!(listening.contains("listening"), "{listening}");
+    let credential: serde_json::Value =
+        serde_json::from_str(&lines.next().expect("a credential line").expect("utf-8"))
+            .expect("credential JSON");
+    let text = |key: &str| credential[key].as_str().expect(key).to_string();
+    Proxy {
+        anthropic_base_url: text("anthropic_base_url"),
+        openai_base_url: text("openai_base_url"),
+        token: text("token"),
+        child,
+    }
+}
+
+fn records(log: &Path) -> Vec<ModelCallRecord> {
+    gyre_log::EventFileReader::read_all_events(log)
+        .expect("the proxy's event file reads back")
+        .into_iter()
+        .flat_map(|(_, events)| events)
+        .filter_map(|event| match event.body {
+            EventBody::ModelCall(record) => Some(*record),
+            _ => None,
+        })
+        .collect()
+}
+
+fn path_end(record: &ModelCallRecord) -> u64 {
+    record.reused_prefix_tokens_count + (record.input_ids.len() + record.output_ids.len()) as u64
+}
+
+#[test]
+fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_branch() {
+    let Some(claude) = harness_bin("GYRE_CLAUDE_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/claude_code_script.jsonl");
+    let log = dir.path().join("tito.log");
+    let proxy = start_proxy(&script, &log);
+    let work = dir.path().join("work");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&home).expect("home dir");
+    let output = Command::new(&claude)
+        .current_dir(&work)
+        .env("HOME", &home)
+        .env("IS_SANDBOX", "1")
+        .env("ANTHROPIC_BASE_URL", &proxy.anthropic_base_url)
+        .env("ANTHROPIC_API_KEY", &proxy.token)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("CLAUDE_CODE_ATTRIBUTION_HEADER", "0")
+        .args([
+            "-p",
+            "Create hello.txt, list the directory, then ask a sub-agent to check cwd",
+            "--dangerously-skip-permissions",
+            "--model",
+            "gyre-test",
+            "--autocompact",
+            "100000",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+        ])
+        .output()
+        .expect("claude runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "claude exited {:?}\nstdout tail: {}\nstderr: {}",
+        output.status,
+        &stdout[stdout.len().saturating_sub(3000)..],
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("\"compact_result\":\"success\""), "no successful auto-compaction");
+    assert!(stdout.contains("\"result\":\"All done.\""), "the task did not finish");
+    assert_eq!(
+        std::fs::read_to_string(work.join("hello.txt")).expect("hello.txt written by the Write tool"),
+        "café / line1\nline2\n"
+    );
+
+    let records = records(&log);
+    let by_call: BTreeMap<u64, &ModelCallRecord> =
+        records.iter().map(|record| (record.call.get(), record)).collect();
+    let main: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent == "main").collect();
+    let sub: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent.starts_with("sub:")).collect();
+    assert_eq!(records.len(), main.len() + sub.len(), "only main and sub-agent calls");
+    assert_eq!(sub.len(), 2, "two sub-agent calls");
+
+    // Main agent up to the compaction: each turn extends the previous one completely.
+    let summary_at = main
+        .iter()
+        .position(|record| record.kind == CallKind::Summary)
+        .expect("a compaction (summary) call was recorded");
+    assert!(summary_at >= 4, "compaction came after the tool turns");
+    for pair in main[..summary_at].windows(2) {
+        let (previous, next) = (pair[0], pair[1]);
+        assert_eq!(next.parent_call, Some(previous.call), "call {} hangs from the previous turn", next.call);
+        assert_eq!(
+            next.reused_prefix_tokens_count,
+            path_end(previous),
+            "call {} reuses the whole previous context (prompt and sampled tokens)",
+            next.call
+        );
+    }
+    // The compaction request is a branch: Claude Code summarises the history the last turn saw
+    // (its prompt, not its answer), so it shares that prompt up to the generation prompt.
+    let summary = main[summary_at];
+    let before = main[summary_at - 1];
+    let prompt_end = before.reused_prefix_tokens_count + before.input_ids.len() as u64;
+    assert_eq!(summary.parent_call, Some(before.call));
+    assert!(
+        summary.reused_prefix_tokens_count > before.reused_prefix_tokens_count
+            && summary.reused_prefix_tokens_count <= prompt_end
+            && prompt_end - summary.reused_prefix_tokens_count <= 4,
+        "the compaction branch shares the last prompt (reused {}, prompt {prompt_end})",
+        summary.reused_prefix_tokens_count
+    );
+    // After it, the conversation restarts from the summary: a new root (it shares only the
+    // system prompt and tools with the tree).
+    let after = main.get(summary_at + 1).expect("a call after the compaction");
+    assert_eq!(after.kind, CallKind::Turn);
+    assert_eq!(after.parent_call, None, "the post-compaction call is a new root");
+
+    // The sub-agent: its own root, spawned by a main call, then extending itself.
+    assert_eq!(sub[0].parent_call, None, "the sub-agent is a separate root");
+    let spawner = sub[0].spawned_by.expect("the sub-agent records who spawned it");
+    assert!(by_call.contains_key(&spawner.get()));
+    assert_eq!(sub[1].parent_call, Some(sub[0].call));
+    assert_eq!(sub[1].reused_prefix_tokens_count, path_end(sub[0]));
+
+    // Only sampled tokens are outputs; every record has exact behaviour log-probs.
+    for record in &records {
+        assert_eq!(record.output_ids.len(), record.output_logprobs.len());
+        assert!(record.output_logprobs.iter().all(|lp| lp.is_finite() && *lp <= 0.0));
+    }
+    drop(proxy);
+}
