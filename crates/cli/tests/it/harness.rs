@@ -194,3 +194,64 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     }
     drop(proxy);
 }
+
+#[test]
+fn codex_turns_extend_the_tree_through_the_responses_api() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/codex_script.jsonl");
+    let log = dir.path().join("tito.log");
+    let proxy = start_proxy(&script, &log);
+    let work = dir.path().join("work");
+    let codex_home = dir.path().join("codex-home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+            proxy.openai_base_url
+        ),
+    )
+    .expect("codex config");
+    let output = Command::new(&codex)
+        .current_dir(&work)
+        .env("CODEX_HOME", &codex_home)
+        .env("GYRE_EXECUTION_KEY", &proxy.token)
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--json",
+            "Create hello.txt and list the directory",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("codex runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "codex exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("\"text\":\"All done.\""), "the task did not finish: {stdout}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("hello.txt")).expect("hello.txt written by the shell tool"),
+        "café\n"
+    );
+    let records = records(&log);
+    assert_eq!(records.len(), 3, "three model calls");
+    assert_eq!(records[0].parent_call, None);
+    for pair in records.windows(2) {
+        assert_eq!(pair[1].parent_call, Some(pair[0].call), "each turn hangs from the previous");
+        assert_eq!(
+            pair[1].reused_prefix_tokens_count,
+            path_end(&pair[0]),
+            "each turn reuses the whole previous context (reasoning restored from its handle)"
+        );
+    }
+    drop(proxy);
+}
