@@ -1,0 +1,163 @@
+//! Role switches and engine deaths under load, in process: many executions stream calls
+//! through the proxy's router while their engine dies or aborts mid-answer. Every call must
+//! reach the harness as one well-formed answer (no error events, `message_stop` last), and the
+//! log must hold exactly one record per call (none lost, none duplicated), each with the full
+//! answer's tokens and a log-prob per token.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::Request;
+use gyre_event::{Event, EventBody};
+use gyre_proxy::engine::{DeterministicEngine, DeterministicOptions, Fault, TokenEngine};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::{router, AppState, RecordSink, ServerConfig};
+use gyre_proxy::{ChatModel, ToolArgumentsForm};
+use tower::ServiceExt;
+
+/// The log, in memory: what was committed, in order.
+#[derive(Default)]
+struct MemorySink {
+    events: Mutex<Vec<Event>>,
+}
+
+impl RecordSink for MemorySink {
+    fn commit(
+        &self,
+        event: Event,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        self.events.lock().expect("sink lock").push(event);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}
+
+const ANSWER_TOKENS: u32 = 24;
+const EXECUTIONS: usize = 48;
+const CALLS_PER_EXECUTION: usize = 3;
+
+fn engine(name: &str, fault: Option<Fault>, end: u32) -> Arc<dyn TokenEngine> {
+    Arc::new(DeterministicEngine::new(DeterministicOptions {
+        name: name.into(),
+        output_tokens: ANSWER_TOKENS,
+        end_token_id: Some(end),
+        vocabulary: 9..2048,
+        fault,
+        ..DeterministicOptions::default()
+    }))
+}
+
+fn body(turn: usize) -> String {
+    let mut messages = Vec::new();
+    for earlier in 0..turn {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {earlier}")}));
+        messages.push(serde_json::json!({"role": "assistant", "content": "earlier answer"}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}")}));
+    serde_json::json!({
+        "model": "gyre-test",
+        "max_tokens": 200,
+        "stream": true,
+        "system": "You are a test agent.",
+        "messages": messages,
+    })
+    .to_string()
+}
+
+/// `fault` cuts the source's answer after `partial` tokens; the destination then produces a
+/// whole answer of its own after them (it continues from the prompt plus the partial tokens).
+fn scenario(fault: Fault, partial: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let model = Arc::new(
+            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
+                .expect("test model"),
+        );
+        let end = model.token_id("<|im_end|>").expect("end-of-turn token");
+        let sink = Arc::new(MemorySink::default());
+        let engines = vec![
+            engine("source", Some(fault), end),
+            engine("destination", None, end),
+        ];
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            engines,
+            sink.clone(),
+        )
+        .expect("state");
+        let app = router(state.clone());
+        let mut tasks = Vec::new();
+        for _ in 0..EXECUTIONS {
+            // Every execution starts pinned to the engine that fails mid-answer.
+            let (_, token) = state.open_execution(None, Some(0));
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for turn in 0..CALLS_PER_EXECUTION {
+                    let request = Request::post("/v1/messages")
+                        .header("x-api-key", &token)
+                        .header("content-type", "application/json")
+                        .body(Body::from(body(turn)))
+                        .expect("request");
+                    let response = app.clone().oneshot(request).await.expect("infallible");
+                    let status = response.status().as_u16();
+                    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                        .await
+                        .expect("body");
+                    answers.push((status, String::from_utf8(bytes.to_vec()).expect("utf-8")));
+                }
+                answers
+            }));
+        }
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.extend(task.await.expect("client task"));
+        }
+        for (status, text) in &answers {
+            assert_eq!(*status, 200, "{text}");
+            assert!(!text.contains("event: error"), "a harness-visible error: {text}");
+            assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+            assert_eq!(text.matches("event: message_start").count(), 1);
+        }
+        let events = sink.events.lock().expect("sink").clone();
+        let mut seen = BTreeSet::new();
+        for event in &events {
+            let EventBody::ModelCall(record) = &event.body else {
+                panic!("only model calls are recorded");
+            };
+            assert!(seen.insert((record.execution, record.call)), "duplicated record");
+            let length = record.output_ids.len();
+            assert!(
+                length == ANSWER_TOKENS as usize || length == partial + ANSWER_TOKENS as usize,
+                "the whole answer: {length} tokens"
+            );
+            assert_eq!(record.output_ids.len(), record.output_logprobs.len());
+            assert_eq!(record.output_ids.last(), Some(&end));
+        }
+        assert_eq!(events.len(), EXECUTIONS * CALLS_PER_EXECUTION, "one record per call");
+        assert!(
+            state.metrics.failovers_count() >= EXECUTIONS as u64,
+            "every execution's first call failed over"
+        );
+    });
+}
+
+#[test]
+fn engine_death_mid_stream_is_invisible_to_many_harnesses() {
+    scenario(Fault::DieAfterTokens(5), 5);
+}
+
+#[test]
+fn role_switch_abort_mid_stream_is_invisible_to_many_harnesses() {
+    scenario(Fault::AbortAfterTokens(7), 7);
+}
