@@ -2,6 +2,12 @@
 
 mod anthropic;
 mod builders;
+mod engine_fake_chat;
+mod engine_scripted;
+mod engine_sglang;
+mod engine_suite;
+mod engine_support;
+mod engine_vllm;
 mod hostile_requests;
 mod model_dir;
 mod openai_chat;

@@ -1,0 +1,271 @@
+//! Engines behind one trait: token ids in, token ids and behaviour log-probs out.
+//!
+//! The proxy renders and tokenizes; an engine only samples. [`TokenEngine`] is what the server
+//! holds per engine, object-safe (`Arc<dyn TokenEngine>`) with boxed futures:
+//! - [`sglang::SglangEngine`]: SGLang's native `POST /generate` with `input_ids`;
+//! - [`vllm::VllmEngine`]: vLLM's token-in/token-out `POST /inference/v1/generate`;
+//! - [`scripted::ScriptedEngine`]: replays a JSONL script of Anthropic content blocks rendered
+//!   in the model's output format (tests and `gyre proxy --engine scripted`);
+//! - [`deterministic::DeterministicEngine`]: a fixed-length pseudo-random output per request
+//!   (benchmarks, fakes);
+//! - [`fake`]: protocol-faithful SGLang and vLLM HTTP servers backed by any engine.
+//!
+//! The embedded CPU engine of a later issue implements the same trait.
+//!
+//! Stream contract ([`ChunkStream`]): zero or more `Ok(EngineChunk::Tokens)`, then exactly one
+//! terminal item, `Ok(EngineChunk::Finished)` or `Err(EngineFailure)`, then the channel closes.
+//! A channel that closes without a terminal item means the engine task is gone: treat it as
+//! [`EngineFailure::Unreachable`]. Dropping the receiver cancels the request (the adapters then
+//! abort it on the engine). An abort is not a failure: the stream ends with
+//! `Finished { kind: FinishKind::Abort, .. }` after the tokens produced so far.
+
+pub mod deterministic;
+pub mod fake;
+mod http;
+mod playback;
+pub mod scripted;
+pub mod sglang;
+mod sse;
+pub mod vllm;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use deterministic::{DeterministicEngine, DeterministicOptions};
+pub use http::HttpEngineConfig;
+pub use playback::{playback_logprob, Fault, PlaybackOptions};
+pub use scripted::{
+    render_blocks, Script, ScriptBlock, ScriptError, ScriptLine, ScriptedEngine, ScriptedOptions,
+};
+pub use sglang::{SglangConfig, SglangEngine};
+pub use vllm::{VllmConfig, VllmEngine};
+
+/// A boxed, sendable future (what `async fn` in an object-safe trait becomes).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The agent a request is for when [`EngineRequest::agent`] is `None`.
+pub const MAIN_AGENT: &str = "main";
+
+/// HTTP header the adapters put [`EngineRequest::agent`] in. Real engines ignore it; the
+/// [`fake`] servers hand it to their backing engine (so a scripted engine behind a fake still
+/// knows main from sub-agent calls).
+pub const AGENT_HEADER: &str = "x-gyre-agent";
+
+/// One generation: the full prompt as token ids and the sampling parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineRequest {
+    /// The request id, unique among this engine's in-flight requests; [`TokenEngine::abort`]
+    /// names it. Sent to the engine as SGLang `rid` / vLLM `request_id`.
+    pub rid: String,
+    /// Which agent of the execution calls (`"main"`, a sub-agent id). Only the scripted engine
+    /// reads it; `None` means [`MAIN_AGENT`].
+    pub agent: Option<String>,
+    pub input_ids: Vec<u32>,
+    pub max_new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// The engine stops after sampling one of these (the id is kept in the output).
+    pub stop_token_ids: Vec<u32>,
+    pub seed: Option<u64>,
+}
+
+impl EngineRequest {
+    /// A request with neutral sampling (temperature 1, top-p 1, no stop ids, no seed).
+    pub fn new(rid: impl Into<String>, input_ids: Vec<u32>, max_new_tokens: u32) -> Self {
+        Self {
+            rid: rid.into(),
+            agent: None,
+            input_ids,
+            max_new_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            stop_token_ids: Vec::new(),
+            seed: None,
+        }
+    }
+
+    /// The agent name, [`MAIN_AGENT`] when unset.
+    pub fn agent_name(&self) -> &str {
+        self.agent.as_deref().unwrap_or(MAIN_AGENT)
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishKind {
+    /// An end-of-turn / EOS token or one of the request's stop ids (the last output id).
+    Stop,
+    /// `max_new_tokens` reached.
+    Length,
+    /// Aborted (by [`TokenEngine::abort`], the engine's own pause/abort, or an injected fault)
+    /// after the tokens streamed so far. Not a trainable output; the proxy retries elsewhere.
+    Abort,
+}
+
+impl FinishKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishKind::Stop => "stop",
+            FinishKind::Length => "length",
+            FinishKind::Abort => "abort",
+        }
+    }
+}
+
+/// One item of a [`ChunkStream`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineChunk {
+    /// Newly sampled ids and the behaviour log-prob of each (`ids.len() == logprobs.len()`,
+    /// never empty).
+    Tokens { ids: Vec<u32>, logprobs: Vec<f32> },
+    /// The end of the stream. `policy_version` is the engine's weight version when it
+    /// finished (SGLang `meta_info.weight_version` as an integer, else 0; engines without one
+    /// report what they were told, see [`vllm::VllmEngine::set_policy_version`]).
+    Finished {
+        kind: FinishKind,
+        policy_version: u64,
+    },
+}
+
+/// Why an engine call failed. Every variant names the engine ([`TokenEngine::name`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineFailure {
+    /// Connection refused or reset, or the stream was cut before its end (the engine died).
+    #[error("{engine}: unreachable: {message}")]
+    Unreachable { engine: String, message: String },
+    /// No response head, or no bytes on an open stream, within the configured time.
+    #[error("{engine}: timed out after {after_ms} ms waiting for {waiting_for}")]
+    TimedOut {
+        engine: String,
+        waiting_for: &'static str,
+        after_ms: u64,
+    },
+    /// A non-2xx HTTP status (body truncated to a few KiB).
+    #[error("{engine}: HTTP {code}: {body}")]
+    Status {
+        engine: String,
+        code: u16,
+        body: String,
+    },
+    /// The engine answered something that breaks its protocol; the message names the field.
+    #[error("{engine}: protocol: {message}")]
+    Protocol { engine: String, message: String },
+    /// The engine reported a failure of this request inside a 200 stream (`{"error": …}`,
+    /// vLLM `finish_reason: "error"`).
+    #[error("{engine}: failed: {message}")]
+    Failed { engine: String, message: String },
+    /// Refused before anything was sent: an empty prompt, a rid already in flight, a bad
+    /// engine address.
+    #[error("{engine}: rejected: {message}")]
+    Rejected { engine: String, message: String },
+}
+
+impl EngineFailure {
+    /// The engine's name as [`TokenEngine::name`] gives it.
+    pub fn engine(&self) -> &str {
+        match self {
+            EngineFailure::Unreachable { engine, .. }
+            | EngineFailure::TimedOut { engine, .. }
+            | EngineFailure::Status { engine, .. }
+            | EngineFailure::Protocol { engine, .. }
+            | EngineFailure::Failed { engine, .. }
+            | EngineFailure::Rejected { engine, .. } => engine,
+        }
+    }
+
+    /// Whether the same request may succeed on another engine (or later on this one): the
+    /// engine is gone, slow, overloaded (5xx, 429) or misbehaved. A 4xx or a rejection would
+    /// fail the same way anywhere.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            EngineFailure::Unreachable { .. }
+            | EngineFailure::TimedOut { .. }
+            | EngineFailure::Protocol { .. }
+            | EngineFailure::Failed { .. } => true,
+            EngineFailure::Status { code, .. } => *code >= 500 || *code == 429,
+            EngineFailure::Rejected { .. } => false,
+        }
+    }
+}
+
+/// The incremental output of one request; see the module docs for the contract.
+pub type ChunkStream = tokio::sync::mpsc::Receiver<Result<EngineChunk, EngineFailure>>;
+
+/// An inference engine. Implementations are cheap handles (`Arc` inside); every future they
+/// return owns what it needs (`'static`) so the server can spawn it.
+pub trait TokenEngine: Send + Sync + 'static {
+    /// Kind and address, e.g. `sglang@127.0.0.1:30000`; used in every [`EngineFailure`].
+    fn name(&self) -> &str;
+
+    /// Starts a generation. Resolves once the engine accepted it (for HTTP engines: the
+    /// response head arrived with a 2xx status), then tokens flow on the returned stream.
+    fn generate(
+        &self,
+        request: EngineRequest,
+    ) -> BoxFuture<'static, Result<ChunkStream, EngineFailure>>;
+
+    /// Asks the engine to stop request `rid`; its stream then ends with
+    /// [`FinishKind::Abort`] after the partial output. Unknown or finished rids are not an
+    /// error (the request may have just ended).
+    fn abort(&self, rid: &str) -> BoxFuture<'static, Result<(), EngineFailure>>;
+
+    /// Whether the engine answers its health check.
+    fn health(&self) -> BoxFuture<'static, Result<(), EngineFailure>>;
+}
+
+/// Reads a whole [`ChunkStream`]: all ids and log-probs, then the finish or the failure.
+/// Tests, benchmarks and non-streaming callers use it.
+pub async fn collect(mut stream: ChunkStream) -> Collected {
+    let mut collected = Collected::default();
+    while let Some(item) = stream.recv().await {
+        match item {
+            Ok(EngineChunk::Tokens { ids, logprobs }) => {
+                collected.chunks_count += 1;
+                collected.ids.extend_from_slice(&ids);
+                collected.logprobs.extend_from_slice(&logprobs);
+            }
+            Ok(EngineChunk::Finished {
+                kind,
+                policy_version,
+            }) => {
+                collected.end = Some(Ok((kind, policy_version)));
+                return collected;
+            }
+            Err(failure) => {
+                collected.end = Some(Err(failure));
+                return collected;
+            }
+        }
+    }
+    collected
+}
+
+/// What [`collect`] read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Collected {
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    /// How many `Tokens` chunks carried them.
+    pub chunks_count: usize,
+    /// `Ok((kind, policy_version))` or the failure; `None` when the channel closed without a
+    /// terminal item.
+    pub end: Option<Result<(FinishKind, u64), EngineFailure>>,
+}
+
+impl Collected {
+    /// The finish kind, if the stream finished.
+    pub fn finish(&self) -> Option<FinishKind> {
+        match &self.end {
+            Some(Ok((kind, _))) => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// The failure, if the stream failed.
+    pub fn failure(&self) -> Option<&EngineFailure> {
+        match &self.end {
+            Some(Err(failure)) => Some(failure),
+            _ => None,
+        }
+    }
+}
