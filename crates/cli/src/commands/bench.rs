@@ -29,6 +29,10 @@ enum BenchCommand {
     /// p50/p99 commit latency (1, 64, 256 writers), token-record MB/s, replay events/s and
     /// restart-to-serving time, beside the goals (same as `gyre control bench`).
     Log(super::control::LogBenchArgs),
+    /// The model proxy: added latency p50/p99 vs calling the same fake SGLang engine directly
+    /// (1, 64, 384 concurrent executions, contexts growing to 128K tokens), throughput ratio,
+    /// CPU per call, and tokenization work over a 636-call execution vs re-tokenizing.
+    Proxy(super::proxy_bench::ProxyBenchArgs),
     /// The embedded CPU policy: sampling tokens/s (1, 8, 32 concurrent; with and without KV
     /// cache), training seconds per step, and optionally the SmolLM2 profile.
     Model {
@@ -48,6 +52,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Simulate { repeat } => bench_simulate(repeat.max(1)),
         BenchCommand::Log(args) => super::control::bench_log(args),
+        BenchCommand::Proxy(args) => super::proxy_bench::run(args),
         BenchCommand::Model {
             new_tokens,
             steps,

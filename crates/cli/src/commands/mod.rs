@@ -5,6 +5,7 @@ pub mod bench;
 pub mod control;
 pub mod log;
 pub mod proxy;
+pub mod proxy_bench;
 pub mod model;
 pub mod quickstart;
 pub mod replay;

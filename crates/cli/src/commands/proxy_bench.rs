@@ -1,0 +1,340 @@
+//! `gyre bench proxy`: what the proxy costs, beside its anchors, in one run.
+//!
+//! - **Added latency**: the same fake SGLang engine (the protocol fake in `gyre-proxy`, backed by
+//!   a deterministic engine answering `--answer-tokens` tokens at once) is called directly
+//!   (its `/generate` with `input_ids`, through the proxy's own SGLang client) and through the
+//!   proxy (`POST /v1/messages` over loopback HTTP, non-streaming, TITO record committed to an
+//!   event file with fdatasync before the answer). C concurrent executions each make calls whose
+//!   contexts grow from 1K to 128K tokens (doubling). p50/p99 of both, and their differences.
+//! - **Throughput** at the highest concurrency: calls/s through the proxy over calls/s direct.
+//! - **CPU**: process CPU seconds of the proxied run minus the direct run, per call (the client
+//!   and the engine run in both, so the difference is the proxy's work), and calls/s per core.
+//! - **Tokenization work** over a 636-call execution (contexts growing to ~165K tokens): tokens
+//!   the proxy encodes (incremental, `Session::prepare`) against re-rendering and re-tokenizing
+//!   every request, and the CPU time of both.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use gyre_proxy::engine::{
+    collect, DeterministicEngine, DeterministicOptions, EngineRequest, SglangConfig,
+    SglangEngine, TokenEngine,
+};
+use gyre_proxy::engine::fake::{FakeOptions, FakeServer};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::session::{Sampled, Session};
+use gyre_proxy::server::{self, AppState, FileSink, ServerConfig};
+use gyre_proxy::template::CivilDateTime;
+use gyre_proxy::{ChatModel, ChatRequest, Message, Role, ToolArgumentsForm};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Arguments of `gyre bench proxy`.
+#[derive(Args, Debug)]
+pub struct ProxyBenchArgs {
+    /// Concurrent executions measured.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64, 384])]
+    concurrency: Vec<usize>,
+    /// Largest context, tokens (contexts double from 1K up to this).
+    #[arg(long, default_value_t = 131_072)]
+    context_max: usize,
+    /// Tokens each engine answer has.
+    #[arg(long, default_value_t = 32)]
+    answer_tokens: u32,
+    /// Calls in the tokenization-work execution.
+    #[arg(long, default_value_t = 636)]
+    execution_calls: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+/// Process CPU seconds (user + system) so far.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let Some(after) = stat.rsplit_once(") ").map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Filler text of about `tokens` tokens for the test tokenizer.
+fn filler(tokens: usize, salt: usize) -> String {
+    let mut text = String::new();
+    let mut i = 0;
+    while text.len() < tokens * 3 {
+        text.push_str(&format!("line {salt}.{i}: the tool printed some output here\n"));
+        i += 1;
+    }
+    text
+}
+
+fn request_body(contexts: &[usize], upto: usize, salt: usize) -> String {
+    let mut messages = Vec::new();
+    let mut previous = 0usize;
+    for (turn, tokens) in contexts.iter().take(upto + 1).enumerate() {
+        messages.push(serde_json::json!({
+            "role": "user",
+            "content": filler(tokens.saturating_sub(previous), salt * 100 + turn),
+        }));
+        if turn < upto {
+            messages.push(serde_json::json!({"role": "assistant", "content": "ok"}));
+        }
+        previous = *tokens;
+    }
+    serde_json::json!({
+        "model": "gyre-test",
+        "max_tokens": 64,
+        "system": "You are the benchmark agent.",
+        "messages": messages,
+    })
+    .to_string()
+}
+
+/// One non-streaming HTTP/1.1 POST; returns the status code.
+async fn post(address: std::net::SocketAddr, path: &str, key: &str, body: &str) -> anyhow::Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {address}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let head = String::from_utf8_lossy(&response[..response.len().min(64)]).to_string();
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("bad response head {head:?}"))
+}
+
+struct Phase {
+    latencies: Vec<Duration>,
+    calls_per_second: f64,
+    cpu: f64,
+}
+
+pub fn run(args: ProxyBenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async_run(args))
+}
+
+async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
+    let model = Arc::new(ChatModel::load(
+        &gyre_proxy::test_model::directory(),
+        ToolArgumentsForm::RawText,
+    )?);
+    let format = OutputFormat::test_model();
+    let end = model.token_id("<|im_end|>").context("end token")?;
+    let backing: Arc<dyn TokenEngine> = Arc::new(DeterministicEngine::new(DeterministicOptions {
+        name: "deterministic".into(),
+        output_tokens: args.answer_tokens,
+        end_token_id: Some(end),
+        ..DeterministicOptions::default()
+    }));
+    let fake = FakeServer::sglang(backing, FakeOptions::default()).await?;
+    let direct = SglangEngine::new(&fake.url(), SglangConfig::default())?;
+    let dir = tempfile::tempdir()?;
+    let sink = Arc::new(FileSink::open(&dir.path().join("tito.log")).map_err(anyhow::Error::msg)?);
+    let proxied_engine: Arc<dyn TokenEngine> =
+        Arc::new(SglangEngine::new(&fake.url(), SglangConfig::default())?);
+    let state = AppState::new(
+        ServerConfig::default(),
+        model.clone(),
+        format.clone(),
+        vec![proxied_engine],
+        sink,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let (address, _server) = server::serve(
+        state.clone(),
+        "127.0.0.1:0".parse()?,
+        std::future::pending::<()>(),
+    )
+    .await?;
+
+    let mut contexts = Vec::new();
+    let mut size = 1024usize;
+    while size <= args.context_max {
+        contexts.push(size);
+        size *= 2;
+    }
+    println!(
+        "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens",
+        contexts.len(),
+        contexts.first().copied().unwrap_or(0),
+        contexts.last().copied().unwrap_or(0),
+        args.answer_tokens
+    );
+    println!(
+        "{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "conc", "direct p50", "direct p99", "proxy p50", "proxy p99", "added p50", "added p99", "tput ratio"
+    );
+    for &concurrency in &args.concurrency {
+        // Inputs are built before the clock starts, so neither phase times its client's work.
+        let prompts: Vec<Vec<Vec<u32>>> = (0..concurrency)
+            .map(|_| {
+                contexts
+                    .iter()
+                    .enumerate()
+                    .map(|(turn, tokens)| {
+                        (0..*tokens as u32).map(|i| 9 + (i * 7 + turn as u32) % 2000).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let bodies: Vec<Vec<String>> = (0..concurrency)
+            .map(|execution| {
+                (0..contexts.len())
+                    .map(|turn| request_body(&contexts, turn, execution))
+                    .collect()
+            })
+            .collect();
+        // Direct: the same engine, the same prompt lengths, through the SGLang client.
+        let started = Instant::now();
+        let cpu_before = cpu_seconds();
+        let mut tasks = Vec::new();
+        for (execution, prompts) in prompts.into_iter().enumerate() {
+            let direct = direct.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for (turn, ids) in prompts.into_iter().enumerate() {
+                    let request = EngineRequest::new(format!("d-{execution}-{turn}"), ids, 64);
+                    let call = Instant::now();
+                    let stream = direct.generate(request).await?;
+                    let collected = collect(stream).await;
+                    anyhow::ensure!(collected.finish().is_some(), "direct call did not finish");
+                    latencies.push(call.elapsed());
+                }
+                anyhow::Ok(latencies)
+            }));
+        }
+        let mut direct_phase = Phase { latencies: Vec::new(), calls_per_second: 0.0, cpu: 0.0 };
+        for task in tasks {
+            direct_phase.latencies.extend(task.await??);
+        }
+        direct_phase.calls_per_second = direct_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
+        direct_phase.cpu = cpu_seconds() - cpu_before;
+
+        // Proxied: one execution per client task, its conversation growing call by call.
+        let started = Instant::now();
+        let cpu_before = cpu_seconds();
+        let mut tasks = Vec::new();
+        for bodies in bodies {
+            let (_, token) = state.open_execution(None, None);
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for body in bodies {
+                    let call = Instant::now();
+                    let status = post(address, "/v1/messages", &token, &body).await?;
+                    anyhow::ensure!(status == 200, "proxied call answered {status}");
+                    latencies.push(call.elapsed());
+                }
+                anyhow::Ok(latencies)
+            }));
+        }
+        let mut proxy_phase = Phase { latencies: Vec::new(), calls_per_second: 0.0, cpu: 0.0 };
+        for task in tasks {
+            proxy_phase.latencies.extend(task.await??);
+        }
+        proxy_phase.calls_per_second = proxy_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
+        proxy_phase.cpu = cpu_seconds() - cpu_before;
+
+        direct_phase.latencies.sort();
+        proxy_phase.latencies.sort();
+        let (d50, d99) = (percentile(&direct_phase.latencies, 0.5), percentile(&direct_phase.latencies, 0.99));
+        let (p50, p99) = (percentile(&proxy_phase.latencies, 0.5), percentile(&proxy_phase.latencies, 0.99));
+        println!(
+            "{concurrency:>6} {d50:>8.2}ms {d99:>8.2}ms {p50:>8.2}ms {p99:>8.2}ms {:>8.2}ms {:>8.2}ms {:>10.2}",
+            p50 - d50,
+            p99 - d99,
+            proxy_phase.calls_per_second / direct_phase.calls_per_second.max(1e-9)
+        );
+        let calls = proxy_phase.latencies.len().max(1) as f64;
+        let proxy_cpu = (proxy_phase.cpu - direct_phase.cpu).max(0.0) / calls;
+        println!(
+            "       CPU per call: proxied run {:.2} ms, direct run {:.2} ms, proxy's share {:.2} ms => {:.0} calls/s per core",
+            proxy_phase.cpu / calls * 1e3,
+            direct_phase.cpu / calls * 1e3,
+            proxy_cpu * 1e3,
+            1.0 / proxy_cpu.max(1e-9)
+        );
+    }
+
+    tokenization_work(&model, args.execution_calls)?;
+    Ok(())
+}
+
+/// Tokens encoded and CPU for one long execution: incremental vs re-render + re-tokenize.
+fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
+    let now = CivilDateTime::from_unix_seconds(1_780_000_000);
+    let mut session = Session::new(gyre_event::ExecutionId(1), model, 0);
+    let mut request = ChatRequest::new(gyre_proxy::Api::Anthropic, "gyre-test");
+    request.messages.push(Message::new(Role::System, filler(4000, 0)));
+    let mut incremental_seconds = 0.0;
+    let mut full_seconds = 0.0;
+    let mut full_tokens = 0u64;
+    let mut last_context = 0usize;
+    for call in 0..calls {
+        request
+            .messages
+            .push(Message::new(Role::User, filler(250, call + 1)));
+        let started = Instant::now();
+        let prepared = session.prepare(model, &request, None, now)?;
+        incremental_seconds += started.elapsed().as_secs_f64();
+        last_context = prepared.context_ids.len();
+        // The anchor: render the whole request and tokenize all of it.
+        let started = Instant::now();
+        let text = model.render(&gyre_proxy::RenderInput {
+            messages: &request.messages,
+            tools: &request.tools,
+            add_generation_prompt: true,
+            now,
+            extra: None,
+        })?;
+        full_tokens += model.encode(&text)?.len() as u64;
+        full_seconds += started.elapsed().as_secs_f64();
+        // The model answers "ok" + end of turn; the history then carries it.
+        let answer = "ok<|im_end|>";
+        let ids = model.encode(answer)?;
+        let mut ends = Vec::new();
+        let mut text_so_far = String::new();
+        for id in &ids {
+            text_so_far.push_str(&model.decode(&[*id])?);
+            ends.push(text_so_far.len() as u32);
+        }
+        let sampled = Sampled {
+            output_logprobs: vec![-0.5; ids.len()],
+            output_ids: ids,
+            output_ends: ends,
+            output_text: answer.to_string(),
+            ..Sampled::default()
+        };
+        session.finish_call(prepared, sampled)?;
+        request.messages.push(Message::new(Role::Assistant, "ok".to_string()));
+    }
+    println!(
+        "tokenization over a {calls}-call execution (final context {last_context} tokens): incremental {} tokens in {:.2} s (render included); re-render + re-tokenize {} tokens in {:.2} s; {:.0}x fewer tokens, {:.1}x less CPU (goal >= 50x)",
+        session.tokens_encoded,
+        incremental_seconds,
+        full_tokens,
+        full_seconds,
+        full_tokens as f64 / session.tokens_encoded.max(1) as f64,
+        full_seconds / incremental_seconds.max(1e-9)
+    );
+    Ok(())
+}
