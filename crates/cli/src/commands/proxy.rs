@@ -134,6 +134,10 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     })
     .await
     .with_context(|| format!("listening on {address}"))?;
+    if let Some(addresses) = &args.cluster {
+        // Task "follow-routes": lives as long as the server; reconnects after failures.
+        tokio::spawn(server::follow_routes(state.clone(), addresses.clone(), None));
+    }
     println!("{}", serde_json::json!({ "listening": format!("http://{bound}") }));
     for _ in 0..args.open {
         let (execution, token) = state.open_execution(None, None);
@@ -205,3 +209,4 @@ fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngin
         _ => Arc::new(SglangEngine::new(url, SglangConfig::default())?),
     })
 }
+

@@ -3,6 +3,7 @@
 
 mod control;
 mod harness;
+mod proxy_cluster;
 mod proxy_failover;
 mod replay;
 mod simulate;

@@ -161,3 +161,76 @@ fn engine_death_mid_stream_is_invisible_to_many_harnesses() {
 fn role_switch_abort_mid_stream_is_invisible_to_many_harnesses() {
     scenario(Fault::AbortAfterTokens(7), 7);
 }
+
+/// The scheduler's routing facts from the log move executions: `RoutesUpdated` sends an
+/// execution's next call to the destination engine, `EngineDown` moves everything off an engine
+/// and keeps new executions away, `EngineReady` brings it back.
+#[test]
+fn route_events_from_the_log_move_executions() {
+    use gyre_event::{EngineId, ExecutionId, RouteMove};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let model = Arc::new(
+            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
+                .expect("test model"),
+        );
+        let end = model.token_id("<|im_end|>").expect("end-of-turn token");
+        let sink = Arc::new(MemorySink::default());
+        let engines = vec![
+            engine("e0", None, end),
+            engine("e1", None, end),
+            engine("e2", None, end),
+        ];
+        let state = AppState::new(ServerConfig::default(), model, OutputFormat::test_model(), engines, sink.clone())
+            .expect("state");
+        let app = router(state.clone());
+        let (execution, token) = state.open_execution(None, Some(0));
+        let call = |turn: usize| {
+            let app = app.clone();
+            let token = token.clone();
+            async move {
+                let request = Request::post("/v1/messages")
+                    .header("x-api-key", &token)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body(turn)))
+                    .expect("request");
+                let response = app.oneshot(request).await.expect("infallible");
+                assert_eq!(response.status().as_u16(), 200);
+                axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+            }
+        };
+        let last_engine = || {
+            let events = sink.events.lock().expect("sink");
+            match &events.last().expect("a record").body {
+                EventBody::ModelCall(record) => record.engine,
+                _ => panic!("a model call"),
+            }
+        };
+        call(0).await;
+        assert_eq!(last_engine(), EngineId(0));
+        let moved = state.apply_route_event(&EventBody::RoutesUpdated {
+            source: EngineId(0),
+            moves: vec![RouteMove { execution: ExecutionId(execution), from: EngineId(0), to: EngineId(2) }],
+        });
+        assert_eq!(moved, 1);
+        call(1).await;
+        assert_eq!(last_engine(), EngineId(2));
+        let moved = state.apply_route_event(&EventBody::EngineDown { engine: EngineId(2), reason: "lost".into() });
+        assert_eq!(moved, 1);
+        call(2).await;
+        assert_eq!(last_engine(), EngineId(0), "moved to the next engine that is up");
+        // New executions avoid the engine that is down.
+        let pinned = |token: &str| state.execution(token).expect("open").lock().engine;
+        for _ in 0..6 {
+            let (_, opened) = state.open_execution(None, None);
+            assert_ne!(pinned(&opened), 2, "a new execution was pinned to an engine that is down");
+        }
+        state.apply_route_event(&EventBody::EngineReady { engine: EngineId(2) });
+        let engines: Vec<usize> = (0..3).map(|_| pinned(&state.open_execution(None, None).1)).collect();
+        assert!(engines.contains(&2), "the engine is back in rotation: {engines:?}");
+    });
+}

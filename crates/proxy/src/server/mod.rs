@@ -90,6 +90,9 @@ pub struct AppState {
     executions: Mutex<HashMap<String, ExecutionHandle>>,
     next_execution: AtomicU64,
     next_engine: AtomicU64,
+    /// Engines the log says are down.
+    down: Mutex<std::collections::BTreeSet<usize>>,
+    routes_applied: tokio::sync::watch::Sender<u64>,
     pub metrics: Metrics,
 }
 
@@ -119,6 +122,8 @@ impl AppState {
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(1),
             next_engine: AtomicU64::new(0),
+            down: Mutex::new(std::collections::BTreeSet::new()),
+            routes_applied: tokio::sync::watch::Sender::new(0),
             metrics: Metrics::default(),
         }))
     }
@@ -133,7 +138,13 @@ impl AppState {
     pub fn open_execution(&self, execution: Option<u64>, engine: Option<usize>) -> (u64, String) {
         let id = execution.unwrap_or_else(|| self.next_execution.fetch_add(1, Ordering::Relaxed));
         let engine = engine.unwrap_or_else(|| {
-            self.next_engine.fetch_add(1, Ordering::Relaxed) as usize % self.engines.len()
+            let start = self.next_engine.fetch_add(1, Ordering::Relaxed) as usize;
+            let start = start % self.engines.len();
+            if self.down().contains(&start) {
+                self.next_up(start).unwrap_or(start)
+            } else {
+                start
+            }
         }) % self.engines.len();
         let token = generate::random_token();
         let session = Session::new(ExecutionId(id), &self.model, engine);
@@ -144,6 +155,77 @@ impl AppState {
 
     pub fn execution(&self, token: &str) -> Option<ExecutionHandle> {
         self.executions().get(token).cloned()
+    }
+
+    /// Follows the scheduler's routing facts from the log. Engine ids are the engines' indexes
+    /// (the order of `--engine-url`). `RoutesUpdated` moves the named executions (their next
+    /// call goes to the destination; a call in flight on the source is aborted by the source
+    /// and continues on the destination through failover); `EngineDown` moves every execution
+    /// pinned to that engine to the next engine that is up and keeps new executions off it;
+    /// `EngineReady` brings it back. Returns how many executions moved.
+    pub fn apply_route_event(&self, body: &gyre_event::EventBody) -> usize {
+        use gyre_event::EventBody;
+        let engines = self.engines.len();
+        if matches!(
+            body,
+            EventBody::RoutesUpdated { .. } | EventBody::EngineDown { .. } | EventBody::EngineReady { .. }
+        ) {
+            self.routes_applied.send_modify(|count| *count += 1);
+        }
+        match body {
+            EventBody::RoutesUpdated { moves, .. } => {
+                let mut moved = 0;
+                for handle in self.executions().values() {
+                    let mut session = handle.lock();
+                    for route in moves {
+                        let to = route.to.get() as usize;
+                        if route.execution == session.execution && to < engines {
+                            session.engine = to;
+                            moved += 1;
+                        }
+                    }
+                }
+                moved
+            }
+            EventBody::EngineDown { engine, .. } => {
+                let down = engine.get() as usize;
+                self.down().insert(down);
+                let Some(next) = self.next_up(down) else {
+                    return 0;
+                };
+                let mut moved = 0;
+                for handle in self.executions().values() {
+                    let mut session = handle.lock();
+                    if session.engine == down {
+                        session.engine = next;
+                        moved += 1;
+                    }
+                }
+                moved
+            }
+            EventBody::EngineReady { engine } => {
+                self.down().remove(&(engine.get() as usize));
+                0
+            }
+            _ => 0,
+        }
+    }
+
+    /// Route events applied so far (tests and operators wait on it).
+    pub fn routes_applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.routes_applied.subscribe()
+    }
+
+    fn down(&self) -> MutexGuard<'_, std::collections::BTreeSet<usize>> {
+        self.down.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The first engine after `from` (cyclically) that is not down.
+    fn next_up(&self, from: usize) -> Option<usize> {
+        let down = self.down();
+        (1..=self.engines.len())
+            .map(|step| (from + step) % self.engines.len())
+            .find(|index| !down.contains(index))
     }
 }
 
@@ -584,5 +666,53 @@ async fn admin_route(
             axum::Json(json!({ "engine": request.engine })).into_response()
         }
         None => admin_error(StatusCode::NOT_FOUND, "unknown execution credential".into()),
+    }
+}
+
+/// Applies the log's routing facts (`RoutesUpdated`, `EngineDown`, `EngineReady`) to `state`,
+/// from `from` (`None`: the committed end of the control log) on; resubscribes after the last
+/// seen entry when the stream fails. Runs until the task is dropped.
+pub async fn follow_routes(
+    state: Arc<AppState>,
+    addresses: String,
+    from: Option<gyre_control::Sequence>,
+) {
+    let mut next = from.unwrap_or(gyre_control::Sequence { index: 0, position: 0 });
+    loop {
+        let result: Result<(), String> = async {
+            let mut client =
+                gyre_control::ClusterClient::new(&addresses).map_err(|e| e.to_string())?;
+            if next.index == 0 {
+                // Start at the committed end: earlier routes concern earlier executions.
+                let status = client.status_all().await;
+                let commit = status
+                    .iter()
+                    .filter_map(|(_, reply)| reply.as_ref().ok())
+                    .map(|reply| reply.commit_index)
+                    .max()
+                    .unwrap_or(0);
+                next = gyre_control::Sequence { index: commit + 1, position: 0 };
+            }
+            let mut stream = client
+                .subscribe(next, false)
+                .await
+                .map_err(|e| e.to_string())?;
+            while let Some(entry) = stream.message().await.map_err(|e| e.to_string())? {
+                let events = gyre_log::decode_batch(&entry.batch).map_err(|e| e.to_string())?;
+                for event in &events {
+                    let moved = state.apply_route_event(&event.body);
+                    if moved > 0 {
+                        tracing::info!(moved, kind = event.body.kind_name(), "routes followed from the log");
+                    }
+                }
+                next = gyre_control::Sequence { index: entry.index + 1, position: 0 };
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "following routes from the log; retrying in 1 s");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }

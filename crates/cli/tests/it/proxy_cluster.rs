@@ -1,0 +1,166 @@
+//! The proxy on the replicated log: a call's TITO record is committed to a three-node control
+//! quorum before the harness gets its answer, every node folds it into the execution's tree, and
+//! the scheduler's `RoutesUpdated` event, appended to the log, moves the execution's next call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use gyre_control::{ClusterClient, ControlNode, NodeOptions, Sequence};
+use gyre_event::{CallId, EngineId, Event, EventBody, ExecutionId, RouteMove, Timestamp};
+use gyre_proxy::engine::{DeterministicEngine, DeterministicOptions, TokenEngine};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::{follow_routes, router, AppState, ControlSink, ServerConfig};
+use gyre_proxy::{ChatModel, ToolArgumentsForm};
+use tower::ServiceExt;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn records_commit_to_the_quorum_and_routes_follow_the_log() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut options = Vec::new();
+        for id in 1..=3u64 {
+            let listen = format!("127.0.0.1:{}", free_port()).parse().expect("address");
+            options.push(NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen));
+        }
+        let mut nodes = Vec::new();
+        for node in &options {
+            nodes.push(ControlNode::start(node.clone()).await.expect("node starts"));
+        }
+        let addresses = options
+            .iter()
+            .map(|o| o.listen.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let members = options.iter().map(|o| (o.id, o.listen.to_string())).collect();
+        let mut client = ClusterClient::new(&addresses).expect("client");
+        client.retry_deadline = Duration::from_secs(30);
+        client
+            .initialize(&options[0].listen.to_string(), &members)
+            .await
+            .expect("cluster initialised");
+        client
+            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+            .await
+            .expect("the cluster serves");
+
+        let model = Arc::new(
+            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
+                .expect("test model"),
+        );
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let engine = |name: &str| -> Arc<dyn TokenEngine> {
+            Arc::new(DeterministicEngine::new(DeterministicOptions {
+                name: name.into(),
+                end_token_id: Some(end),
+                ..DeterministicOptions::default()
+            }))
+        };
+        let sink = Arc::new(ControlSink::new(&addresses).expect("control sink"));
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![engine("e0"), engine("e1")],
+            sink,
+        )
+        .expect("state");
+        let app = router(state.clone());
+        let (execution, token) = state.open_execution(Some(77), Some(0));
+        let call = |text: &str| {
+            let request = Request::post("/v1/messages")
+                .header("x-api-key", &token)
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    serde_json::json!({
+                        "model": "gyre-test",
+                        "max_tokens": 50,
+                        "messages": [{"role": "user", "content": text}],
+                    })
+                    .to_string(),
+                ))
+                .expect("request");
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request).await.expect("infallible");
+                let status = response.status().as_u16();
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            }
+        };
+        call("first question").await;
+        // Answered means committed: the leader folded it; wait for every node to apply it.
+        let (last, _) = client
+            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+            .await
+            .expect("append");
+        let last = last[0].index;
+        for node in &nodes {
+            let mut metrics = node.raft.raft.metrics();
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
+                    metrics.changed().await.expect("metrics");
+                }
+            })
+            .await
+            .expect("every node applies the record");
+            let present = node.raft.state_machine.with_projection(|projection, _| {
+                projection
+                    .state
+                    .trajectories
+                    .trees
+                    .get(&ExecutionId(execution))
+                    .and_then(|tree| tree.node_of_call(CallId(0)))
+                    .is_some()
+            });
+            assert!(present, "node {} holds the call in execution {execution}'s tree", node.id);
+        }
+
+        // The scheduler moves the execution to engine 1 through the log.
+        let mut applied = state.routes_applied();
+        let follower = tokio::spawn(follow_routes(
+            state.clone(),
+            addresses.clone(),
+            Some(Sequence { index: 1, position: 0 }),
+        ));
+        client
+            .append(&[Event::new(
+                Timestamp::ZERO,
+                EventBody::RoutesUpdated {
+                    source: EngineId(0),
+                    moves: vec![RouteMove {
+                        execution: ExecutionId(execution),
+                        from: EngineId(0),
+                        to: EngineId(1),
+                    }],
+                },
+            )])
+            .await
+            .expect("route appended");
+        tokio::time::timeout(Duration::from_secs(30), applied.wait_for(|count| *count >= 1))
+            .await
+            .expect("the route event reaches the proxy")
+            .expect("watch");
+        assert_eq!(state.execution(&token).expect("open").lock().engine, 1);
+        call("second question").await;
+        follower.abort();
+        for node in nodes {
+            node.shutdown().await.expect("shutdown");
+        }
+    });
+}
