@@ -36,9 +36,13 @@ pub struct ProxyBenchArgs {
     /// Concurrent executions measured.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64, 384])]
     concurrency: Vec<usize>,
-    /// Largest context, tokens (contexts double from 1K up to this).
+    /// Largest context, tokens.
     #[arg(long, default_value_t = 131_072)]
     context_max: usize,
+    /// Context growth per call, tokens; 0 doubles from 1K (every call then brings as many new
+    /// tokens as it reuses).
+    #[arg(long, default_value_t = 0)]
+    step: usize,
     /// Tokens each engine answer has.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
@@ -168,10 +172,10 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     .await?;
 
     let mut contexts = Vec::new();
-    let mut size = 1024usize;
+    let mut size = if args.step == 0 { 1024usize } else { args.step };
     while size <= args.context_max {
         contexts.push(size);
-        size *= 2;
+        size = if args.step == 0 { size * 2 } else { size + args.step };
     }
     println!(
         "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens",
