@@ -82,6 +82,10 @@ pub struct ProxyArgs {
     /// Cap on new tokens per call.
     #[arg(long, default_value_t = 4096)]
     max_new_tokens: u32,
+    /// Unknown credentials open a new execution (keyed by that credential) instead of 401:
+    /// for replaying captured harness traffic or harnesses with a fixed API key.
+    #[arg(long)]
+    auto_open: bool,
     /// Tokens per answer of `--engine deterministic`.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
@@ -126,6 +130,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         body_bytes_max: args.body_limit,
         max_new_tokens: args.max_new_tokens,
         public_url: format!("http://{address}"),
+        auto_open: args.auto_open,
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;

@@ -234,3 +234,48 @@ fn route_events_from_the_log_move_executions() {
         assert!(engines.contains(&2), "the engine is back in rotation: {engines:?}");
     });
 }
+
+/// Without `auto_open` an unknown credential gets 401 in the API's shape and nothing is
+/// recorded; with it, the credential opens an execution of its own.
+#[test]
+fn unknown_credentials_are_refused_unless_auto_open() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        for auto_open in [false, true] {
+            let model = Arc::new(
+                ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
+                    .expect("test model"),
+            );
+            let end = model.token_id("<|im_end|>").expect("end token");
+            let sink = Arc::new(MemorySink::default());
+            let config = ServerConfig {
+                auto_open,
+                ..ServerConfig::default()
+            };
+            let state = AppState::new(config, model, OutputFormat::test_model(), vec![engine("e", None, end)], sink.clone())
+                .expect("state");
+            let request = Request::post("/v1/messages")
+                .header("x-api-key", "sk-ant-captured-key")
+                .header("content-type", "application/json")
+                .body(Body::from(body(0)))
+                .expect("request");
+            let response = router(state.clone()).oneshot(request).await.expect("infallible");
+            let status = response.status().as_u16();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+            let text = String::from_utf8_lossy(&bytes).to_string();
+            if auto_open {
+                assert_eq!(status, 200, "{text}");
+                assert_eq!(sink.events.lock().expect("sink").len(), 1);
+                assert!(state.execution("sk-ant-captured-key").is_some());
+            } else {
+                assert_eq!(status, 401, "{text}");
+                assert!(text.contains("\"authentication_error\""), "{text}");
+                assert!(sink.events.lock().expect("sink").is_empty(), "nothing recorded");
+            }
+        }
+    });
+}

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub engine_attempts_max: usize,
     /// Base URL printed in credentials (`http://host:port`).
     pub public_url: String,
+    /// An unknown credential opens a new execution under that credential instead of getting
+    /// 401 (for replaying captured harness traffic, or harnesses with a fixed key).
+    pub auto_open: bool,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             max_new_tokens: 4096,
             engine_attempts_max: 4,
             public_url: String::new(),
+            auto_open: false,
         }
     }
 }
@@ -147,10 +151,20 @@ impl AppState {
             }
         }) % self.engines.len();
         let token = generate::random_token();
-        let session = Session::new(ExecutionId(id), &self.model, engine);
-        self.executions()
-            .insert(token.clone(), ExecutionHandle(Arc::new(Mutex::new(session))));
+        self.open_execution_as(id, engine, &token);
         (id, token)
+    }
+
+    /// The execution under `token`, opened as `id` on `engine` if there is none yet (two
+    /// concurrent first calls with one credential share one execution).
+    fn open_execution_as(&self, id: u64, engine: usize, token: &str) -> ExecutionHandle {
+        self.executions()
+            .entry(token.to_string())
+            .or_insert_with(|| {
+                let session = Session::new(ExecutionId(id), &self.model, engine);
+                ExecutionHandle(Arc::new(Mutex::new(session)))
+            })
+            .clone()
     }
 
     pub fn execution(&self, token: &str) -> Option<ExecutionHandle> {
@@ -325,6 +339,14 @@ fn authenticate(
             ApiErrorKind::Authentication,
             "this execution is closed; its credential no longer accepts calls",
         )),
+        None if app.config.auto_open => {
+            let id = app.next_execution.fetch_add(1, Ordering::Relaxed);
+            let engine = app
+                .next_engine
+                .fetch_add(1, Ordering::Relaxed) as usize
+                % app.engines.len();
+            Ok(app.open_execution_as(id, engine, &token))
+        }
         None => Err(ApiError::new(
             api,
             ApiErrorKind::Authentication,
