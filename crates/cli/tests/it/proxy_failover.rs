@@ -279,3 +279,69 @@ fn unknown_credentials_are_refused_unless_auto_open() {
         }
     });
 }
+
+/// Claude Code re-sends the identical body when a stream is cut. The cut call (the harness went
+/// away mid-answer) is aborted on the engine and records nothing; the retry records one call.
+#[test]
+fn a_harness_retry_after_a_cut_stream_records_one_call() {
+    use futures_util::StreamExt;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let model = Arc::new(
+            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
+                .expect("test model"),
+        );
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let deterministic = DeterministicEngine::new(DeterministicOptions {
+            name: "e".into(),
+            output_tokens: ANSWER_TOKENS,
+            end_token_id: Some(end),
+            ..DeterministicOptions::default()
+        });
+        // The first request stalls after 3 tokens until it is aborted.
+        deterministic.inject(Fault::StallAfterTokens(3));
+        let sink = Arc::new(MemorySink::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![Arc::new(deterministic.clone())],
+            sink.clone(),
+        )
+        .expect("state");
+        let (_, token) = state.open_execution(None, None);
+        let request = || {
+            Request::post("/v1/messages")
+                .header("x-api-key", &token)
+                .header("content-type", "application/json")
+                .body(Body::from(body(0)))
+                .expect("request")
+        };
+        let response = router(state.clone()).oneshot(request()).await.expect("infallible");
+        assert_eq!(response.status().as_u16(), 200);
+        let mut stream = response.into_body().into_data_stream();
+        let first = stream.next().await.expect("a first frame").expect("bytes");
+        assert!(String::from_utf8_lossy(&first).contains("message_start"));
+        drop(stream); // the harness's connection is cut
+        // The proxy aborts the engine request (bounded: a regression fails instead of hanging).
+        tokio::time::timeout(std::time::Duration::from_secs(30), deterministic.wait_idle())
+            .await
+            .expect("the cut call's engine request was aborted");
+        assert!(sink.events.lock().expect("sink").is_empty(), "a cut call records nothing");
+
+        let response = router(state.clone()).oneshot(request()).await.expect("infallible");
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+        let events = sink.events.lock().expect("sink");
+        assert_eq!(events.len(), 1, "the retry records exactly one call");
+        let EventBody::ModelCall(record) = &events[0].body else {
+            panic!("a model call");
+        };
+        assert_eq!(record.parent_call, None, "the retry is the execution's first call");
+    });
+}
