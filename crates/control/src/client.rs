@@ -133,8 +133,10 @@ impl ClusterClient {
             request.set_timeout(Duration::from_secs(10));
             let error = match client.append_events(request).await {
                 Ok(reply) => {
-                    self.preferred
-                        .store((preferred + attempt) % self.addresses.len(), Ordering::Relaxed);
+                    self.preferred.store(
+                        (preferred + attempt) % self.addresses.len(),
+                        Ordering::Relaxed,
+                    );
                     let reply = reply.into_inner();
                     let sequences = reply
                         .sequences

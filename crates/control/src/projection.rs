@@ -46,7 +46,6 @@ impl ControlProjection {
         }
     }
 
-
     fn fold(&mut self, index: u64, events: Vec<Event>) -> Vec<String> {
         let mut refused = Vec::new();
         for (position, event) in events.into_iter().enumerate() {
@@ -115,14 +114,20 @@ impl Projection for ControlProjection {
 
     fn restore(body: &[u8]) -> Result<Self, String> {
         let Some(rest) = body.strip_prefix(BODY_MAGIC.as_slice()) else {
-            let found = body.get(..8).map(String::from_utf8_lossy).unwrap_or_default();
+            let found = body
+                .get(..8)
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
             return Err(format!(
                 "snapshot body starts with {found:?}, not GYRE-CP2 (a snapshot from another format; \
                  remove the node's snapshot directory to rebuild it from the log and peers)"
             ));
         };
         if rest.len() < 24 {
-            return Err(format!("snapshot body header is cut short ({} bytes)", rest.len()));
+            return Err(format!(
+                "snapshot body header is cut short ({} bytes)",
+                rest.len()
+            ));
         }
         let word = |at: usize| -> Result<u64, String> {
             rest.get(at..at + 8)

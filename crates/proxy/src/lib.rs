@@ -18,8 +18,6 @@
 pub mod anthropic;
 pub mod api_error;
 pub mod engine;
-#[cfg(feature = "server")]
-pub mod server;
 mod error;
 pub mod messages;
 pub mod model_dir;
@@ -27,6 +25,8 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod output;
 mod reader;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod template;
 pub mod test_model;
 

@@ -397,8 +397,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if part("direct") {
             eprintln!("  256 writers with their own connections");
             epoch += 1;
-            let (rate, p50, p99) =
-                writers_run(&cluster, 256, args.seconds, false, epoch).await?;
+            let (rate, p50, p99) = writers_run(&cluster, 256, args.seconds, false, epoch).await?;
             record(
                 "256 writers, own connection, 1 event/request: events/s",
                 rate,
@@ -468,11 +467,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .context("snapshot not built within 120 s")?;
             snapshot_bytes = snapshot_bytes.max(dir_bytes(&node.raft.dir.join("snapshots")));
         }
-        record(
-            "restart: snapshot file MB",
-            snapshot_bytes as f64 / 1e6,
-            "",
-        );
+        record("restart: snapshot file MB", snapshot_bytes as f64 / 1e6, "");
         let dir = cluster.shutdown().await?;
         let started = Instant::now();
         let mut nodes = Vec::new();
@@ -542,9 +537,9 @@ async fn soak_writer(
                 Ok((_, refused)) => match refused.first().map(String::as_str) {
                     None | Some("") => break,
                     Some(reason) if retries > 0 && reason.contains("was already recorded") => break,
-                    Some(reason) => anyhow::bail!(
-                        "writer {writer}: record {sequence} refused: {reason}"
-                    ),
+                    Some(reason) => {
+                        anyhow::bail!("writer {writer}: record {sequence} refused: {reason}")
+                    }
                 },
                 Err(error) => {
                     retries += 1;

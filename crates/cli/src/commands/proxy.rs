@@ -13,8 +13,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use gyre_proxy::engine::{
-    DeterministicEngine, DeterministicOptions, Script, ScriptedEngine, ScriptedOptions,
-    TokenEngine,
+    DeterministicEngine, DeterministicOptions, Script, ScriptedEngine, ScriptedOptions, TokenEngine,
 };
 use gyre_proxy::output::OutputFormat;
 use gyre_proxy::server::{self, AppState, ControlSink, FileSink, RecordSink, ServerConfig};
@@ -141,9 +140,16 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     .with_context(|| format!("listening on {address}"))?;
     if let Some(addresses) = &args.cluster {
         // Task "follow-routes": lives as long as the server; reconnects after failures.
-        tokio::spawn(server::follow_routes(state.clone(), addresses.clone(), None));
+        tokio::spawn(server::follow_routes(
+            state.clone(),
+            addresses.clone(),
+            None,
+        ));
     }
-    println!("{}", serde_json::json!({ "listening": format!("http://{bound}") }));
+    println!(
+        "{}",
+        serde_json::json!({ "listening": format!("http://{bound}") })
+    );
     for _ in 0..args.open {
         let (execution, token) = state.open_execution(None, None);
         println!(
@@ -178,7 +184,9 @@ fn engines(
                     name: format!("scripted-{index}"),
                     ..ScriptedOptions::default()
                 };
-                engines.push(Arc::new(ScriptedEngine::new(&script, model, format, options)?));
+                engines.push(Arc::new(ScriptedEngine::new(
+                    &script, model, format, options,
+                )?));
             }
         }
         EngineKind::Deterministic => {
@@ -214,4 +222,3 @@ fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngin
         _ => Arc::new(SglangEngine::new(url, SglangConfig::default())?),
     })
 }
-

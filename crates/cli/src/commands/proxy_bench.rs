@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use gyre_proxy::engine::{
-    collect, DeterministicEngine, DeterministicOptions, EngineRequest, SglangConfig,
-    SglangEngine, TokenEngine,
-};
 use gyre_proxy::engine::fake::{FakeOptions, FakeServer};
+use gyre_proxy::engine::{
+    collect, DeterministicEngine, DeterministicOptions, EngineRequest, SglangConfig, SglangEngine,
+    TokenEngine,
+};
 use gyre_proxy::output::OutputFormat;
 use gyre_proxy::server::session::{Sampled, Session};
 use gyre_proxy::server::{self, AppState, FileSink, ServerConfig};
@@ -67,7 +67,12 @@ fn cpu_seconds() -> f64 {
         return 0.0;
     };
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
     (ticks(11) + ticks(12)) / 100.0
 }
@@ -77,7 +82,9 @@ fn filler(tokens: usize, salt: usize) -> String {
     let mut text = String::new();
     let mut i = 0;
     while text.len() < tokens * 3 {
-        text.push_str(&format!("line {salt}.{i}: the tool printed some output here\n"));
+        text.push_str(&format!(
+            "line {salt}.{i}: the tool printed some output here\n"
+        ));
         i += 1;
     }
     text
@@ -106,7 +113,12 @@ fn request_body(contexts: &[usize], upto: usize, salt: usize) -> String {
 }
 
 /// One non-streaming HTTP/1.1 POST; returns the status code.
-async fn post(address: std::net::SocketAddr, path: &str, key: &str, body: &str) -> anyhow::Result<u16> {
+async fn post(
+    address: std::net::SocketAddr,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> anyhow::Result<u16> {
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
     let request = format!(
@@ -175,7 +187,11 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     let mut size = if args.step == 0 { 1024usize } else { args.step };
     while size <= args.context_max {
         contexts.push(size);
-        size = if args.step == 0 { size * 2 } else { size + args.step };
+        size = if args.step == 0 {
+            size * 2
+        } else {
+            size + args.step
+        };
     }
     println!(
         "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens",
@@ -186,7 +202,14 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     );
     println!(
         "{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "conc", "direct p50", "direct p99", "proxy p50", "proxy p99", "added p50", "added p99", "tput ratio"
+        "conc",
+        "direct p50",
+        "direct p99",
+        "proxy p50",
+        "proxy p99",
+        "added p50",
+        "added p99",
+        "tput ratio"
     );
     for &concurrency in &args.concurrency {
         // Inputs are built before the clock starts, so neither phase times its client's work.
@@ -196,7 +219,9 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                     .iter()
                     .enumerate()
                     .map(|(turn, tokens)| {
-                        (0..*tokens as u32).map(|i| 9 + (i * 7 + turn as u32) % 2000).collect()
+                        (0..*tokens as u32)
+                            .map(|i| 9 + (i * 7 + turn as u32) % 2000)
+                            .collect()
                     })
                     .collect()
             })
@@ -227,11 +252,16 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                 anyhow::Ok(latencies)
             }));
         }
-        let mut direct_phase = Phase { latencies: Vec::new(), calls_per_second: 0.0, cpu: 0.0 };
+        let mut direct_phase = Phase {
+            latencies: Vec::new(),
+            calls_per_second: 0.0,
+            cpu: 0.0,
+        };
         for task in tasks {
             direct_phase.latencies.extend(task.await??);
         }
-        direct_phase.calls_per_second = direct_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
+        direct_phase.calls_per_second =
+            direct_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
         direct_phase.cpu = cpu_seconds() - cpu_before;
 
         // Proxied: one execution per client task, its conversation growing call by call.
@@ -251,17 +281,28 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                 anyhow::Ok(latencies)
             }));
         }
-        let mut proxy_phase = Phase { latencies: Vec::new(), calls_per_second: 0.0, cpu: 0.0 };
+        let mut proxy_phase = Phase {
+            latencies: Vec::new(),
+            calls_per_second: 0.0,
+            cpu: 0.0,
+        };
         for task in tasks {
             proxy_phase.latencies.extend(task.await??);
         }
-        proxy_phase.calls_per_second = proxy_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
+        proxy_phase.calls_per_second =
+            proxy_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
         proxy_phase.cpu = cpu_seconds() - cpu_before;
 
         direct_phase.latencies.sort();
         proxy_phase.latencies.sort();
-        let (d50, d99) = (percentile(&direct_phase.latencies, 0.5), percentile(&direct_phase.latencies, 0.99));
-        let (p50, p99) = (percentile(&proxy_phase.latencies, 0.5), percentile(&proxy_phase.latencies, 0.99));
+        let (d50, d99) = (
+            percentile(&direct_phase.latencies, 0.5),
+            percentile(&direct_phase.latencies, 0.99),
+        );
+        let (p50, p99) = (
+            percentile(&proxy_phase.latencies, 0.5),
+            percentile(&proxy_phase.latencies, 0.99),
+        );
         println!(
             "{concurrency:>6} {d50:>8.2}ms {d99:>8.2}ms {p50:>8.2}ms {p99:>8.2}ms {:>8.2}ms {:>8.2}ms {:>10.2}",
             p50 - d50,
@@ -288,7 +329,9 @@ fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
     let now = CivilDateTime::from_unix_seconds(1_780_000_000);
     let mut session = Session::new(gyre_event::ExecutionId(1), model, 0);
     let mut request = ChatRequest::new(gyre_proxy::Api::Anthropic, "gyre-test");
-    request.messages.push(Message::new(Role::System, filler(4000, 0)));
+    request
+        .messages
+        .push(Message::new(Role::System, filler(4000, 0)));
     let mut incremental_seconds = 0.0;
     let mut full_seconds = 0.0;
     let mut full_tokens = 0u64;
@@ -329,7 +372,9 @@ fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
             ..Sampled::default()
         };
         session.finish_call(prepared, sampled)?;
-        request.messages.push(Message::new(Role::Assistant, "ok".to_string()));
+        request
+            .messages
+            .push(Message::new(Role::Assistant, "ok".to_string()));
     }
     println!(
         "tokenization over a {calls}-call execution (final context {last_context} tokens): incremental {} tokens in {:.2} s (render included); re-render + re-tokenize {} tokens in {:.2} s; {:.0}x fewer tokens, {:.1}x less CPU (goal >= 50x)",

@@ -47,7 +47,14 @@ impl Drop for Proxy {
 
 fn start_proxy(script: &Path, log: &Path) -> Proxy {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(["proxy", "--listen", "127.0.0.1:0", "--open", "1", "--script"])
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--open",
+            "1",
+            "--script",
+        ])
         .arg(script)
         .arg("--log")
         .arg(log)
@@ -92,7 +99,8 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/claude_code_script.jsonl");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/claude_code_script.jsonl");
     let log = dir.path().join("tito.log");
     let proxy = start_proxy(&script, &log);
     let work = dir.path().join("work");
@@ -130,19 +138,35 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
         &stdout[stdout.len().saturating_sub(3000)..],
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("\"compact_result\":\"success\""), "no successful auto-compaction");
-    assert!(stdout.contains("\"result\":\"All done.\""), "the task did not finish");
+    assert!(
+        stdout.contains("\"compact_result\":\"success\""),
+        "no successful auto-compaction"
+    );
+    assert!(
+        stdout.contains("\"result\":\"All done.\""),
+        "the task did not finish"
+    );
     assert_eq!(
-        std::fs::read_to_string(work.join("hello.txt")).expect("hello.txt written by the Write tool"),
+        std::fs::read_to_string(work.join("hello.txt"))
+            .expect("hello.txt written by the Write tool"),
         "café / line1\nline2\n"
     );
 
     let records = records(&log);
-    let by_call: BTreeMap<u64, &ModelCallRecord> =
-        records.iter().map(|record| (record.call.get(), record)).collect();
+    let by_call: BTreeMap<u64, &ModelCallRecord> = records
+        .iter()
+        .map(|record| (record.call.get(), record))
+        .collect();
     let main: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent == "main").collect();
-    let sub: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent.starts_with("sub:")).collect();
-    assert_eq!(records.len(), main.len() + sub.len(), "only main and sub-agent calls");
+    let sub: Vec<&ModelCallRecord> = records
+        .iter()
+        .filter(|r| r.agent.starts_with("sub:"))
+        .collect();
+    assert_eq!(
+        records.len(),
+        main.len() + sub.len(),
+        "only main and sub-agent calls"
+    );
     assert_eq!(sub.len(), 2, "two sub-agent calls");
 
     // Main agent up to the compaction: each turn extends the previous one completely.
@@ -153,7 +177,12 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     assert!(summary_at >= 4, "compaction came after the tool turns");
     for pair in main[..summary_at].windows(2) {
         let (previous, next) = (pair[0], pair[1]);
-        assert_eq!(next.parent_call, Some(previous.call), "call {} hangs from the previous turn", next.call);
+        assert_eq!(
+            next.parent_call,
+            Some(previous.call),
+            "call {} hangs from the previous turn",
+            next.call
+        );
         assert_eq!(
             next.reused_prefix_tokens_count,
             path_end(previous),
@@ -176,13 +205,20 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     );
     // After it, the conversation restarts from the summary: a new root (it shares only the
     // system prompt and tools with the tree).
-    let after = main.get(summary_at + 1).expect("a call after the compaction");
+    let after = main
+        .get(summary_at + 1)
+        .expect("a call after the compaction");
     assert_eq!(after.kind, CallKind::Turn);
-    assert_eq!(after.parent_call, None, "the post-compaction call is a new root");
+    assert_eq!(
+        after.parent_call, None,
+        "the post-compaction call is a new root"
+    );
 
     // The sub-agent: its own root, spawned by a main call, then extending itself.
     assert_eq!(sub[0].parent_call, None, "the sub-agent is a separate root");
-    let spawner = sub[0].spawned_by.expect("the sub-agent records who spawned it");
+    let spawner = sub[0]
+        .spawned_by
+        .expect("the sub-agent records who spawned it");
     assert!(by_call.contains_key(&spawner.get()));
     assert_eq!(sub[1].parent_call, Some(sub[0].call));
     assert_eq!(sub[1].reused_prefix_tokens_count, path_end(sub[0]));
@@ -190,7 +226,10 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     // Only sampled tokens are outputs; every record has exact behaviour log-probs.
     for record in &records {
         assert_eq!(record.output_ids.len(), record.output_logprobs.len());
-        assert!(record.output_logprobs.iter().all(|lp| lp.is_finite() && *lp <= 0.0));
+        assert!(record
+            .output_logprobs
+            .iter()
+            .all(|lp| lp.is_finite() && *lp <= 0.0));
     }
     drop(proxy);
 }
@@ -237,16 +276,24 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("\"text\":\"All done.\""), "the task did not finish: {stdout}");
+    assert!(
+        stdout.contains("\"text\":\"All done.\""),
+        "the task did not finish: {stdout}"
+    );
     assert_eq!(
-        std::fs::read_to_string(work.join("hello.txt")).expect("hello.txt written by the shell tool"),
+        std::fs::read_to_string(work.join("hello.txt"))
+            .expect("hello.txt written by the shell tool"),
         "café\n"
     );
     let records = records(&log);
     assert_eq!(records.len(), 3, "three model calls");
     assert_eq!(records[0].parent_call, None);
     for pair in records.windows(2) {
-        assert_eq!(pair[1].parent_call, Some(pair[0].call), "each turn hangs from the previous");
+        assert_eq!(
+            pair[1].parent_call,
+            Some(pair[0].call),
+            "each turn hangs from the previous"
+        );
         assert_eq!(
             pair[1].reused_prefix_tokens_count,
             path_end(&pair[0]),

@@ -33,8 +33,14 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut options = Vec::new();
         for id in 1..=3u64 {
-            let listen = format!("127.0.0.1:{}", free_port()).parse().expect("address");
-            options.push(NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen));
+            let listen = format!("127.0.0.1:{}", free_port())
+                .parse()
+                .expect("address");
+            options.push(NodeOptions::new(
+                id,
+                dir.path().join(format!("node-{id}")),
+                listen,
+            ));
         }
         let mut nodes = Vec::new();
         for node in &options {
@@ -45,7 +51,10 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
             .map(|o| o.listen.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let members = options.iter().map(|o| (o.id, o.listen.to_string())).collect();
+        let members = options
+            .iter()
+            .map(|o| (o.id, o.listen.to_string()))
+            .collect();
         let mut client = ClusterClient::new(&addresses).expect("client");
         client.retry_deadline = Duration::from_secs(30);
         client
@@ -58,8 +67,11 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
             .expect("the cluster serves");
 
         let model = Arc::new(
-            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
-                .expect("test model"),
+            ChatModel::load(
+                &gyre_proxy::test_model::directory(),
+                ToolArgumentsForm::RawText,
+            )
+            .expect("test model"),
         );
         let end = model.token_id("<|im_end|>").expect("end token");
         let engine = |name: &str| -> Arc<dyn TokenEngine> {
@@ -128,7 +140,11 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
                     .and_then(|tree| tree.node_of_call(CallId(0)))
                     .is_some()
             });
-            assert!(present, "node {} holds the call in execution {execution}'s tree", node.id);
+            assert!(
+                present,
+                "node {} holds the call in execution {execution}'s tree",
+                node.id
+            );
         }
 
         // The scheduler moves the execution to engine 1 through the log.
@@ -136,7 +152,10 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         let follower = tokio::spawn(follow_routes(
             state.clone(),
             addresses.clone(),
-            Some(Sequence { index: 1, position: 0 }),
+            Some(Sequence {
+                index: 1,
+                position: 0,
+            }),
         ));
         client
             .append(&[Event::new(
@@ -152,10 +171,13 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
             )])
             .await
             .expect("route appended");
-        tokio::time::timeout(Duration::from_secs(30), applied.wait_for(|count| *count >= 1))
-            .await
-            .expect("the route event reaches the proxy")
-            .expect("watch");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            applied.wait_for(|count| *count >= 1),
+        )
+        .await
+        .expect("the route event reaches the proxy")
+        .expect("watch");
         assert_eq!(state.execution(&token).expect("open").lock().engine, 1);
         call("second question").await;
         follower.abort();

@@ -23,10 +23,7 @@ struct MemorySink {
 }
 
 impl RecordSink for MemorySink {
-    fn commit(
-        &self,
-        event: Event,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
         self.events.lock().expect("sink lock").push(event);
         Box::pin(async { Ok(()) })
     }
@@ -54,7 +51,8 @@ fn engine(name: &str, fault: Option<Fault>, end: u32) -> Arc<dyn TokenEngine> {
 fn body(turn: usize) -> String {
     let mut messages = Vec::new();
     for earlier in 0..turn {
-        messages.push(serde_json::json!({"role": "user", "content": format!("question {earlier}")}));
+        messages
+            .push(serde_json::json!({"role": "user", "content": format!("question {earlier}")}));
         messages.push(serde_json::json!({"role": "assistant", "content": "earlier answer"}));
     }
     messages.push(serde_json::json!({"role": "user", "content": format!("question {turn}")}));
@@ -78,8 +76,11 @@ fn scenario(fault: Fault, partial: usize) {
         .expect("runtime");
     runtime.block_on(async move {
         let model = Arc::new(
-            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
-                .expect("test model"),
+            ChatModel::load(
+                &gyre_proxy::test_model::directory(),
+                ToolArgumentsForm::RawText,
+            )
+            .expect("test model"),
         );
         let end = model.token_id("<|im_end|>").expect("end-of-turn token");
         let sink = Arc::new(MemorySink::default());
@@ -125,8 +126,15 @@ fn scenario(fault: Fault, partial: usize) {
         }
         for (status, text) in &answers {
             assert_eq!(*status, 200, "{text}");
-            assert!(!text.contains("event: error"), "a harness-visible error: {text}");
-            assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+            assert!(
+                !text.contains("event: error"),
+                "a harness-visible error: {text}"
+            );
+            assert!(
+                text.trim_end()
+                    .ends_with("data: {\"type\":\"message_stop\"}"),
+                "{text}"
+            );
             assert_eq!(text.matches("event: message_start").count(), 1);
         }
         let events = sink.events.lock().expect("sink").clone();
@@ -135,7 +143,10 @@ fn scenario(fault: Fault, partial: usize) {
             let EventBody::ModelCall(record) = &event.body else {
                 panic!("only model calls are recorded");
             };
-            assert!(seen.insert((record.execution, record.call)), "duplicated record");
+            assert!(
+                seen.insert((record.execution, record.call)),
+                "duplicated record"
+            );
             let length = record.output_ids.len();
             assert!(
                 length == ANSWER_TOKENS as usize || length == partial + ANSWER_TOKENS as usize,
@@ -144,7 +155,11 @@ fn scenario(fault: Fault, partial: usize) {
             assert_eq!(record.output_ids.len(), record.output_logprobs.len());
             assert_eq!(record.output_ids.last(), Some(&end));
         }
-        assert_eq!(events.len(), EXECUTIONS * CALLS_PER_EXECUTION, "one record per call");
+        assert_eq!(
+            events.len(),
+            EXECUTIONS * CALLS_PER_EXECUTION,
+            "one record per call"
+        );
         assert!(
             state.metrics.failovers_count() >= EXECUTIONS as u64,
             "every execution's first call failed over"
@@ -175,8 +190,11 @@ fn route_events_from_the_log_move_executions() {
         .expect("runtime");
     runtime.block_on(async {
         let model = Arc::new(
-            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
-                .expect("test model"),
+            ChatModel::load(
+                &gyre_proxy::test_model::directory(),
+                ToolArgumentsForm::RawText,
+            )
+            .expect("test model"),
         );
         let end = model.token_id("<|im_end|>").expect("end-of-turn token");
         let sink = Arc::new(MemorySink::default());
@@ -185,8 +203,14 @@ fn route_events_from_the_log_move_executions() {
             engine("e1", None, end),
             engine("e2", None, end),
         ];
-        let state = AppState::new(ServerConfig::default(), model, OutputFormat::test_model(), engines, sink.clone())
-            .expect("state");
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            engines,
+            sink.clone(),
+        )
+        .expect("state");
         let app = router(state.clone());
         let (execution, token) = state.open_execution(None, Some(0));
         let call = |turn: usize| {
@@ -200,7 +224,9 @@ fn route_events_from_the_log_move_executions() {
                     .expect("request");
                 let response = app.oneshot(request).await.expect("infallible");
                 assert_eq!(response.status().as_u16(), 200);
-                axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+                axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
             }
         };
         let last_engine = || {
@@ -214,24 +240,46 @@ fn route_events_from_the_log_move_executions() {
         assert_eq!(last_engine(), EngineId(0));
         let moved = state.apply_route_event(&EventBody::RoutesUpdated {
             source: EngineId(0),
-            moves: vec![RouteMove { execution: ExecutionId(execution), from: EngineId(0), to: EngineId(2) }],
+            moves: vec![RouteMove {
+                execution: ExecutionId(execution),
+                from: EngineId(0),
+                to: EngineId(2),
+            }],
         });
         assert_eq!(moved, 1);
         call(1).await;
         assert_eq!(last_engine(), EngineId(2));
-        let moved = state.apply_route_event(&EventBody::EngineDown { engine: EngineId(2), reason: "lost".into() });
+        let moved = state.apply_route_event(&EventBody::EngineDown {
+            engine: EngineId(2),
+            reason: "lost".into(),
+        });
         assert_eq!(moved, 1);
         call(2).await;
-        assert_eq!(last_engine(), EngineId(0), "moved to the next engine that is up");
+        assert_eq!(
+            last_engine(),
+            EngineId(0),
+            "moved to the next engine that is up"
+        );
         // New executions avoid the engine that is down.
         let pinned = |token: &str| state.execution(token).expect("open").lock().engine;
         for _ in 0..6 {
             let (_, opened) = state.open_execution(None, None);
-            assert_ne!(pinned(&opened), 2, "a new execution was pinned to an engine that is down");
+            assert_ne!(
+                pinned(&opened),
+                2,
+                "a new execution was pinned to an engine that is down"
+            );
         }
-        state.apply_route_event(&EventBody::EngineReady { engine: EngineId(2) });
-        let engines: Vec<usize> = (0..3).map(|_| pinned(&state.open_execution(None, None).1)).collect();
-        assert!(engines.contains(&2), "the engine is back in rotation: {engines:?}");
+        state.apply_route_event(&EventBody::EngineReady {
+            engine: EngineId(2),
+        });
+        let engines: Vec<usize> = (0..3)
+            .map(|_| pinned(&state.open_execution(None, None).1))
+            .collect();
+        assert!(
+            engines.contains(&2),
+            "the engine is back in rotation: {engines:?}"
+        );
     });
 }
 
@@ -247,8 +295,11 @@ fn unknown_credentials_are_refused_unless_auto_open() {
     runtime.block_on(async {
         for auto_open in [false, true] {
             let model = Arc::new(
-                ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
-                    .expect("test model"),
+                ChatModel::load(
+                    &gyre_proxy::test_model::directory(),
+                    ToolArgumentsForm::RawText,
+                )
+                .expect("test model"),
             );
             let end = model.token_id("<|im_end|>").expect("end token");
             let sink = Arc::new(MemorySink::default());
@@ -256,16 +307,27 @@ fn unknown_credentials_are_refused_unless_auto_open() {
                 auto_open,
                 ..ServerConfig::default()
             };
-            let state = AppState::new(config, model, OutputFormat::test_model(), vec![engine("e", None, end)], sink.clone())
-                .expect("state");
+            let state = AppState::new(
+                config,
+                model,
+                OutputFormat::test_model(),
+                vec![engine("e", None, end)],
+                sink.clone(),
+            )
+            .expect("state");
             let request = Request::post("/v1/messages")
                 .header("x-api-key", "sk-ant-captured-key")
                 .header("content-type", "application/json")
                 .body(Body::from(body(0)))
                 .expect("request");
-            let response = router(state.clone()).oneshot(request).await.expect("infallible");
+            let response = router(state.clone())
+                .oneshot(request)
+                .await
+                .expect("infallible");
             let status = response.status().as_u16();
-            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
             let text = String::from_utf8_lossy(&bytes).to_string();
             if auto_open {
                 assert_eq!(status, 200, "{text}");
@@ -274,7 +336,10 @@ fn unknown_credentials_are_refused_unless_auto_open() {
             } else {
                 assert_eq!(status, 401, "{text}");
                 assert!(text.contains("\"authentication_error\""), "{text}");
-                assert!(sink.events.lock().expect("sink").is_empty(), "nothing recorded");
+                assert!(
+                    sink.events.lock().expect("sink").is_empty(),
+                    "nothing recorded"
+                );
             }
         }
     });
@@ -292,8 +357,11 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
         .expect("runtime");
     runtime.block_on(async {
         let model = Arc::new(
-            ChatModel::load(&gyre_proxy::test_model::directory(), ToolArgumentsForm::RawText)
-                .expect("test model"),
+            ChatModel::load(
+                &gyre_proxy::test_model::directory(),
+                ToolArgumentsForm::RawText,
+            )
+            .expect("test model"),
         );
         let end = model.token_id("<|im_end|>").expect("end token");
         let deterministic = DeterministicEngine::new(DeterministicOptions {
@@ -321,27 +389,48 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
                 .body(Body::from(body(0)))
                 .expect("request")
         };
-        let response = router(state.clone()).oneshot(request()).await.expect("infallible");
+        let response = router(state.clone())
+            .oneshot(request())
+            .await
+            .expect("infallible");
         assert_eq!(response.status().as_u16(), 200);
         let mut stream = response.into_body().into_data_stream();
         let first = stream.next().await.expect("a first frame").expect("bytes");
         assert!(String::from_utf8_lossy(&first).contains("message_start"));
         drop(stream); // the harness's connection is cut
-        // The proxy aborts the engine request (bounded: a regression fails instead of hanging).
-        tokio::time::timeout(std::time::Duration::from_secs(30), deterministic.wait_idle())
-            .await
-            .expect("the cut call's engine request was aborted");
-        assert!(sink.events.lock().expect("sink").is_empty(), "a cut call records nothing");
+                      // The proxy aborts the engine request (bounded: a regression fails instead of hanging).
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            deterministic.wait_idle(),
+        )
+        .await
+        .expect("the cut call's engine request was aborted");
+        assert!(
+            sink.events.lock().expect("sink").is_empty(),
+            "a cut call records nothing"
+        );
 
-        let response = router(state.clone()).oneshot(request()).await.expect("infallible");
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+        let response = router(state.clone())
+            .oneshot(request())
+            .await
+            .expect("infallible");
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
         let text = String::from_utf8_lossy(&bytes);
-        assert!(text.trim_end().ends_with("data: {\"type\":\"message_stop\"}"), "{text}");
+        assert!(
+            text.trim_end()
+                .ends_with("data: {\"type\":\"message_stop\"}"),
+            "{text}"
+        );
         let events = sink.events.lock().expect("sink");
         assert_eq!(events.len(), 1, "the retry records exactly one call");
         let EventBody::ModelCall(record) = &events[0].body else {
             panic!("a model call");
         };
-        assert_eq!(record.parent_call, None, "the retry is the execution's first call");
+        assert_eq!(
+            record.parent_call, None,
+            "the retry is the execution's first call"
+        );
     });
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gyre_log::raft::openraft::error::{ClientWriteError, RaftError};
-use gyre_log::raft::openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use gyre_log::raft::openraft::{
+    BasicNode, Config, EntryPayload, RaftLogReader, ServerState, SnapshotPolicy,
+};
 use gyre_log::raft::{start_node, LogStoreOptions, NodeId, RaftNode};
 use tempfile::TempDir;
 
@@ -188,10 +190,59 @@ fn snapshot_count(cluster: &Cluster, id: NodeId) -> usize {
         .unwrap_or(0)
 }
 
-/// Every acknowledged marker is in every node's projection, and every node applied the same
-/// entries to the same digest.
+/// Each node's retained committed entries as index → (term, payload bytes).
+async fn committed_entries(
+    node: &RaftNode<CountingProjection>,
+    last: u64,
+) -> BTreeMap<u64, (u64, Vec<u8>)> {
+    let mut reader = node.log.reader();
+    let entries = reader
+        .try_get_log_entries(0..=last)
+        .await
+        .expect("the log reads back");
+    entries
+        .into_iter()
+        .map(|entry| {
+            let payload = match &entry.payload {
+                EntryPayload::Normal(batch) => batch.0.to_vec(),
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Membership(membership) => format!("{membership:?}").into_bytes(),
+            };
+            (entry.log_id.index, (entry.log_id.leader_id.term, payload))
+        })
+        .collect()
+}
+
+/// Every acknowledged marker is in every node's projection, every node applied the same
+/// entries to the same digest, and the committed entries every pair of nodes still holds are
+/// identical, term and payload (log matching; committed entries never change).
 async fn check(cluster: &Cluster, acknowledged: &BTreeSet<u64>) {
     let last = cluster.converge().await;
+    let mut logs = BTreeMap::new();
+    for (id, node) in &cluster.nodes {
+        logs.insert(*id, committed_entries(node, last).await);
+    }
+    for (a, log_a) in &logs {
+        for (b, log_b) in &logs {
+            if a >= b {
+                continue;
+            }
+            let mut shared = 0;
+            for (index, entry) in log_a {
+                if let Some(other) = log_b.get(index) {
+                    shared += 1;
+                    assert_eq!(
+                        entry, other,
+                        "nodes {a} and {b} hold different committed entries at index {index}"
+                    );
+                }
+            }
+            assert!(
+                shared > 0,
+                "nodes {a} and {b} share no committed entry to compare"
+            );
+        }
+    }
     let mut digests = BTreeMap::new();
     for (id, node) in &cluster.nodes {
         let (applied, digest) = node.state_machine.digest();

@@ -34,7 +34,12 @@ pub struct CountingProjection {
 }
 
 impl Projection for CountingProjection {
-    fn apply_events(&mut self, index: u64, _batch: &[u8], events: Vec<Event>) -> Result<(), String> {
+    fn apply_events(
+        &mut self,
+        index: u64,
+        _batch: &[u8],
+        events: Vec<Event>,
+    ) -> Result<(), String> {
         if index <= self.last_index && self.batches > 0 {
             return Err(format!(
                 "index {index} applied twice (last {})",

@@ -352,9 +352,13 @@ pub async fn run(
     let commit_started = Instant::now();
     let committed = app
         .sink
-        .commit(Event::new(wall_clock(), EventBody::ModelCall(Box::new(record))))
+        .commit(Event::new(
+            wall_clock(),
+            EventBody::ModelCall(Box::new(record)),
+        ))
         .await;
-    app.metrics.commit_seconds(commit_started.elapsed().as_secs_f64());
+    app.metrics
+        .commit_seconds(commit_started.elapsed().as_secs_f64());
     if let Err(error) = committed {
         tracing::error!(%error, "a TITO record was not committed; the call fails");
         let _ = out
@@ -366,7 +370,8 @@ pub async fn run(
             .await;
         return;
     }
-    app.metrics.recorded(encoded, reused, started.elapsed().as_secs_f64());
+    app.metrics
+        .recorded(encoded, reused, started.elapsed().as_secs_f64());
     if streaming {
         let _ = send_frames(builder.finish(&stop, &usage)).await;
     } else {
@@ -393,9 +398,7 @@ fn emit(
             }
             OutputEvent::ReasoningEnd => {
                 let handle = random_id("gyre-r1-", 32);
-                execution
-                    .lock()
-                    .remember_reasoning(&handle, reasoning_text);
+                execution.lock().remember_reasoning(&handle, reasoning_text);
                 reasoning_text.clear();
                 frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
             }

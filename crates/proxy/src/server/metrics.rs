@@ -35,7 +35,10 @@ impl Histogram {
             out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {count}\n"));
         }
         out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count));
-        out.push_str(&format!("{name}_sum {}\n{name}_count {}\n", self.sum, self.count));
+        out.push_str(&format!(
+            "{name}_sum {}\n{name}_count {}\n",
+            self.sum, self.count
+        ));
     }
 }
 
@@ -116,37 +119,82 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str("# HELP gyre_proxy_requests_total Model-API requests received, by API.\n# TYPE gyre_proxy_requests_total counter\n");
-        for (api, name) in ["anthropic", "openai_chat", "openai_responses"].iter().enumerate() {
+        for (api, name) in ["anthropic", "openai_chat", "openai_responses"]
+            .iter()
+            .enumerate()
+        {
             out.push_str(&format!(
                 "gyre_proxy_requests_total{{api=\"{name}\"}} {}\n",
                 self.requests[api].load(Ordering::Relaxed)
             ));
         }
         let counters = [
-            ("gyre_proxy_rejected_total{class=\"4xx\"}", "Requests answered with an error, by class.", &self.rejected_4xx),
-            ("gyre_proxy_rejected_total{class=\"5xx\"}", "", &self.rejected_5xx),
-            ("gyre_proxy_calls_recorded_total", "Model calls whose TITO record was committed.", &self.recorded),
-            ("gyre_proxy_tokens_encoded_total", "Prompt tokens the proxy tokenized.", &self.tokens_encoded),
-            ("gyre_proxy_tokens_reused_total", "Prompt tokens reused from the execution's previous context.", &self.tokens_reused),
-            ("gyre_proxy_engine_failovers_total", "Engine failures or aborts continued on another engine.", &self.failovers),
-            ("gyre_proxy_harness_disconnects_total", "Calls whose harness went away before the answer ended.", &self.harness_gone),
-            ("gyre_proxy_stream_errors_total", "Streams ended with an error event.", &self.stream_errors),
+            (
+                "gyre_proxy_rejected_total{class=\"4xx\"}",
+                "Requests answered with an error, by class.",
+                &self.rejected_4xx,
+            ),
+            (
+                "gyre_proxy_rejected_total{class=\"5xx\"}",
+                "",
+                &self.rejected_5xx,
+            ),
+            (
+                "gyre_proxy_calls_recorded_total",
+                "Model calls whose TITO record was committed.",
+                &self.recorded,
+            ),
+            (
+                "gyre_proxy_tokens_encoded_total",
+                "Prompt tokens the proxy tokenized.",
+                &self.tokens_encoded,
+            ),
+            (
+                "gyre_proxy_tokens_reused_total",
+                "Prompt tokens reused from the execution's previous context.",
+                &self.tokens_reused,
+            ),
+            (
+                "gyre_proxy_engine_failovers_total",
+                "Engine failures or aborts continued on another engine.",
+                &self.failovers,
+            ),
+            (
+                "gyre_proxy_harness_disconnects_total",
+                "Calls whose harness went away before the answer ended.",
+                &self.harness_gone,
+            ),
+            (
+                "gyre_proxy_stream_errors_total",
+                "Streams ended with an error event.",
+                &self.stream_errors,
+            ),
         ];
         for (name, help, value) in counters {
             let family = name.split('{').next().unwrap_or(name);
             if !help.is_empty() {
-                out.push_str(&format!("# HELP {family} {help}\n# TYPE {family} counter\n"));
+                out.push_str(&format!(
+                    "# HELP {family} {help}\n# TYPE {family} counter\n"
+                ));
             }
             out.push_str(&format!("{name} {}\n", value.load(Ordering::Relaxed)));
         }
         self.call_seconds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .render("gyre_proxy_call_seconds", "Request to recorded answer, seconds.", &mut out);
+            .render(
+                "gyre_proxy_call_seconds",
+                "Request to recorded answer, seconds.",
+                &mut out,
+            );
         self.commit_seconds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .render("gyre_proxy_commit_seconds", "Committing one TITO record, seconds.", &mut out);
+            .render(
+                "gyre_proxy_commit_seconds",
+                "Committing one TITO record, seconds.",
+                &mut out,
+            );
         out
     }
 }

@@ -80,7 +80,9 @@ pub struct ExecutionHandle(Arc<Mutex<Session>>);
 
 impl ExecutionHandle {
     pub fn lock(&self) -> MutexGuard<'_, Session> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -182,7 +184,9 @@ impl AppState {
         let engines = self.engines.len();
         if matches!(
             body,
-            EventBody::RoutesUpdated { .. } | EventBody::EngineDown { .. } | EventBody::EngineReady { .. }
+            EventBody::RoutesUpdated { .. }
+                | EventBody::EngineDown { .. }
+                | EventBody::EngineReady { .. }
         ) {
             self.routes_applied.send_modify(|count| *count += 1);
         }
@@ -231,7 +235,9 @@ impl AppState {
     }
 
     fn down(&self) -> MutexGuard<'_, std::collections::BTreeSet<usize>> {
-        self.down.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.down
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The first engine after `from` (cyclically) that is not down.
@@ -315,7 +321,10 @@ fn credential(headers: &HeaderMap, path_token: Option<&str>) -> Option<String> {
     headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(|v| v.trim().to_string())
 }
 
@@ -341,10 +350,8 @@ fn authenticate(
         )),
         None if app.config.auto_open => {
             let id = app.next_execution.fetch_add(1, Ordering::Relaxed);
-            let engine = app
-                .next_engine
-                .fetch_add(1, Ordering::Relaxed) as usize
-                % app.engines.len();
+            let engine =
+                app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
             Ok(app.open_execution_as(id, engine, &token))
         }
         None => Err(ApiError::new(
@@ -397,7 +404,11 @@ async fn model_call(
     };
     if let (Ok(prepared), Some(dir)) = (&prepared, std::env::var_os("GYRE_PROXY_DUMP_DIR")) {
         // Debugging aid: every rendered prompt, as the engine will see it.
-        let name = format!("{}-{}.txt", prepared.agent.replace(':', "_"), execution.lock().calls());
+        let name = format!(
+            "{}-{}.txt",
+            prepared.agent.replace(':', "_"),
+            execution.lock().calls()
+        );
         let _ = std::fs::write(std::path::Path::new(&dir).join(name), &prepared.text);
     }
     let prepared = match prepared {
@@ -437,7 +448,10 @@ async fn model_call(
                 let app = app_for_stream.clone();
                 async move {
                     if let Some(head) = head {
-                        return Some((Ok::<_, std::io::Error>(Bytes::from(head)), (None, receiver, done)));
+                        return Some((
+                            Ok::<_, std::io::Error>(Bytes::from(head)),
+                            (None, receiver, done),
+                        ));
                     }
                     if done {
                         return None;
@@ -459,7 +473,10 @@ async fn model_call(
         );
         let mut response = Response::new(Body::from_stream(stream));
         let headers = response.headers_mut();
-        headers.insert("content-type", HeaderValue::from_static("text/event-stream"));
+        headers.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
         headers.insert("cache-control", HeaderValue::from_static("no-cache"));
         response
     } else {
@@ -477,7 +494,11 @@ async fn model_call(
                 None => {
                     return rejected(
                         &app,
-                        &ApiError::new(api, ApiErrorKind::Internal, "the call ended without an answer"),
+                        &ApiError::new(
+                            api,
+                            ApiErrorKind::Internal,
+                            "the call ended without an answer",
+                        ),
                     )
                 }
             }
@@ -490,7 +511,11 @@ fn rejected(app: &AppState, error: &ApiError) -> Response {
     error_response(error)
 }
 
-async fn anthropic_messages(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+async fn anthropic_messages(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     model_call(app, Api::Anthropic, None, headers, body).await
 }
 
@@ -503,7 +528,11 @@ async fn anthropic_messages_at(
     model_call(app, Api::Anthropic, Some(token), headers, body).await
 }
 
-async fn chat_completions(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     model_call(app, Api::OpenAiChat, None, headers, body).await
 }
 
@@ -563,7 +592,11 @@ async fn count_tokens_inner(
     }
 }
 
-async fn count_tokens(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+async fn count_tokens(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     count_tokens_inner(app, None, headers, body).await
 }
 
@@ -628,7 +661,10 @@ async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
         if engine >= app.engines.len() {
             return admin_error(
                 StatusCode::BAD_REQUEST,
-                format!("engine: {engine} is not one of the {} engines", app.engines.len()),
+                format!(
+                    "engine: {engine} is not one of the {} engines",
+                    app.engines.len()
+                ),
             );
         }
     }
@@ -679,7 +715,11 @@ async fn admin_route(
     if request.engine >= app.engines.len() {
         return admin_error(
             StatusCode::BAD_REQUEST,
-            format!("engine: {} is not one of the {} engines", request.engine, app.engines.len()),
+            format!(
+                "engine: {} is not one of the {} engines",
+                request.engine,
+                app.engines.len()
+            ),
         );
     }
     match app.execution(&token) {
@@ -699,7 +739,10 @@ pub async fn follow_routes(
     addresses: String,
     from: Option<gyre_control::Sequence>,
 ) {
-    let mut next = from.unwrap_or(gyre_control::Sequence { index: 0, position: 0 });
+    let mut next = from.unwrap_or(gyre_control::Sequence {
+        index: 0,
+        position: 0,
+    });
     loop {
         let result: Result<(), String> = async {
             let mut client =
@@ -713,7 +756,10 @@ pub async fn follow_routes(
                     .map(|reply| reply.commit_index)
                     .max()
                     .unwrap_or(0);
-                next = gyre_control::Sequence { index: commit + 1, position: 0 };
+                next = gyre_control::Sequence {
+                    index: commit + 1,
+                    position: 0,
+                };
             }
             let mut stream = client
                 .subscribe(next, false)
@@ -724,10 +770,17 @@ pub async fn follow_routes(
                 for event in &events {
                     let moved = state.apply_route_event(&event.body);
                     if moved > 0 {
-                        tracing::info!(moved, kind = event.body.kind_name(), "routes followed from the log");
+                        tracing::info!(
+                            moved,
+                            kind = event.body.kind_name(),
+                            "routes followed from the log"
+                        );
                     }
                 }
-                next = gyre_control::Sequence { index: entry.index + 1, position: 0 };
+                next = gyre_control::Sequence {
+                    index: entry.index + 1,
+                    position: 0,
+                };
             }
             Ok(())
         }

@@ -163,7 +163,8 @@ impl Session {
 
     /// Remembers what the model produced so a re-sent history can be restored exactly.
     pub fn remember_tool_call(&mut self, id: &str, arguments: &str) {
-        self.tool_calls.insert(id.to_string(), arguments.to_string());
+        self.tool_calls
+            .insert(id.to_string(), arguments.to_string());
     }
 
     pub fn remember_reasoning(&mut self, handle: &str, text: &str) {
@@ -261,7 +262,9 @@ impl Session {
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
         // Tokens wholly inside the matched bytes.
-        let mut keep = previous.ends.partition_point(|end| *end as usize <= matched);
+        let mut keep = previous
+            .ends
+            .partition_point(|end| *end as usize <= matched);
         // A sampled output that matched completely is kept whole; otherwise back off to just
         // after a special token, never into the middle of a sampled output.
         let whole_output = keep == previous.ids.len() && keep > previous.output_start;
@@ -280,12 +283,13 @@ impl Session {
             previous.ends[keep - 1] as usize
         };
         let tail = &text[tail_start..];
-        let encoding = model
-            .tokenizer()
-            .encode(tail, false)
-            .map_err(|error| ProxyError::Tokenizer {
-                message: error.to_string(),
-            })?;
+        let encoding =
+            model
+                .tokenizer()
+                .encode(tail, false)
+                .map_err(|error| ProxyError::Tokenizer {
+                    message: error.to_string(),
+                })?;
         let mut context_ids = previous.ids[..keep].to_vec();
         let mut ends = previous.ends[..keep].to_vec();
         let mut provenance = previous.provenance[..keep].to_vec();
@@ -414,9 +418,10 @@ impl Session {
         context
             .ends
             .extend(sampled.output_ends.iter().map(|end| base + end));
-        context
-            .provenance
-            .extend(std::iter::repeat_n(Provenance::Sampled, sampled.output_ids.len()));
+        context.provenance.extend(std::iter::repeat_n(
+            Provenance::Sampled,
+            sampled.output_ids.len(),
+        ));
         self.agents.insert(prepared.agent, context);
         Ok(record)
     }
