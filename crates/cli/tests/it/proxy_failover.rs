@@ -33,6 +33,24 @@ impl RecordSink for MemorySink {
     }
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn test_model() -> Arc<ChatModel> {
+    Arc::new(
+        ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            ToolArgumentsForm::RawText,
+        )
+        .expect("test model"),
+    )
+}
+
 const ANSWER_TOKENS: u32 = 24;
 const EXECUTIONS: usize = 48;
 const CALLS_PER_EXECUTION: usize = 3;
@@ -69,19 +87,8 @@ fn body(turn: usize) -> String {
 /// `fault` cuts the source's answer after `partial` tokens; the destination then produces a
 /// whole answer of its own after them (it continues from the prompt plus the partial tokens).
 fn scenario(fault: Fault, partial: usize) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async move {
-        let model = Arc::new(
-            ChatModel::load(
-                &gyre_proxy::test_model::directory(),
-                ToolArgumentsForm::RawText,
-            )
-            .expect("test model"),
-        );
+    runtime().block_on(async move {
+        let model = test_model();
         let end = model.token_id("<|im_end|>").expect("end-of-turn token");
         let sink = Arc::new(MemorySink::default());
         let engines = vec![
@@ -183,19 +190,8 @@ fn role_switch_abort_mid_stream_is_invisible_to_many_harnesses() {
 #[test]
 fn route_events_from_the_log_move_executions() {
     use gyre_event::{EngineId, ExecutionId, RouteMove};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        let model = Arc::new(
-            ChatModel::load(
-                &gyre_proxy::test_model::directory(),
-                ToolArgumentsForm::RawText,
-            )
-            .expect("test model"),
-        );
+    runtime().block_on(async {
+        let model = test_model();
         let end = model.token_id("<|im_end|>").expect("end-of-turn token");
         let sink = Arc::new(MemorySink::default());
         let engines = vec![
@@ -287,20 +283,9 @@ fn route_events_from_the_log_move_executions() {
 /// recorded; with it, the credential opens an execution of its own.
 #[test]
 fn unknown_credentials_are_refused_unless_auto_open() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
+    runtime().block_on(async {
         for auto_open in [false, true] {
-            let model = Arc::new(
-                ChatModel::load(
-                    &gyre_proxy::test_model::directory(),
-                    ToolArgumentsForm::RawText,
-                )
-                .expect("test model"),
-            );
+            let model = test_model();
             let end = model.token_id("<|im_end|>").expect("end token");
             let sink = Arc::new(MemorySink::default());
             let config = ServerConfig {
@@ -350,19 +335,8 @@ fn unknown_credentials_are_refused_unless_auto_open() {
 #[test]
 fn a_harness_retry_after_a_cut_stream_records_one_call() {
     use futures_util::StreamExt;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        let model = Arc::new(
-            ChatModel::load(
-                &gyre_proxy::test_model::directory(),
-                ToolArgumentsForm::RawText,
-            )
-            .expect("test model"),
-        );
+    runtime().block_on(async {
+        let model = test_model();
         let end = model.token_id("<|im_end|>").expect("end token");
         let deterministic = DeterministicEngine::new(DeterministicOptions {
             name: "e".into(),
