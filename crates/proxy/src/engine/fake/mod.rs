@@ -374,3 +374,39 @@ pub(crate) fn number_field<T: serde::de::DeserializeOwned>(
             .map_err(|error| format!("{name}: {error}")),
     }
 }
+
+/// The start every fake `generate` shares: applies the fault queued for this request (a status
+/// or raw events answer at once, as `Err`), then starts the backing engine. Returns its stream
+/// and, for a `CutAfterTokens` fault, after how many tokens to cut the connection.
+pub(crate) async fn start_generation(
+    shared: &Shared,
+    connection: ConnectionKill,
+    request: &super::EngineRequest,
+) -> Result<(super::ChunkStream, Option<usize>), Response> {
+    let mut cut_after = None;
+    match shared.next_fault() {
+        Some(FakeFault::Status { code, body }) => return Err(error_response(code, body)),
+        Some(FakeFault::RawEvents(events)) => {
+            let (sender, response) = sse_response(connection);
+            // Task "fake-raw-events": owned by the response stream; ends when it is sent.
+            tokio::spawn(async move {
+                for event in events {
+                    if !sender.data(&event).await {
+                        return;
+                    }
+                }
+                sender.data("[DONE]").await;
+            });
+            return Err(response);
+        }
+        Some(FakeFault::CutAfterTokens(tokens)) => cut_after = Some(tokens as usize),
+        None => {}
+    }
+    match shared.engine.generate(request.clone()).await {
+        Ok(stream) => Ok((stream, cut_after)),
+        Err(failure) => Err(error_response(
+            sglang::status_for(&failure),
+            failure.to_string(),
+        )),
+    }
+}

@@ -20,8 +20,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, json_response, number_field, parse_object, sse_response, ConnectionKill,
-    FakeFault, Shared, SseSender,
+    error_response, json_response, number_field, parse_object, sse_response, start_generation,
+    ConnectionKill, Shared, SseSender,
 };
 use crate::engine::{
     collect, ChunkStream, EngineChunk, EngineFailure, EngineRequest, FinishKind, AGENT_HEADER,
@@ -190,28 +190,11 @@ async fn generate(
         Ok(generate) => generate,
         Err(message) => return error_response(400, message),
     };
-    let mut cut_after = None;
-    match shared.next_fault() {
-        Some(FakeFault::Status { code, body }) => return error_response(code, body),
-        Some(FakeFault::RawEvents(events)) => {
-            let (sender, response) = sse_response(connection);
-            tokio::spawn(async move {
-                for event in events {
-                    if !sender.data(&event).await {
-                        return;
-                    }
-                }
-                sender.data("[DONE]").await;
-            });
-            return response;
-        }
-        Some(FakeFault::CutAfterTokens(tokens)) => cut_after = Some(tokens as usize),
-        None => {}
-    }
-    let stream = match shared.engine.generate(generate.request.clone()).await {
-        Ok(stream) => stream,
-        Err(failure) => return error_response(status_for(&failure), failure.to_string()),
-    };
+    let (stream, cut_after) =
+        match start_generation(&shared, connection.clone(), &generate.request).await {
+            Ok(started) => started,
+            Err(response) => return response,
+        };
     if !generate.stream {
         let collected = collect(stream).await;
         let Some(Ok((kind, policy_version))) = collected.end else {
