@@ -30,6 +30,9 @@ use gyre_proxy::template::CivilDateTime;
 use gyre_proxy::{ChatModel, ChatRequest, Message, Role, ToolArgumentsForm};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "proxy_bench_anchors.rs"]
+mod anchors;
+
 /// Arguments of `gyre bench proxy`.
 #[derive(Args, Debug)]
 pub struct ProxyBenchArgs {
@@ -46,6 +49,20 @@ pub struct ProxyBenchArgs {
     /// Tokens each engine answer has.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
+    /// Decode time the fake engine spends per output token, milliseconds (0: it answers as
+    /// fast as it is read). A real engine decoding a batch of long-context sequences runs at
+    /// tens of milliseconds per token per sequence; with 0 the "engine's throughput" is only
+    /// the fake's HTTP handling, the harshest possible anchor.
+    #[arg(long, default_value_t = 0.0)]
+    decode_ms_per_token: f64,
+    /// A Python venv prepared with `scripts/anchors.sh install DIR`: also measures LiteLLM's
+    /// proxy and SGLang's `smg` gateway (pinned in that script) in front of an OpenAI-compatible
+    /// engine, beside Gyre, at concurrency 1, calls interleaved.
+    #[arg(long, value_name = "VENV_DIR")]
+    anchors: Option<std::path::PathBuf>,
+    /// Passes over the context ladder in the anchors comparison.
+    #[arg(long, default_value_t = 5)]
+    anchor_repeats: usize,
     /// Calls in the tokenization-work execution.
     #[arg(long, default_value_t = 636)]
     execution_calls: usize,
@@ -90,7 +107,7 @@ fn filler(tokens: usize, salt: usize) -> String {
     text
 }
 
-fn request_body(contexts: &[usize], upto: usize, salt: usize) -> String {
+fn request_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -> String {
     let mut messages = Vec::new();
     let mut previous = 0usize;
     for (turn, tokens) in contexts.iter().take(upto + 1).enumerate() {
@@ -105,7 +122,7 @@ fn request_body(contexts: &[usize], upto: usize, salt: usize) -> String {
     }
     serde_json::json!({
         "model": "gyre-test",
-        "max_tokens": 64,
+        "max_tokens": max_tokens,
         "system": "You are the benchmark agent.",
         "messages": messages,
     })
@@ -119,10 +136,22 @@ async fn post(
     key: &str,
     body: &str,
 ) -> anyhow::Result<u16> {
+    post_with(address, path, &format!("x-api-key: {key}\r\n"), body).await
+}
+
+/// One HTTP/1.1 request (`body` empty and `GET` when `path` starts with "GET "); `headers`
+/// are extra header lines, each ending in CRLF. Returns the status code.
+async fn post_with(
+    address: std::net::SocketAddr,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> anyhow::Result<u16> {
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream.set_nodelay(true)?;
+    let (method, path) = path.split_once(' ').unwrap_or(("POST", path));
     let request = format!(
-        "POST {path} HTTP/1.1\r\nhost: {address}\r\nx-api-key: {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\n{headers}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;
@@ -160,6 +189,12 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         name: "deterministic".into(),
         output_tokens: args.answer_tokens,
         end_token_id: Some(end),
+        playback: gyre_proxy::engine::PlaybackOptions {
+            // Four tokens per streamed event, as SGLang's default stream interval batches them.
+            chunk_tokens: 4,
+            chunk_interval_us: (args.decode_ms_per_token * 4e3).round() as u64,
+            ..gyre_proxy::engine::PlaybackOptions::default()
+        },
         ..DeterministicOptions::default()
     }));
     let fake = FakeServer::sglang(backing, FakeOptions::default()).await?;
@@ -194,11 +229,12 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         };
     }
     println!(
-        "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens",
+        "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens, decoded at {} ms/token",
         contexts.len(),
         contexts.first().copied().unwrap_or(0),
         contexts.last().copied().unwrap_or(0),
-        args.answer_tokens
+        args.answer_tokens,
+        args.decode_ms_per_token
     );
     println!(
         "{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -229,7 +265,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         let bodies: Vec<Vec<String>> = (0..concurrency)
             .map(|execution| {
                 (0..contexts.len())
-                    .map(|turn| request_body(&contexts, turn, execution))
+                    .map(|turn| request_body(&contexts, turn, execution, args.answer_tokens))
                     .collect()
             })
             .collect();
@@ -239,10 +275,12 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         let mut tasks = Vec::new();
         for (execution, prompts) in prompts.into_iter().enumerate() {
             let direct = direct.clone();
+            let answer_tokens = args.answer_tokens;
             tasks.push(tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 for (turn, ids) in prompts.into_iter().enumerate() {
-                    let request = EngineRequest::new(format!("d-{execution}-{turn}"), ids, 64);
+                    let request =
+                        EngineRequest::new(format!("d-{execution}-{turn}"), ids, answer_tokens);
                     let call = Instant::now();
                     let stream = direct.generate(request).await?;
                     let collected = collect(stream).await;
@@ -320,6 +358,18 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         );
     }
 
+    if let Some(venv) = &args.anchors {
+        anchors::run(
+            venv,
+            args.anchor_repeats,
+            &contexts,
+            args.answer_tokens,
+            &direct,
+            &state,
+            address,
+        )
+        .await?;
+    }
     tokenization_work(&model, args.execution_calls)?;
     Ok(())
 }

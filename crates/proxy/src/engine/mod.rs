@@ -269,3 +269,12 @@ impl Collected {
         }
     }
 }
+
+/// A request body as JSON, written into a buffer sized for `ids` token ids up front: a 128K
+/// context is about 700 KB of digits, and growing the buffer by doubling would copy it ~17
+/// times.
+pub(crate) fn json_body<T: serde::Serialize>(ids: usize, value: &T) -> Vec<u8> {
+    let mut body = Vec::with_capacity(ids * 7 + 512);
+    serde_json::to_writer(&mut body, value).expect("serialising numbers and strings cannot fail");
+    body
+}

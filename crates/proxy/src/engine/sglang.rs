@@ -87,22 +87,24 @@ struct SamplingParams<'a> {
 
 /// The JSON body of a generate request (also what the fake parses).
 pub(crate) fn generate_body(request: &EngineRequest) -> Vec<u8> {
-    serde_json::to_vec(&GenerateBody {
-        rid: &request.rid,
-        input_ids: &request.input_ids,
-        sampling_params: SamplingParams {
-            max_new_tokens: request.max_new_tokens,
-            temperature: request.temperature,
-            top_p: request.top_p,
-            stop_token_ids: &request.stop_token_ids,
-            no_stop_trim: true,
-            skip_special_tokens: false,
-            sampling_seed: request.seed,
+    super::json_body(
+        request.input_ids.len(),
+        &GenerateBody {
+            rid: &request.rid,
+            input_ids: &request.input_ids,
+            sampling_params: SamplingParams {
+                max_new_tokens: request.max_new_tokens,
+                temperature: request.temperature,
+                top_p: request.top_p,
+                stop_token_ids: &request.stop_token_ids,
+                no_stop_trim: true,
+                skip_special_tokens: false,
+                sampling_seed: request.seed,
+            },
+            return_logprob: true,
+            stream: true,
         },
-        return_logprob: true,
-        stream: true,
-    })
-    .expect("serialising numbers and strings cannot fail")
+    )
 }
 
 async fn abort_on_engine(engine: &HttpEngine, rid: &str) -> Result<(), EngineFailure> {

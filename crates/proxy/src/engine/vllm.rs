@@ -98,21 +98,23 @@ struct SamplingParams<'a> {
 }
 
 fn generate_body(request: &EngineRequest) -> Vec<u8> {
-    serde_json::to_vec(&GenerateBody {
-        request_id: &request.rid,
-        token_ids: &request.input_ids,
-        sampling_params: SamplingParams {
-            max_tokens: request.max_new_tokens,
-            temperature: request.temperature,
-            top_p: request.top_p,
-            logprobs: 0,
-            stop_token_ids: &request.stop_token_ids,
-            skip_special_tokens: false,
-            seed: request.seed,
+    super::json_body(
+        request.input_ids.len(),
+        &GenerateBody {
+            request_id: &request.rid,
+            token_ids: &request.input_ids,
+            sampling_params: SamplingParams {
+                max_tokens: request.max_new_tokens,
+                temperature: request.temperature,
+                top_p: request.top_p,
+                logprobs: 0,
+                stop_token_ids: &request.stop_token_ids,
+                skip_special_tokens: false,
+                seed: request.seed,
+            },
+            stream: true,
         },
-        stream: true,
-    })
-    .expect("serialising numbers and strings cannot fail")
+    )
 }
 
 /// The id vLLM's engine knows for `rid`: the one its stream echoed, else the prefixed form.

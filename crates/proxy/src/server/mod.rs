@@ -99,6 +99,9 @@ pub struct AppState {
     /// Engines the log says are down.
     down: Mutex<std::collections::BTreeSet<usize>>,
     routes_applied: tokio::sync::watch::Sender<u64>,
+    /// Bounds the calls being parsed, rendered and tokenized at once to the cores there are:
+    /// more threads would only add switching, and the async workers must keep a core.
+    preparing: tokio::sync::Semaphore,
     pub metrics: Metrics,
 }
 
@@ -128,6 +131,9 @@ impl AppState {
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(1),
             next_engine: AtomicU64::new(0),
+            preparing: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |cores| cores.get()),
+            ),
             down: Mutex::new(std::collections::BTreeSet::new()),
             routes_applied: tokio::sync::watch::Sender::new(0),
             metrics: Metrics::default(),
@@ -293,6 +299,12 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let address = listener.local_addr()?;
     let app = router(state);
+    // SSE frames are small writes: without TCP_NODELAY, Nagle holds each one until the
+    // harness ACKs the previous (a delayed ACK: up to 40 ms per frame).
+    let listener =
+        axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+            let _ = stream.set_nodelay(true);
+        });
     // Task "proxy-http": owned by the returned handle.
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -392,15 +404,38 @@ async fn model_call(
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
     };
-    let mut request = match crate::parse_request(api, &bytes) {
-        Ok(request) => request,
-        Err(error) => return rejected(&app, &error),
-    };
     let agent = agent_of(&headers);
-    let prepared = {
-        let mut session = execution.lock();
-        session.restore(&mut request);
-        session.prepare(&app.model, &request, agent.as_deref(), now_civil())
+    // Parsing, rendering and tokenizing are CPU work proportional to the body and the new
+    // tail (milliseconds for a long context): they run on the blocking pool so the async
+    // workers keep streaming other executions' answers meanwhile.
+    let work = {
+        // Held until the blocking work is done (the semaphore is never closed).
+        let _permit = app.preparing.acquire().await;
+        let (app, execution) = (app.clone(), execution.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut request = crate::parse_request(api, &bytes)?;
+            let prepared = {
+                let mut session = execution.lock();
+                session.restore(&mut request);
+                session.prepare(&app.model, &request, agent.as_deref(), now_civil())
+            };
+            Ok::<_, ApiError>((request, prepared))
+        })
+        .await
+    };
+    let (request, prepared) = match work {
+        Ok(Ok(done)) => done,
+        Ok(Err(error)) => return rejected(&app, &error),
+        Err(join) => {
+            return rejected(
+                &app,
+                &ApiError::new(
+                    api,
+                    ApiErrorKind::Internal,
+                    format!("preparing the call failed: {join}"),
+                ),
+            )
+        }
     };
     if let (Ok(prepared), Some(dir)) = (&prepared, std::env::var_os("GYRE_PROXY_DUMP_DIR")) {
         // Debugging aid: every rendered prompt, as the engine will see it.

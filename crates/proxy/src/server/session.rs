@@ -215,11 +215,19 @@ impl Session {
             })
     }
 
-    /// Provenance of each byte range of `text` that holds a message's content, in order.
-    fn content_spans(&self, request: &ChatRequest, text: &str) -> Vec<(usize, usize, Provenance)> {
+    /// Provenance of each byte range of `text` that holds a message's content and ends after
+    /// `from`, in order. Pieces are located from the end of the text backwards (each one before
+    /// the piece that follows it), so the work is proportional to the new tail, not to the
+    /// whole context: tokens before `from` keep the provenance they were given when encoded.
+    fn content_spans(
+        &self,
+        request: &ChatRequest,
+        text: &str,
+        from: usize,
+    ) -> Vec<(usize, usize, Provenance)> {
         let mut spans = Vec::new();
-        let mut cursor = 0usize;
-        for message in &request.messages {
+        let mut limit = text.len();
+        'messages: for message in request.messages.iter().rev() {
             let provenance = match message.role {
                 Role::System => Provenance::System,
                 Role::User => Provenance::User,
@@ -227,18 +235,25 @@ impl Session {
                 Role::Assistant if self.known_output(message) => Provenance::Sampled,
                 Role::Assistant => Provenance::HarnessAssistant,
             };
-            let mut pieces: Vec<&str> = Vec::new();
-            pieces.extend(message.reasoning.iter().map(|r| r.text.as_str()));
-            pieces.push(message.content.as_str());
-            pieces.extend(message.tool_calls.iter().map(|c| c.arguments.as_str()));
-            for piece in pieces.into_iter().filter(|piece| !piece.is_empty()) {
-                if let Some(found) = text.get(cursor..).and_then(|rest| rest.find(piece)) {
-                    let start = cursor + found;
-                    spans.push((start, start + piece.len(), provenance));
-                    cursor = start + piece.len();
+            let pieces = message
+                .reasoning
+                .iter()
+                .map(|r| r.text.as_str())
+                .chain(std::iter::once(message.content.as_str()))
+                .chain(message.tool_calls.iter().map(|c| c.arguments.as_str()));
+            let pieces: Vec<&str> = pieces.filter(|piece| !piece.is_empty()).collect();
+            for piece in pieces.into_iter().rev() {
+                if let Some(start) = text.get(..limit).and_then(|head| head.rfind(piece)) {
+                    let end = start + piece.len();
+                    if end <= from {
+                        break 'messages;
+                    }
+                    spans.push((start, end, provenance));
+                    limit = start;
                 }
             }
         }
+        spans.reverse();
         spans
     }
 
@@ -293,7 +308,7 @@ impl Session {
         let mut context_ids = previous.ids[..keep].to_vec();
         let mut ends = previous.ends[..keep].to_vec();
         let mut provenance = previous.provenance[..keep].to_vec();
-        let spans_of_content = self.content_spans(request, &text);
+        let spans_of_content = self.content_spans(request, &text, tail_start);
         let mut span_at = spans_of_content.partition_point(|(_, end, _)| *end <= tail_start);
         for (id, (start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
             let absolute_start = tail_start + start;
@@ -314,8 +329,8 @@ impl Session {
         }
         // Offsets of tokens that merge bytes past the end of a text are clamped by the
         // tokenizer; keep the ends monotonic and inside the text.
-        let mut floor = 0u32;
-        for end in &mut ends {
+        let mut floor = if keep == 0 { 0 } else { ends[keep - 1] };
+        for end in &mut ends[keep..] {
             *end = (*end).max(floor).min(text.len() as u32);
             floor = *end;
         }

@@ -362,6 +362,66 @@ pub(crate) fn parse_object(
     }
 }
 
+/// Like [`parse_object`], but the token-id array `ids_field` is read straight into a
+/// `Vec<u32>` (null or absent: `None`) instead of through a tree of JSON values: a 128K
+/// context is 128K array elements, and the engine's parse must not dwarf the work the
+/// benchmarks measure around it.
+#[allow(clippy::type_complexity)]
+pub(crate) fn parse_object_with_ids(
+    body: &[u8],
+    ids_field: &str,
+) -> Result<(serde_json::Map<String, serde_json::Value>, Option<Vec<u32>>), String> {
+    use serde_json::value::RawValue;
+    let fields: Vec<(String, &RawValue)> = match serde_json::from_slice::<RawObject<'_>>(body) {
+        Ok(RawObject(fields)) => fields,
+        // Not an object (or not JSON): the plain reader names the problem.
+        Err(_) => return parse_object(body).map(|object| (object, None)),
+    };
+    let mut object = serde_json::Map::new();
+    let mut ids = None;
+    for (name, raw) in fields {
+        if name == ids_field {
+            ids = serde_json::from_str::<Option<Vec<u32>>>(raw.get())
+                .map_err(|error| format!("{ids_field}: {error}"))?;
+        } else {
+            let value = serde_json::from_str(raw.get())
+                .map_err(|error| format!("JSON decode error: {error}"))?;
+            object.insert(name, value);
+        }
+    }
+    Ok((object, ids))
+}
+
+/// A JSON object's members in order, values left unparsed (duplicate keys: the last wins, as
+/// in [`parse_object`]).
+struct RawObject<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Members<'a> {
+            type Value = RawObject<'a>;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut members: Vec<(String, &'a serde_json::value::RawValue)> = Vec::new();
+                while let Some((name, value)) =
+                    map.next_entry::<String, &'de serde_json::value::RawValue>()?
+                {
+                    members.retain(|(existing, _)| *existing != name);
+                    members.push((name, value));
+                }
+                Ok(RawObject(members))
+            }
+        }
+        deserializer.deserialize_map(Members(std::marker::PhantomData))
+    }
+}
+
 /// An optional number field; an error names the field.
 pub(crate) fn number_field<T: serde::de::DeserializeOwned>(
     object: &serde_json::Map<String, serde_json::Value>,
@@ -369,7 +429,7 @@ pub(crate) fn number_field<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, String> {
     match object.get(name) {
         None | Some(serde_json::Value::Null) => Ok(None),
-        Some(value) => serde_json::from_value(value.clone())
+        Some(value) => T::deserialize(value)
             .map(Some)
             .map_err(|error| format!("{name}: {error}")),
     }

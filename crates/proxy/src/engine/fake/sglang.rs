@@ -20,8 +20,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, json_response, number_field, parse_object, sse_response, start_generation,
-    ConnectionKill, Shared, SseSender,
+    error_response, json_response, number_field, parse_object, parse_object_with_ids, sse_response,
+    start_generation, ConnectionKill, Shared, SseSender,
 };
 use crate::engine::{
     collect, ChunkStream, EngineChunk, EngineFailure, EngineRequest, FinishKind, AGENT_HEADER,
@@ -43,11 +43,11 @@ struct Generate {
 }
 
 fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<Generate, String> {
-    let object = parse_object(body)?;
+    let (object, ids) = parse_object_with_ids(body, "input_ids")?;
     if object.contains_key("text") || object.contains_key("input_embeds") {
         return Err("this fake serves input_ids only".into());
     }
-    let input_ids: Vec<u32> = number_field(&object, "input_ids")?
+    let input_ids: Vec<u32> = ids
         .ok_or_else(|| "Either text, input_ids or input_embeds should be provided.".to_string())?;
     let rid = match object.get("rid") {
         None | Some(Value::Null) => shared.mint_id("fake-rid-"),

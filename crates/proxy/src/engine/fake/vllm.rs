@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 
 use super::sglang::{agent_from, status_for};
 use super::{
-    error_response, json_response, number_field, parse_object, sse_response, start_generation,
-    ConnectionKill, Shared, SseSender,
+    error_response, json_response, number_field, parse_object, parse_object_with_ids, sse_response,
+    start_generation, ConnectionKill, Shared, SseSender,
 };
 use crate::engine::vllm::REQUEST_ID_PREFIX;
 use crate::engine::{collect, ChunkStream, EngineChunk, EngineRequest, FinishKind};
@@ -45,9 +45,8 @@ struct Generate {
 }
 
 fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<Generate, String> {
-    let object = parse_object(body)?;
-    let token_ids: Vec<u32> = number_field(&object, "token_ids")?
-        .ok_or_else(|| "token_ids: Field required".to_string())?;
+    let (object, ids) = parse_object_with_ids(body, "token_ids")?;
+    let token_ids: Vec<u32> = ids.ok_or_else(|| "token_ids: Field required".to_string())?;
     let request_id = match object.get("request_id") {
         None | Some(Value::Null) => shared.mint_id("fake-"),
         Some(Value::String(id)) => id.clone(),
