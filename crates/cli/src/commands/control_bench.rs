@@ -517,6 +517,14 @@ pub struct SoakArgs {
     /// Stop and restart one node (round robin, leader included) this often; 0 = never.
     #[arg(long, default_value_t = 5.0)]
     restart_every: f64,
+    /// Keep the three nodes' data directories here (`DIR/node-1` ..) instead of a temporary
+    /// directory, e.g. for `gyre replay DIR/node-1` afterwards. DIR must not exist yet.
+    #[arg(long, value_name = "DIR")]
+    keep_data: Option<std::path::PathBuf>,
+    /// Log segment size, bytes: small segments make purges delete whole segments, so a node's
+    /// log then starts after entry 1 and restarts (and `gyre replay`) begin from a snapshot.
+    #[arg(long, default_value_t = 64 << 20)]
+    segment_bytes: u64,
 }
 
 /// One writer of the soak: appends its execution's records in order, retrying an append until
@@ -560,11 +568,23 @@ async fn soak_writer(
 /// `gyre control soak`: snapshots and purges under heavy writes while nodes restart, then
 /// checks that every acknowledged record is in every node's projection and digests agree.
 pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir().context("temp dir")?;
+    let temporary = tempfile::tempdir().context("temp dir")?;
+    let root = match &args.keep_data {
+        Some(dir) => {
+            anyhow::ensure!(
+                !dir.exists(),
+                "--keep-data {}: it exists already (the soak starts from empty nodes)",
+                dir.display()
+            );
+            dir.clone()
+        }
+        None => temporary.path().to_path_buf(),
+    };
     let mut options = Vec::new();
     for id in 1..=3u64 {
         let listen = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let mut node = NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen);
+        let mut node = NodeOptions::new(id, root.join(format!("node-{id}")), listen);
+        node.log.segment_bytes = args.segment_bytes.max(4096);
         node.snapshot_every_entries = args.snapshot_every.max(1);
         node.entries_kept_behind_snapshot = args.keep_behind_snapshot;
         options.push(node);

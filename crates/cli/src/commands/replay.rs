@@ -6,6 +6,12 @@
 //! `--at INDEX` stops after that entry and dumps the projection; `--recompute` re-runs the
 //! controller at every decision point and reports the first divergence (a determinism bug). A
 //! damaged file is reported at its first bad record, and everything before it is still replayed.
+//!
+//! `LOG` may also be a control node's data directory (`gyre control run --data-dir`), read
+//! without changing it: its segments in order (CRCs, the hash chain within and across segments),
+//! up to the committed index its meta file records. When the node purged the log before its
+//! newest snapshot, replay starts from that snapshot's state (checksummed, and its digest
+//! checked) and reports where it started.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,7 +21,8 @@ use clap::Args;
 use serde::Serialize;
 
 use gyre_event::{Event, EventBody, Role};
-use gyre_log::{file::hex, EventFileReader};
+use gyre_log::file::{hex, ChainHash};
+use gyre_log::EventFileReader;
 use gyre_scheduler::run_decisions;
 use gyre_state::ControlState;
 
@@ -25,7 +32,8 @@ use gyre_state::ControlState;
     after_long_help = "Exit status: 0 when every record, digest and (with --recompute) decision verified; 2 when the file is damaged, a digest differs or a decision diverges (the report still covers everything before the problem)."
 )]
 pub struct ReplayArgs {
-    /// The event log (a file written by `gyre simulate --log` or exported from a node).
+    /// The event log: a file written by `gyre simulate --log` or exported with `gyre log
+    /// export`, or a control node's data directory.
     log: PathBuf,
     /// Stop after this log entry (1-based) and dump the projection state there.
     #[arg(long, value_name = "INDEX")]
@@ -92,6 +100,9 @@ struct StateDump {
 #[derive(Serialize)]
 struct PostMortem {
     log: String,
+    /// The snapshot entry replay started from (a node data directory whose log start was
+    /// purged); `null` when it replayed from the first entry.
+    started_from_snapshot: Option<u64>,
     entries: u64,
     events: u64,
     head_hash: String,
@@ -168,19 +179,303 @@ fn dump(state: &ControlState, entry: u64) -> StateDump {
     }
 }
 
-pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    if args.log.is_dir() {
-        bail!(
-            "{} is a directory: replay reads an event file (`gyre simulate --log`, or a node's log exported with `gyre log export`)",
-            args.log.display()
+/// One verified entry: its index, chain hash and events.
+struct Entry {
+    index: u64,
+    hash: ChainHash,
+    events: Vec<Event>,
+}
+
+/// Where the entries come from.
+enum Source {
+    File {
+        path: PathBuf,
+        reader: EventFileReader,
+    },
+    /// A node's data directory, read up front (entries after the starting snapshot, up to the
+    /// committed index) and then handed out in order; `problem` follows the last good one.
+    DataDir {
+        entries: std::vec::IntoIter<Entry>,
+        problem: Option<Problem>,
+    },
+}
+
+impl Source {
+    fn next(&mut self) -> Option<Result<Entry, Problem>> {
+        match self {
+            Source::File { path, reader } => {
+                let record = match reader.next()? {
+                    Ok(record) => record,
+                    Err(error) => {
+                        return Some(Err(Problem {
+                            kind: "damaged_record",
+                            entry: Some(reader.next_index()),
+                            message: error.to_string(),
+                        }))
+                    }
+                };
+                Some(match record.decode_events_in(path) {
+                    Ok(events) => Ok(Entry {
+                        index: record.index,
+                        hash: record.hash,
+                        events,
+                    }),
+                    Err(error) => Err(Problem {
+                        kind: "undecodable_record",
+                        entry: Some(record.index),
+                        message: error.to_string(),
+                    }),
+                })
+            }
+            Source::DataDir { entries, problem } => match entries.next() {
+                Some(entry) => Some(Ok(entry)),
+                None => problem.take().map(Err),
+            },
+        }
+    }
+}
+
+/// What a data directory gives replay: the state to start from and its entries.
+struct DataDir {
+    start_index: u64,
+    start_state: ControlState,
+    base_hash: ChainHash,
+    committed: u64,
+    entries: Vec<Entry>,
+    problem: Option<Problem>,
+}
+
+fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
+    use gyre_log::raft::record::{split_payload, RecordKind};
+    use gyre_log::raft::segment::{parse_segment_file_name, scan_segment};
+    use gyre_log::raft::Projection;
+
+    let log_dir = dir.join("log");
+    anyhow::ensure!(
+        log_dir.is_dir(),
+        "{} is a directory but not a control node's data directory (it has no log/ directory)",
+        dir.display()
+    );
+    let meta = gyre_log::raft::read_meta(dir)
+        .with_context(|| format!("reading the meta file of {}", dir.display()))?;
+    let committed = meta.committed.map_or(0, |log_id| log_id.index);
+    let mut segments: Vec<(u64, PathBuf)> = std::fs::read_dir(&log_dir)
+        .with_context(|| format!("listing {}", log_dir.display()))?
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            parse_segment_file_name(&name.to_string_lossy()).map(|first| (first, entry.path()))
+        })
+        .collect();
+    segments.sort();
+
+    // The newest snapshot that reads back intact, for a log whose start was purged.
+    let mut snapshots: Vec<PathBuf> = std::fs::read_dir(dir.join("snapshots"))
+        .map(|listing| {
+            listing
+                .filter_map(|entry| entry.ok())
+                .map(|entry| entry.path())
+                .filter(|path| {
+                    let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+                    name.is_some_and(|n| n.starts_with("snap-") && n.ends_with(".snap"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    snapshots.sort();
+    let first_index = segments.first().map_or(1, |(first, _)| *first);
+    let (mut start_index, mut start_state) = (0u64, ControlState::new());
+    if first_index > 1 {
+        let mut failures = Vec::new();
+        for path in snapshots.iter().rev() {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let restored = gyre_log::raft::snapshot::decode_snapshot(path, &bytes)
+                .map_err(|error| error.to_string())
+                .and_then(|(header, body)| {
+                    let projection = gyre_control::ControlProjection::restore(body)?;
+                    let digest = hex(&projection.state.digest());
+                    if digest != header.digest {
+                        return Err(format!(
+                            "{}: restored digest {digest} differs from the recorded {}",
+                            path.display(),
+                            header.digest
+                        ));
+                    }
+                    Ok((
+                        header.last_log_id.map_or(0, |id| id.index),
+                        projection.state,
+                    ))
+                });
+            match restored {
+                Ok((index, state)) if index + 1 >= first_index => {
+                    (start_index, start_state) = (index, state);
+                    break;
+                }
+                Ok((index, _)) => failures.push(format!(
+                    "{} ends at entry {index}, before the log's first entry {first_index}",
+                    path.display()
+                )),
+                Err(error) => failures.push(error),
+            }
+        }
+        anyhow::ensure!(
+            start_index > 0,
+            "{}: the log starts at entry {first_index} (earlier entries were purged) and no snapshot covers the gap{}",
+            dir.display(),
+            if failures.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", failures.join("; "))
+            }
         );
     }
-    let reader = EventFileReader::open(&args.log)
-        .with_context(|| format!("opening {}", args.log.display()))?;
-    let mut state = ControlState::new();
+
+    let mut entries = Vec::new();
+    let mut problem = None;
+    let mut base_hash = None;
+    let mut previous: Option<(u64, ChainHash)> = None;
+    'segments: for (_, path) in &segments {
+        let mut found = Vec::new();
+        let scan = scan_segment(path, |record, payload| {
+            found.push((
+                *record,
+                split_payload(payload)
+                    .map(|(kind, _, body)| (kind == RecordKind::Events).then(|| body.to_vec())),
+            ));
+            Ok(())
+        });
+        // Records verified before a damaged one still replay; the damage is reported after them.
+        let (scan, damage) = match scan {
+            Ok(scan) => (Some(scan), None),
+            Err(error) => (None, Some(error.to_string())),
+        };
+        if let (Some(scan), Some((next, head))) = (&scan, previous) {
+            if scan.header.first_index != next
+                || (!scan.header.detached() && scan.header.base_hash != head)
+            {
+                problem = Some(Problem {
+                    kind: "broken_chain",
+                    entry: Some(next),
+                    message: format!(
+                        "{} starts at entry {} with a base hash that does not continue the previous segment (expected entry {next})",
+                        path.display(),
+                        scan.header.first_index
+                    ),
+                });
+                break;
+            }
+        }
+        if let Some(scan) = &scan {
+            base_hash.get_or_insert(scan.header.base_hash);
+        }
+        let found_last = found.last().map(|(record, _)| record.index);
+        for (record, body) in found {
+            if record.index > committed {
+                break 'segments;
+            }
+            if record.index <= start_index {
+                continue;
+            }
+            let events = match body {
+                Ok(Some(bytes)) => match gyre_log::decode_batch(&bytes) {
+                    Ok(events) => events,
+                    Err(error) => {
+                        problem = Some(Problem {
+                            kind: "undecodable_record",
+                            entry: Some(record.index),
+                            message: format!("{} entry {}: {error}", path.display(), record.index),
+                        });
+                        break 'segments;
+                    }
+                },
+                Ok(None) => Vec::new(),
+                Err(error) => {
+                    problem = Some(Problem {
+                        kind: "undecodable_record",
+                        entry: Some(record.index),
+                        message: format!("{} entry {}: {error}", path.display(), record.index),
+                    });
+                    break 'segments;
+                }
+            };
+            entries.push(Entry {
+                index: record.index,
+                hash: record.hash,
+                events,
+            });
+        }
+        match (scan, damage) {
+            (Some(scan), _) => previous = Some((scan.next_index, scan.head_hash)),
+            (None, damage) => {
+                let next = found_last
+                    .map_or(previous.map_or(first_index, |(next, _)| next), |last| {
+                        last + 1
+                    });
+                problem = Some(Problem {
+                    kind: "damaged_record",
+                    entry: Some(next),
+                    message: damage.unwrap_or_default(),
+                });
+                break;
+            }
+        }
+    }
+    Ok(DataDir {
+        start_index,
+        start_state,
+        base_hash: base_hash.unwrap_or([0; 32]),
+        committed,
+        entries,
+        problem,
+    })
+}
+
+pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
+    let (mut source, mut state, mut head, started_at) = if args.log.is_dir() {
+        let data = read_data_dir(&args.log)?;
+        if !args.json {
+            println!(
+                "{}: a node data directory, committed through entry {}{}",
+                args.log.display(),
+                data.committed,
+                if data.start_index > 0 {
+                    format!(
+                        "; replay starts from the snapshot at entry {} (the log before it was purged)",
+                        data.start_index
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        (
+            Source::DataDir {
+                entries: data.entries.into_iter(),
+                problem: data.problem,
+            },
+            data.start_state,
+            data.base_hash,
+            data.start_index,
+        )
+    } else {
+        let reader = EventFileReader::open(&args.log)
+            .with_context(|| format!("opening {}", args.log.display()))?;
+        let head = reader.header().base_hash;
+        (
+            Source::File {
+                path: args.log.clone(),
+                reader,
+            },
+            ControlState::new(),
+            head,
+            0,
+        )
+    };
     let mut report = PostMortem {
         log: args.log.display().to_string(),
-        entries: 0,
+        started_from_snapshot: (started_at > 0).then_some(started_at),
+        entries: started_at,
         events: 0,
         head_hash: String::new(),
         digests_verified: 0,
@@ -199,31 +494,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let mut score_sum = 0.0;
     let mut staleness_sum = 0u64;
-    let mut head = reader.header().base_hash;
-    'records: for record in reader {
+    'records: while let Some(record) = source.next() {
         let record = match record {
             Ok(record) => record,
-            Err(error) => {
-                report.problem = Some(Problem {
-                    kind: "damaged_record",
-                    entry: Some(report.entries + 1),
-                    message: error.to_string(),
-                });
+            Err(problem) => {
+                report.problem = Some(problem);
                 break;
             }
         };
         head = record.hash;
-        let events = match record.decode_events_in(&args.log) {
-            Ok(events) => events,
-            Err(error) => {
-                report.problem = Some(Problem {
-                    kind: "undecodable_record",
-                    entry: Some(record.index),
-                    message: error.to_string(),
-                });
-                break;
-            }
-        };
+        let events = record.events;
         let mut position = 0;
         // Decisions already checked as part of a batch the controller returned at once.
         let mut verified_until = 0;

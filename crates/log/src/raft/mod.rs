@@ -34,7 +34,7 @@ mod meta;
 mod node;
 pub mod record;
 pub mod segment;
-mod snapshot;
+pub mod snapshot;
 mod state_machine;
 mod types;
 mod writer;
