@@ -2,6 +2,11 @@
 //! restarted from its directory (after snapshots and purges), every acknowledged write present
 //! and all projection digests equal. The seeded variant adds message loss, delay and a
 //! partition; the sweep prints each seed and how to rerun one.
+//!
+//! Invariants checked at the end of every scenario: election safety (at most one leader per
+//! term, from every node's metrics as they changed and from the leader ids of all committed
+//! entries), log matching (committed entries two nodes both hold are identical), no
+//! acknowledged write lost, equal digests at equal applied index.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -40,6 +45,8 @@ struct Cluster {
     router: Router,
     config: Arc<Config>,
     nodes: BTreeMap<NodeId, RaftNode<CountingProjection>>,
+    /// Every (term → nodes) seen leading, from each node's metrics as they changed.
+    leaders: Arc<std::sync::Mutex<BTreeMap<u64, BTreeSet<NodeId>>>>,
 }
 
 impl Cluster {
@@ -49,6 +56,7 @@ impl Cluster {
             router: Router::default(),
             config: config(),
             nodes: BTreeMap::new(),
+            leaders: Arc::default(),
         };
         for id in ids {
             cluster.start(*id).await;
@@ -80,6 +88,27 @@ impl Cluster {
         .await
         .expect("node starts");
         self.router.insert(id, node.raft.clone());
+        // Task "leader-watch": ends when the node shuts down (its metrics sender is dropped).
+        let mut metrics = node.raft.metrics();
+        let leaders = self.leaders.clone();
+        tokio::spawn(async move {
+            loop {
+                {
+                    let seen = metrics.borrow_and_update();
+                    if seen.state == ServerState::Leader {
+                        leaders
+                            .lock()
+                            .expect("leaders")
+                            .entry(seen.current_term)
+                            .or_default()
+                            .insert(seen.id);
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
         self.nodes.insert(id, node);
     }
 
@@ -190,11 +219,11 @@ fn snapshot_count(cluster: &Cluster, id: NodeId) -> usize {
         .unwrap_or(0)
 }
 
-/// Each node's retained committed entries as index → (term, payload bytes).
+/// Each node's retained committed entries as index → (term, leader node, payload bytes).
 async fn committed_entries(
     node: &RaftNode<CountingProjection>,
     last: u64,
-) -> BTreeMap<u64, (u64, Vec<u8>)> {
+) -> BTreeMap<u64, (u64, NodeId, Vec<u8>)> {
     let mut reader = node.log.reader();
     let entries = reader
         .try_get_log_entries(0..=last)
@@ -208,7 +237,14 @@ async fn committed_entries(
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Membership(membership) => format!("{membership:?}").into_bytes(),
             };
-            (entry.log_id.index, (entry.log_id.leader_id.term, payload))
+            (
+                entry.log_id.index,
+                (
+                    entry.log_id.leader_id.term,
+                    entry.log_id.leader_id.node_id,
+                    payload,
+                ),
+            )
         })
         .collect()
 }
@@ -221,6 +257,32 @@ async fn check(cluster: &Cluster, acknowledged: &BTreeSet<u64>) {
     let mut logs = BTreeMap::new();
     for (id, node) in &cluster.nodes {
         logs.insert(*id, committed_entries(node, last).await);
+    }
+    // Election safety: one leader per term, as the nodes saw it and as the log records it.
+    let seen = cluster.leaders.lock().expect("leaders").clone();
+    // Every scenario stops its leader, so at least two terms had a leader.
+    assert!(seen.len() >= 2, "leaders seen per term: {seen:?}");
+    for (term, nodes) in &seen {
+        assert_eq!(nodes.len(), 1, "term {term} had leaders {nodes:?}");
+    }
+    let mut log_leaders: BTreeMap<u64, BTreeSet<NodeId>> = BTreeMap::new();
+    for log in logs.values() {
+        for (term, leader, _) in log.values() {
+            log_leaders.entry(*term).or_default().insert(*leader);
+        }
+    }
+    for (term, nodes) in &log_leaders {
+        assert_eq!(
+            nodes.len(),
+            1,
+            "committed entries of term {term} name leaders {nodes:?}"
+        );
+        if let Some(seen_leader) = seen.get(term) {
+            assert_eq!(
+                seen_leader, nodes,
+                "term {term}: the log and the metrics disagree"
+            );
+        }
     }
     for (a, log_a) in &logs {
         for (b, log_b) in &logs {
