@@ -63,6 +63,7 @@ pub enum ProvenanceJson {
 pub enum CallKindJson {
     Turn,
     Summary,
+    Aborted,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -357,6 +358,7 @@ fn call_kind(kind: ev::CallKind) -> CallKindJson {
     match kind {
         ev::CallKind::Turn => CallKindJson::Turn,
         ev::CallKind::Summary => CallKindJson::Summary,
+        ev::CallKind::Aborted => CallKindJson::Aborted,
     }
 }
 
@@ -364,6 +366,7 @@ fn call_kind_back(kind: CallKindJson) -> ev::CallKind {
     match kind {
         CallKindJson::Turn => ev::CallKind::Turn,
         CallKindJson::Summary => ev::CallKind::Summary,
+        CallKindJson::Aborted => ev::CallKind::Aborted,
     }
 }
 

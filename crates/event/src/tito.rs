@@ -62,6 +62,11 @@ pub enum CallKind {
     Turn,
     /// A summary / compaction request.
     Summary,
+    /// The partial output of an attempt the engine abandoned (it died, timed out, or aborted
+    /// in-flight requests for a role switch) before the proxy continued the same answer on
+    /// another engine. Kept for audit (exact tokens, log-probs, engine, policy version); never
+    /// trainable: no role class admits it.
+    Aborted,
 }
 
 /// One model call, recorded by the proxy and committed before the harness gets its answer.

@@ -131,6 +131,11 @@ impl RoleClasses {
 
     /// The class of a leaf with this agent id and kind: the first matching rule.
     pub fn classify(&self, agent: &str, kind: CallKind) -> Option<u32> {
+        // An abandoned attempt's partial output is audit data, never a training candidate,
+        // whatever the harness's classes say.
+        if kind == CallKind::Aborted {
+            return None;
+        }
         self.classes
             .iter()
             .position(|class| {

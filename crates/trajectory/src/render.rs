@@ -16,6 +16,7 @@ fn kind_name(kind: CallKind) -> &'static str {
     match kind {
         CallKind::Turn => "turn",
         CallKind::Summary => "summary",
+        CallKind::Aborted => "aborted",
     }
 }
 

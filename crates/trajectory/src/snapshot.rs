@@ -31,6 +31,7 @@ fn kind_code(kind: CallKind) -> u8 {
     match kind {
         CallKind::Turn => 0,
         CallKind::Summary => 1,
+        CallKind::Aborted => 2,
     }
 }
 
@@ -181,6 +182,7 @@ impl Tree {
             let kind = read_code(reader, "trajectory.trees.nodes.kind", |code| match code {
                 0 => Some(CallKind::Turn),
                 1 => Some(CallKind::Summary),
+                2 => Some(CallKind::Aborted),
                 _ => None,
             })?;
             let engine = EngineId(reader.u32("trajectory.trees.nodes.engine")?);

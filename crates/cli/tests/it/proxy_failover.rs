@@ -146,6 +146,8 @@ fn scenario(fault: Fault, partial: usize) {
         }
         let events = sink.events.lock().expect("sink").clone();
         let mut seen = BTreeSet::new();
+        let mut calls = 0;
+        let mut aborted = 0;
         for event in &events {
             let EventBody::ModelCall(record) = &event.body else {
                 panic!("only model calls are recorded");
@@ -154,6 +156,22 @@ fn scenario(fault: Fault, partial: usize) {
                 seen.insert((record.execution, record.call)),
                 "duplicated record"
             );
+            if record.kind == gyre_event::CallKind::Aborted {
+                // The failed attempt's partial output, kept for audit: exactly the tokens the
+                // source engine streamed before it failed, from that engine.
+                aborted += 1;
+                assert_eq!(record.output_ids.len(), partial, "the partial output");
+                assert_eq!(record.output_ids.len(), record.output_logprobs.len());
+                assert_eq!(record.engine, gyre_event::EngineId(0));
+                assert!(
+                    gyre_trajectory::RoleClasses::claude_code()
+                        .classify(&record.agent, record.kind)
+                        .is_none(),
+                    "an aborted attempt is never trainable"
+                );
+                continue;
+            }
+            calls += 1;
             let length = record.output_ids.len();
             assert!(
                 length == ANSWER_TOKENS as usize || length == partial + ANSWER_TOKENS as usize,
@@ -163,9 +181,13 @@ fn scenario(fault: Fault, partial: usize) {
             assert_eq!(record.output_ids.last(), Some(&end));
         }
         assert_eq!(
-            events.len(),
+            calls,
             EXECUTIONS * CALLS_PER_EXECUTION,
             "one record per call"
+        );
+        assert_eq!(
+            aborted, EXECUTIONS,
+            "one audit record per failed attempt (each execution's first call)"
         );
         assert!(
             state.metrics.failovers_count() >= EXECUTIONS as u64,

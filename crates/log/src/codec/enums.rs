@@ -106,6 +106,7 @@ pub(crate) fn call_kind_to_proto(kind: CallKind) -> i32 {
     match kind {
         CallKind::Turn => pb::CallKind::Turn as i32,
         CallKind::Summary => pb::CallKind::Summary as i32,
+        CallKind::Aborted => pb::CallKind::Aborted as i32,
     }
 }
 
@@ -113,6 +114,7 @@ pub(crate) fn call_kind_from_proto(field: &'static str, value: i32) -> Result<Ca
     match pb::CallKind::try_from(value) {
         Ok(pb::CallKind::Turn) => Ok(CallKind::Turn),
         Ok(pb::CallKind::Summary) => Ok(CallKind::Summary),
+        Ok(pb::CallKind::Aborted) => Ok(CallKind::Aborted),
         Ok(pb::CallKind::Unspecified) | Err(_) => Err(invalid(field, value)),
     }
 }

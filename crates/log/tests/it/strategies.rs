@@ -75,7 +75,7 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
 
 fn model_call() -> impl Strategy<Value = ModelCallRecord> {
     (
-        (any::<u64>(), any::<u64>(), text(), any::<bool>()),
+        (any::<u64>(), any::<u64>(), text(), 0u8..3),
         (
             proptest::option::of(any::<u64>()),
             any::<u64>(),
@@ -97,7 +97,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
     )
         .prop_map(
             |(
-                (execution, call, agent, summary),
+                (execution, call, agent, kind),
                 (parent_call, reused_prefix_tokens_count, spawned_by),
                 (input_ids, spans, output_ids, output_logprobs),
                 (engine, policy_version, requested_at, first_token_after, completed_after),
@@ -105,10 +105,10 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 execution: ExecutionId(execution),
                 call: CallId(call),
                 agent,
-                kind: if summary {
-                    CallKind::Summary
-                } else {
-                    CallKind::Turn
+                kind: match kind {
+                    0 => CallKind::Turn,
+                    1 => CallKind::Summary,
+                    _ => CallKind::Aborted,
                 },
                 parent_call: parent_call.map(CallId),
                 reused_prefix_tokens_count,

@@ -283,6 +283,34 @@ pub async fn run(
         // The engine failed, died or was aborted (a role switch): continue the same answer on
         // another engine from the tokens already produced; the harness sees one response.
         app.metrics.failover();
+        // The attempt's partial output is kept for audit as its own (never trainable) record.
+        let produced = produced as usize;
+        if sampled.output_ids.len() > produced {
+            let aborted = execution.lock().record_aborted(
+                &prepared,
+                &sampled.output_ids[..produced],
+                &sampled.output_ids[produced..],
+                &sampled.output_logprobs[produced..],
+                EngineId((engine_index % app.engines.len()) as u32),
+                sampled.policy_version,
+                requested_at,
+                EventDuration(started.elapsed().as_nanos() as u64),
+            );
+            let committed = match aborted {
+                Ok(record) => app
+                    .sink
+                    .commit(Event::new(
+                        wall_clock(),
+                        EventBody::ModelCall(Box::new(record)),
+                    ))
+                    .await
+                    .map_err(|error| error.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = committed {
+                tracing::warn!(%error, "the aborted attempt's audit record was not committed");
+            }
+        }
         tracing::warn!(
             engine = %engine.name(),
             %failure,

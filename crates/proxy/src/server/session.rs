@@ -441,6 +441,55 @@ impl Session {
         Ok(record)
     }
 
+    /// The audit record of an attempt an engine abandoned mid-answer: its input is the prompt
+    /// plus what earlier attempts of the same call produced (`earlier`), its output the tokens
+    /// this attempt streamed before it was cut. `CallKind::Aborted`: no role class admits it,
+    /// so it is never trained on. Applied to the session's tree as a sibling branch of the
+    /// call that continues the answer; the agent's context is untouched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_aborted(
+        &mut self,
+        prepared: &Prepared,
+        earlier: &[u32],
+        output_ids: &[u32],
+        output_logprobs: &[f32],
+        engine: EngineId,
+        policy_version: PolicyVersion,
+        requested_at: Timestamp,
+        completed_after: Duration,
+    ) -> Result<ModelCallRecord, ProxyError> {
+        let reused = prepared.tree_reused as usize;
+        let mut input_ids = prepared.context_ids[reused..].to_vec();
+        input_ids.extend_from_slice(earlier);
+        let mut provenance = prepared.provenance[reused..].to_vec();
+        provenance.extend(std::iter::repeat_n(Provenance::Sampled, earlier.len()));
+        let record = ModelCallRecord {
+            execution: self.execution,
+            call: CallId(self.next_call),
+            agent: prepared.agent.clone(),
+            kind: CallKind::Aborted,
+            parent_call: prepared.parent_call,
+            reused_prefix_tokens_count: prepared.tree_reused,
+            spawned_by: None,
+            input_ids,
+            input_provenance: spans(&provenance),
+            output_ids: output_ids.to_vec(),
+            output_logprobs: output_logprobs.to_vec(),
+            engine,
+            policy_version,
+            requested_at,
+            first_token_after: Duration(0),
+            completed_after,
+        };
+        self.tree
+            .apply(&record)
+            .map_err(|error| ProxyError::Engine {
+                message: format!("aborted attempt does not fit the execution's tree: {error}"),
+            })?;
+        self.next_call += 1;
+        Ok(record)
+    }
+
     /// Calls recorded so far.
     pub fn calls(&self) -> u64 {
         self.next_call
