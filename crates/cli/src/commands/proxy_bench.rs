@@ -107,7 +107,9 @@ fn filler(tokens: usize, salt: usize) -> String {
     text
 }
 
-fn request_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -> String {
+/// The benchmark conversation up to call `upto`: one user message of filler per call (as many
+/// tokens as the context grew), each answered "ok" but the last.
+fn conversation(contexts: &[usize], upto: usize, salt: usize) -> Vec<serde_json::Value> {
     let mut messages = Vec::new();
     let mut previous = 0usize;
     for (turn, tokens) in contexts.iter().take(upto + 1).enumerate() {
@@ -120,11 +122,15 @@ fn request_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -
         }
         previous = *tokens;
     }
+    messages
+}
+
+fn request_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -> String {
     serde_json::json!({
         "model": "gyre-test",
         "max_tokens": max_tokens,
         "system": "You are the benchmark agent.",
-        "messages": messages,
+        "messages": conversation(contexts, upto, salt),
     })
     .to_string()
 }

@@ -29,17 +29,7 @@ fn chat_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -> S
     let mut messages = vec![serde_json::json!({
         "role": "system", "content": "You are the benchmark agent."
     })];
-    let mut previous = 0usize;
-    for (turn, tokens) in contexts.iter().take(upto + 1).enumerate() {
-        messages.push(serde_json::json!({
-            "role": "user",
-            "content": super::filler(tokens.saturating_sub(previous), salt * 100 + turn),
-        }));
-        if turn < upto {
-            messages.push(serde_json::json!({"role": "assistant", "content": "ok"}));
-        }
-        previous = *tokens;
-    }
+    messages.extend(super::conversation(contexts, upto, salt));
     serde_json::json!({
         "model": "gyre-test",
         "max_tokens": max_tokens,

@@ -377,19 +377,12 @@ fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
             if record.index <= start_index {
                 continue;
             }
-            let events = match body {
-                Ok(Some(bytes)) => match gyre_log::decode_batch(&bytes) {
-                    Ok(events) => events,
-                    Err(error) => {
-                        problem = Some(Problem {
-                            kind: "undecodable_record",
-                            entry: Some(record.index),
-                            message: format!("{} entry {}: {error}", path.display(), record.index),
-                        });
-                        break 'segments;
-                    }
-                },
-                Ok(None) => Vec::new(),
+            let decoded = body.and_then(|bytes| match bytes {
+                Some(bytes) => gyre_log::decode_batch(&bytes).map_err(|error| error.to_string()),
+                None => Ok(Vec::new()),
+            });
+            let events = match decoded {
+                Ok(events) => events,
                 Err(error) => {
                     problem = Some(Problem {
                         kind: "undecodable_record",
