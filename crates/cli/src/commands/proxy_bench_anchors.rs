@@ -251,7 +251,7 @@ pub(super) async fn run(
         "  {:<26} {:>9} {:>9} {:>12} {:>16} {:>16}",
         "target", "p50", "p99", "p50 at max", "added p50 (all)", "added p50 at max"
     );
-    for target in 0..TARGETS {
+    for (target, label) in labels.iter().enumerate() {
         let (p50, p99) = all(target);
         let at_max = median_at(target, last);
         let anchor = match target {
@@ -276,7 +276,7 @@ pub(super) async fn run(
         };
         println!(
             "  {:<26} {:>7.2}ms {:>7.2}ms {:>10.2}ms {:>16} {:>16}",
-            labels[target], p50, p99, at_max, added_all, added_max
+            label, p50, p99, at_max, added_all, added_max
         );
     }
     Ok(())
