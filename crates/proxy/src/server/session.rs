@@ -413,12 +413,7 @@ impl Session {
                 message: "the engine returned no tokens".into(),
             });
         }
-        self.tree
-            .apply(&record)
-            .map_err(|error| ProxyError::Engine {
-                message: format!("record does not fit the execution's tree: {error}"),
-            })?;
-        self.next_call += 1;
+        self.commit_to_tree(&record, "record")?;
         let mut context = AgentContext {
             call: Some(call),
             output_start: prepared.context_ids.len(),
@@ -481,13 +476,19 @@ impl Session {
             first_token_after: Duration(0),
             completed_after,
         };
+        self.commit_to_tree(&record, "aborted attempt")?;
+        Ok(record)
+    }
+
+    /// Applies a record to the session's tree and spends its call id.
+    fn commit_to_tree(&mut self, record: &ModelCallRecord, what: &str) -> Result<(), ProxyError> {
         self.tree
-            .apply(&record)
+            .apply(record)
             .map_err(|error| ProxyError::Engine {
-                message: format!("aborted attempt does not fit the execution's tree: {error}"),
+                message: format!("{what} does not fit the execution's tree: {error}"),
             })?;
         self.next_call += 1;
-        Ok(record)
+        Ok(())
     }
 
     /// Calls recorded so far.
