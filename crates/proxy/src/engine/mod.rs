@@ -22,6 +22,7 @@
 pub mod deterministic;
 pub mod fake;
 mod http;
+pub mod ids_json;
 mod playback;
 pub mod scripted;
 pub mod sglang;
@@ -30,9 +31,11 @@ pub mod vllm;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use deterministic::{DeterministicEngine, DeterministicOptions};
 pub use http::HttpEngineConfig;
+pub use ids_json::IdsJson;
 pub use playback::{playback_logprob, Fault, PlaybackOptions};
 pub use scripted::{
     render_blocks, Script, ScriptBlock, ScriptError, ScriptLine, ScriptedEngine, ScriptedOptions,
@@ -61,6 +64,10 @@ pub struct EngineRequest {
     /// reads it; `None` means [`MAIN_AGENT`].
     pub agent: Option<String>,
     pub input_ids: Vec<u32>,
+    /// `input_ids` already written as JSON (the session keeps it per agent context, so only
+    /// new ids are written per call). Adapters that send JSON use it when its length matches
+    /// `input_ids`; it must hold exactly those ids.
+    pub input_ids_json: Option<Arc<IdsJson>>,
     pub max_new_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
@@ -76,6 +83,7 @@ impl EngineRequest {
             rid: rid.into(),
             agent: None,
             input_ids,
+            input_ids_json: None,
             max_new_tokens,
             temperature: 1.0,
             top_p: 1.0,
@@ -270,11 +278,40 @@ impl Collected {
     }
 }
 
-/// A request body as JSON, written into a buffer sized for `ids` token ids up front: a 128K
-/// context is about 700 KB of digits, and growing the buffer by doubling would copy it ~17
-/// times.
-pub(crate) fn json_body<T: serde::Serialize>(ids: usize, value: &T) -> Vec<u8> {
-    let mut body = Vec::with_capacity(ids * 7 + 512);
-    serde_json::to_writer(&mut body, value).expect("serialising numbers and strings cannot fail");
+/// A request body as JSON: `{"<ids_key>":[...ids],` followed by the members of `rest` (a
+/// struct without the ids). The ids come from the request's [`IdsJson`] when it has one for
+/// exactly these ids (a copy of text written when the ids were tokenized), else they are
+/// written here. The buffer is sized up front: a 128K context is about 700 KB of digits, and
+/// growing it by doubling would copy it ~17 times.
+pub(crate) fn json_body_with_ids<T: serde::Serialize>(
+    ids_key: &str,
+    request: &EngineRequest,
+    rest: &T,
+) -> Vec<u8> {
+    let written;
+    let ids = match &request.input_ids_json {
+        Some(json) if json.len() == request.input_ids.len() => {
+            debug_assert!(**json == IdsJson::of(&request.input_ids));
+            json.as_ref()
+        }
+        _ => {
+            written = IdsJson::of(&request.input_ids);
+            &written
+        }
+    };
+    let members = serde_json::to_vec(rest).expect("serialising numbers and strings cannot fail");
+    let mut body = Vec::with_capacity(ids.array_len() + ids_key.len() + members.len() + 8);
+    body.extend_from_slice(b"{\"");
+    body.extend_from_slice(ids_key.as_bytes());
+    body.extend_from_slice(b"\":");
+    ids.write_array(&mut body);
+    // `members` is `{...}`; an empty object adds nothing but the closing brace.
+    match members.get(1..) {
+        Some(b"}") | None => body.push(b'}'),
+        Some(tail) => {
+            body.push(b',');
+            body.extend_from_slice(tail);
+        }
+    }
     body
 }

@@ -66,7 +66,6 @@ impl SglangEngine {
 #[derive(Serialize)]
 struct GenerateBody<'a> {
     rid: &'a str,
-    input_ids: &'a [u32],
     sampling_params: SamplingParams<'a>,
     return_logprob: bool,
     stream: bool,
@@ -87,11 +86,11 @@ struct SamplingParams<'a> {
 
 /// The JSON body of a generate request (also what the fake parses).
 pub(crate) fn generate_body(request: &EngineRequest) -> Vec<u8> {
-    super::json_body(
-        request.input_ids.len(),
+    super::json_body_with_ids(
+        "input_ids",
+        request,
         &GenerateBody {
             rid: &request.rid,
-            input_ids: &request.input_ids,
             sampling_params: SamplingParams {
                 max_new_tokens: request.max_new_tokens,
                 temperature: request.temperature,

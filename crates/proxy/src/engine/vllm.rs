@@ -79,7 +79,6 @@ impl VllmEngine {
 #[derive(Serialize)]
 struct GenerateBody<'a> {
     request_id: &'a str,
-    token_ids: &'a [u32],
     sampling_params: SamplingParams<'a>,
     stream: bool,
 }
@@ -98,11 +97,11 @@ struct SamplingParams<'a> {
 }
 
 fn generate_body(request: &EngineRequest) -> Vec<u8> {
-    super::json_body(
-        request.input_ids.len(),
+    super::json_body_with_ids(
+        "token_ids",
+        request,
         &GenerateBody {
             request_id: &request.rid,
-            token_ids: &request.input_ids,
             sampling_params: SamplingParams {
                 max_tokens: request.max_new_tokens,
                 temperature: request.temperature,

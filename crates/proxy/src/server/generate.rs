@@ -174,6 +174,14 @@ pub async fn run(
         let produced = sampled.output_ids.len() as u32;
         let mut input_ids = prepared.context_ids.clone();
         input_ids.extend_from_slice(&sampled.output_ids);
+        let input_ids_json = if sampled.output_ids.is_empty() {
+            prepared.context_json.clone()
+        } else {
+            // A retry continues the partial answer: its ids follow the prompt.
+            let mut json = (*prepared.context_json).clone();
+            json.extend(&sampled.output_ids);
+            Arc::new(json)
+        };
         let rid = {
             let session = execution.lock();
             format!("{}-{}-{attempts}", session.execution, session.calls())
@@ -181,6 +189,7 @@ pub async fn run(
         let engine_request = EngineRequest {
             rid: rid.clone(),
             input_ids,
+            input_ids_json: Some(input_ids_json),
             max_new_tokens: max_new.saturating_sub(produced).max(1),
             temperature: request.sampling.temperature.unwrap_or(1.0) as f32,
             top_p: request.sampling.top_p.unwrap_or(1.0) as f32,

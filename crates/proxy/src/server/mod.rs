@@ -187,7 +187,9 @@ impl AppState {
     /// `EngineReady` brings it back. Returns how many executions moved.
     pub fn apply_route_event(&self, body: &gyre_event::EventBody) -> usize {
         use gyre_event::EventBody;
-        let engines = self.engines.len();
+        let moved = self.apply_route_body(body);
+        // Counted once the event took effect, so a watcher that sees the count also sees the
+        // executions where the event put them.
         if matches!(
             body,
             EventBody::RoutesUpdated { .. }
@@ -196,6 +198,12 @@ impl AppState {
         ) {
             self.routes_applied.send_modify(|count| *count += 1);
         }
+        moved
+    }
+
+    fn apply_route_body(&self, body: &gyre_event::EventBody) -> usize {
+        use gyre_event::EventBody;
+        let engines = self.engines.len();
         match body {
             EventBody::RoutesUpdated { moves, .. } => {
                 let mut moved = 0;

@@ -22,6 +22,7 @@
 //! session behind a mutex.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use gyre_event::{
     CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, Provenance,
@@ -29,6 +30,7 @@ use gyre_event::{
 };
 use gyre_trajectory::{match_context, Tree, TreeConfig};
 
+use crate::engine::IdsJson;
 use crate::messages::{ChatRequest, Role};
 use crate::model_dir::ChatModel;
 use crate::template::{CivilDateTime, RenderInput};
@@ -46,6 +48,8 @@ struct AgentContext {
     call: Option<CallId>,
     text: String,
     ids: Vec<u32>,
+    /// `ids` as JSON text, for the next call's engine body.
+    ids_json: IdsJson,
     /// Byte end in `text` of each token.
     ends: Vec<u32>,
     provenance: Vec<Provenance>,
@@ -63,6 +67,9 @@ pub struct Prepared {
     pub text: String,
     /// The full prompt as token ids: reused prefix + newly encoded tail.
     pub context_ids: Vec<u32>,
+    /// `context_ids` as JSON text: the previous context's text cut to the reused tokens plus
+    /// the new ones (what the engine adapters send).
+    pub context_json: Arc<IdsJson>,
     ends: Vec<u32>,
     provenance: Vec<Provenance>,
     /// Tokens taken from the agent's previous context instead of being encoded.
@@ -306,6 +313,9 @@ impl Session {
                     message: error.to_string(),
                 })?;
         let mut context_ids = previous.ids[..keep].to_vec();
+        let mut context_json = previous.ids_json.clone();
+        context_json.truncate(&previous.ids, keep);
+        context_json.extend(encoding.get_ids());
         let mut ends = previous.ends[..keep].to_vec();
         let mut provenance = previous.provenance[..keep].to_vec();
         let spans_of_content = self.content_spans(request, &text, tail_start);
@@ -371,6 +381,7 @@ impl Session {
             spawned_by,
             text,
             context_ids,
+            context_json: Arc::new(context_json),
             ends,
             provenance,
             reused_by_text: keep,
@@ -419,12 +430,15 @@ impl Session {
             output_start: prepared.context_ids.len(),
             text: prepared.text,
             ids: prepared.context_ids,
+            ids_json: Arc::try_unwrap(prepared.context_json)
+                .unwrap_or_else(|shared| (*shared).clone()),
             ends: prepared.ends,
             provenance: prepared.provenance,
         };
         let base = context.text.len() as u32;
         context.text.push_str(&sampled.output_text);
         context.ids.extend_from_slice(&sampled.output_ids);
+        context.ids_json.extend(&sampled.output_ids);
         context
             .ends
             .extend(sampled.output_ends.iter().map(|end| base + end));
