@@ -21,6 +21,9 @@ fn main() {
     std::env::set_var("PROTOC", protoc);
 
     prost_build::Config::new()
+        // Record bodies and token arrays as `bytes::Bytes`: decoding a batch from one `Bytes`
+        // then slices it instead of allocating and copying every body and every token array.
+        .bytes([".gyre.events.EventRecord.body", ".gyre.events.ModelCall"])
         .compile_protos(&[events], std::slice::from_ref(&proto_dir))
         .expect("proto/events.proto compiles (see the protoc error above)");
 

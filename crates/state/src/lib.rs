@@ -104,11 +104,10 @@ impl ControlState {
         let buffer = &self.trajectories;
         feed.u64(buffer.trees.len() as u64);
         for (execution, tree) in &buffer.trees {
-            let tokens: u64 = tree.nodes().iter().map(|n| n.segment_len()).sum();
             feed.u64(execution.get());
             feed.u64(tree.len() as u64);
-            feed.u64(tree.leaves().count() as u64);
-            feed.u64(tokens);
+            feed.u64(tree.leaf_count());
+            feed.u64(tree.tokens_count());
         }
         let scoring = &buffer.scoring;
         feed.u64(scoring.executions.len() as u64);

@@ -153,6 +153,11 @@ pub struct Tree {
     /// that sampled the same first tokens, or records attached by another matcher). The matcher
     /// explores them explicitly; they are rare.
     pub(crate) shadow_children: BTreeMap<NodeId, Vec<NodeId>>,
+    /// Nodes without a child at their end, kept as nodes attach (the state digest reads it
+    /// every few hundred entries; counting would walk every node of every tree).
+    leaf_count: u64,
+    /// Sum of the nodes' segment lengths, kept likewise.
+    tokens_count: u64,
 }
 
 impl Tree {
@@ -164,6 +169,8 @@ impl Tree {
             by_call: BTreeMap::new(),
             child_index: BTreeMap::new(),
             shadow_children: BTreeMap::new(),
+            leaf_count: 0,
+            tokens_count: 0,
         }
     }
 
@@ -197,6 +204,16 @@ impl Tree {
 
     pub fn roots(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.node_ids().filter(|id| self.node(*id).parent.is_none())
+    }
+
+    /// How many nodes [`Tree::leaves`] yields, without walking them.
+    pub fn leaf_count(&self) -> u64 {
+        self.leaf_count
+    }
+
+    /// Tokens over all nodes' own segments (each token once, however many paths share it).
+    pub fn tokens_count(&self) -> u64 {
+        self.tokens_count
     }
 
     pub fn leaves(&self) -> impl Iterator<Item = NodeId> + '_ {
@@ -346,6 +363,9 @@ impl Tree {
                 let offset = parts.start - parent_node.start;
                 parent_node.children.push(id);
                 if offset == parent_node.segment_len() {
+                    if parent_node.children_at_end == 0 {
+                        self.leaf_count -= 1;
+                    }
                     parent_node.children_at_end += 1;
                 }
                 let shadows =
@@ -363,6 +383,8 @@ impl Tree {
             }
         };
         self.by_call.insert(parts.call, id);
+        self.leaf_count += 1;
+        self.tokens_count += (parts.input_ids.len() + parts.output_ids.len()) as u64;
         self.nodes.push(Node {
             call: parts.call,
             agent: parts.agent,
@@ -488,6 +510,16 @@ impl Tree {
             self.by_call.len(),
             self.nodes.len(),
             "one index entry per node"
+        );
+        assert_eq!(
+            self.leaf_count,
+            self.nodes.iter().filter(|node| node.is_leaf()).count() as u64,
+            "kept leaf count"
+        );
+        assert_eq!(
+            self.tokens_count,
+            self.nodes.iter().map(Node::segment_len).sum::<u64>(),
+            "kept token count"
         );
         for (index, node) in self.nodes.iter().enumerate() {
             let id = NodeId(index as u32);

@@ -17,7 +17,8 @@ use super::tokens::{le_to_f32s, le_to_u32s};
 use super::BodyError;
 
 /// Decodes a body written at the current schema version of `kind`.
-pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, BodyError> {
+pub(crate) fn decode_body(kind: EventKind, body: &bytes::Bytes) -> Result<EventBody, BodyError> {
+    let bytes: &[u8] = body;
     let body = match kind {
         EventKind::Unspecified => {
             // Callers look kinds up with `kind_from_number`, which never yields Unspecified.
@@ -87,7 +88,8 @@ pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, Bo
             }
         }
         EventKind::ModelCall => {
-            EventBody::ModelCall(Box::new(model_call(pb::ModelCall::decode(bytes)?)?))
+            // From the `Bytes`: the token arrays are slices of the batch, not copies.
+            EventBody::ModelCall(Box::new(model_call(pb::ModelCall::decode(body.clone())?)?))
         }
         EventKind::EvaluationRequested => {
             let message = pb::EvaluationRequested::decode(bytes)?;

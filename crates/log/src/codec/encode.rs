@@ -272,7 +272,7 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
         parent_call: record.parent_call.map(|call| call.get()),
         reused_prefix_tokens_count: record.reused_prefix_tokens_count,
         spawned_by: record.spawned_by.map(|call| call.get()),
-        input_ids: u32s_to_le(&record.input_ids),
+        input_ids: u32s_to_le(&record.input_ids).into(),
         input_provenance: record
             .input_provenance
             .iter()
@@ -281,8 +281,8 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
                 tokens_count: span.tokens_count,
             })
             .collect(),
-        output_ids: u32s_to_le(&record.output_ids),
-        output_logprobs: f32s_to_le(&record.output_logprobs),
+        output_ids: u32s_to_le(&record.output_ids).into(),
+        output_logprobs: f32s_to_le(&record.output_logprobs).into(),
         engine: record.engine.get(),
         policy_version: record.policy_version.get(),
         requested_at_nanos: record.requested_at.nanos(),

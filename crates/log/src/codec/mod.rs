@@ -41,7 +41,7 @@ pub fn encode_batch(events: &[Event]) -> Vec<u8> {
                 kind: kind as u32,
                 schema_version: current_schema_version(kind),
                 at_nanos: event.at.nanos(),
-                body: encode::encode_body(&event.body),
+                body: encode::encode_body(&event.body).into(),
             }
         })
         .collect();
@@ -61,7 +61,8 @@ pub fn encode_envelope(records: Vec<pb::EventRecord>) -> Vec<u8> {
 
 /// Decodes one `EventBatch`, upcasting old bodies to today's types.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
-    let batch = decode_envelope(bytes)?;
+    // One copy of the whole batch; every record body and token array is then a slice of it.
+    let batch = envelope_from(bytes, bytes::Bytes::copy_from_slice(bytes))?;
     batch
         .records
         .into_iter()
@@ -72,7 +73,12 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
 
 /// Decodes and checks the envelope only, leaving bodies encoded.
 pub fn decode_envelope(bytes: &[u8]) -> Result<pb::EventBatch, CodecError> {
-    let batch = match pb::EventBatch::decode(bytes) {
+    envelope_from(bytes, bytes)
+}
+
+/// The envelope decoded from `buffer`, whose bytes are `bytes`.
+fn envelope_from(bytes: &[u8], buffer: impl bytes::Buf) -> Result<pb::EventBatch, CodecError> {
+    let batch = match pb::EventBatch::decode(buffer) {
         Ok(batch) => batch,
         Err(source) => {
             // Our writer puts the magic first (tag 0x0D, fixed32), so bytes that do not start
@@ -137,7 +143,7 @@ fn decode_record(position: usize, record: pb::EventRecord) -> Result<Event, Code
     let mut version = found;
     while version < current {
         let step = upcast::upcaster(kind, version).ok_or_else(unsupported)?;
-        body = (step.upcast)(&body).map_err(body_error)?;
+        body = (step.upcast)(&body).map_err(body_error)?.into();
         version += 1;
     }
     let body = decode::decode_body(kind, &body).map_err(body_error)?;

@@ -17,7 +17,7 @@ fn record(kind: EventKind, schema_version: u32, body: Vec<u8>) -> pb::EventRecor
         kind: kind as u32,
         schema_version,
         at_nanos: 5,
-        body,
+        body: body.into(),
     }
 }
 
@@ -164,7 +164,7 @@ fn unknown_kind_is_refused_with_its_number_and_position() {
             kind: 999,
             schema_version: 1,
             at_nanos: 0,
-            body: vec![],
+            body: vec![].into(),
         },
     ]);
     let error = decode_batch(&bytes).expect_err("unknown kind");
@@ -211,7 +211,7 @@ fn token_bytes_not_a_multiple_of_four_are_refused() {
         kind: pb::CallKind::Turn as i32,
         ..Default::default()
     };
-    message.input_ids = vec![1, 0, 0, 0, 2];
+    message.input_ids = vec![1, 0, 0, 0, 2].into();
     let error =
         decode_one(record(EventKind::ModelCall, 1, message.encode_to_vec())).expect_err("odd");
     assert_eq!(
@@ -229,7 +229,7 @@ fn token_bytes_not_a_multiple_of_four_are_refused() {
     assert!(error.to_string().contains("not a multiple of 4"), "{error}");
 
     message.input_ids.clear();
-    message.output_logprobs = vec![0; 7];
+    message.output_logprobs = vec![0; 7].into();
     let error =
         decode_one(record(EventKind::ModelCall, 1, message.encode_to_vec())).expect_err("odd");
     assert!(

@@ -80,7 +80,7 @@ fn run_started_v1_batch() -> Vec<u8> {
             kind: EventKind::Tick as u32,
             schema_version: 1,
             at_nanos: 12,
-            body: vec![],
+            body: vec![].into(),
         },
     ])
 }

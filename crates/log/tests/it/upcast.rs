@@ -48,7 +48,7 @@ pub fn v1_record(message: &pb::RunStartedV1, at_nanos: u64) -> pb::EventRecord {
         kind: EventKind::RunStarted as u32,
         schema_version: 1,
         at_nanos,
-        body: message.encode_to_vec(),
+        body: message.encode_to_vec().into(),
     }
 }
 

@@ -52,7 +52,7 @@ impl IdsJson {
         self.text.reserve(ids.len() * 7);
         let mut digits = itoa::Buffer::new();
         for id in ids {
-            if self.count % MARK_EVERY == 0 {
+            if self.count.is_multiple_of(MARK_EVERY) {
                 self.marks
                     .push(u32::try_from(self.text.len()).unwrap_or(u32::MAX));
             }
