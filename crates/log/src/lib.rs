@@ -17,7 +17,7 @@ pub mod codec;
 pub mod file;
 pub mod raft;
 
-pub use codec::{decode_batch, encode_batch, BodyError, CodecError};
+pub use codec::{decode_batch, decode_batch_shared, encode_batch, BodyError, CodecError};
 pub use file::{
     AppendedRecord, ChainHash, EventFileReader, EventFileWriter, FileError, FileHeader, FileRecord,
     Recovered,

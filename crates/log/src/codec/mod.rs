@@ -62,7 +62,13 @@ pub fn encode_envelope(records: Vec<pb::EventRecord>) -> Vec<u8> {
 /// Decodes one `EventBatch`, upcasting old bodies to today's types.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
     // One copy of the whole batch; every record body and token array is then a slice of it.
-    let batch = envelope_from(bytes, bytes::Bytes::copy_from_slice(bytes))?;
+    decode_batch_shared(&bytes::Bytes::copy_from_slice(bytes))
+}
+
+/// [`decode_batch`] of a batch already in a `Bytes` (a Raft entry's payload): record bodies
+/// and token arrays are slices of it, nothing is copied before the domain types.
+pub fn decode_batch_shared(bytes: &bytes::Bytes) -> Result<Vec<Event>, CodecError> {
+    let batch = envelope_from(bytes, bytes.clone())?;
     batch
         .records
         .into_iter()

@@ -76,6 +76,10 @@ pub(crate) enum Place {
         segment: Arc<SegmentFile>,
         offset: u64,
         payload_len: u32,
+        /// The entry as appended, kept after its write while the writer's cache budget
+        /// allows: replication and apply read an entry right after it is written, and
+        /// serving them from memory saves a `pread`, a CRC check and a copy per read.
+        cached: Option<Arc<Entry>>,
     },
 }
 

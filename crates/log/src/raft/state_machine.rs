@@ -159,7 +159,7 @@ impl<P: Projection> StateMachineStore<P> {
             EntryPayload::Normal(batch) => {
                 // A batch that does not decode was committed by a quorum, so every replica
                 // holds it: stop rather than diverge from a future fixed build.
-                let events = crate::codec::decode_batch(&batch.0).map_err(|source| {
+                let events = crate::codec::decode_batch_shared(&batch.0).map_err(|source| {
                     RaftStoreError::Decode { index, source }
                         .into_storage(ErrorSubject::Apply(log_id), ErrorVerb::Read)
                 })?;

@@ -38,6 +38,9 @@ use super::types::{Entry, LogFlushed, LogId, Vote};
 const COMMITTED_PERSIST_INTERVAL: Duration = Duration::from_millis(100);
 /// Commands drained into one group at most.
 const GROUP_COMMANDS_MAX: usize = 4096;
+/// Payload bytes of written entries kept in memory for the reads that follow a write
+/// (replication to followers, apply); the oldest are dropped first.
+const WRITTEN_CACHE_BYTES: u64 = 32 << 20;
 
 /// Who to tell when an append is durable.
 pub(crate) enum Completion {
@@ -172,6 +175,9 @@ pub(crate) struct Writer {
     frame: Vec<u8>,
     callbacks: Vec<Completion>,
     written: Vec<(u64, Arc<Entry>, Arc<SegmentFile>, u64, u32)>,
+    /// Entries whose slots keep a cached copy, oldest first, with their payload lengths.
+    cached: VecDeque<(u64, u32)>,
+    cached_bytes: u64,
     failed: Option<String>,
 }
 
@@ -347,6 +353,7 @@ impl Writer {
                         segment: read.clone(),
                         offset: record.offset,
                         payload_len: record.payload_len,
+                        cached: None,
                     },
                     payload_len: record.payload_len,
                 });
@@ -414,6 +421,8 @@ impl Writer {
             frame: Vec::new(),
             callbacks: Vec::new(),
             written: Vec::new(),
+            cached: VecDeque::new(),
+            cached_bytes: 0,
             failed: None,
         };
         Ok(Recovered {
@@ -701,7 +710,8 @@ impl Writer {
         if let Err(error) = &result {
             self.fail(error);
         }
-        // Written entries are readable from their files now; drop the in-memory copies.
+        // Written entries are readable from their files now; keep the newest in memory too
+        // (within `WRITTEN_CACHE_BYTES`) for the reads that follow.
         {
             let mut index = self
                 .shared
@@ -721,9 +731,30 @@ impl Writer {
                             segment,
                             offset,
                             payload_len,
+                            cached: Some(entry),
                         },
                         ..slot
                     };
+                    self.cached.push_back((entry_index, payload_len));
+                    self.cached_bytes += u64::from(payload_len);
+                }
+            }
+            while self.cached_bytes > WRITTEN_CACHE_BYTES {
+                let Some((entry_index, payload_len)) = self.cached.pop_front() else {
+                    break;
+                };
+                self.cached_bytes -= u64::from(payload_len);
+                // The slot may be gone (purged) or replaced (truncated, then appended again);
+                // dropping a newer entry's copy only costs that entry a read from its file.
+                if entry_index >= index.first {
+                    let position = usize::try_from(entry_index - index.first).unwrap_or(usize::MAX);
+                    if let Some(Slot {
+                        place: Place::Disk { cached, .. },
+                        ..
+                    }) = index.slots.get_mut(position)
+                    {
+                        *cached = None;
+                    }
                 }
             }
         }
@@ -886,9 +917,17 @@ pub(crate) fn read_slot(index: u64, slot: &Slot) -> Result<Entry, RaftStoreError
             },
         }),
         Place::Disk {
+            cached: Some(entry),
+            ..
+        } => Ok(Entry {
+            log_id: entry.log_id,
+            payload: entry.payload.clone(),
+        }),
+        Place::Disk {
             segment,
             offset,
             payload_len,
+            cached: None,
         } => segment.read_entry(index, *offset, *payload_len),
     }
 }
