@@ -19,6 +19,7 @@ pub mod anthropic;
 pub mod api_error;
 pub mod engine;
 mod error;
+pub mod fast_bpe;
 pub mod messages;
 pub mod model_dir;
 pub mod openai_chat;

@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::fast_bpe::{FastBpe, IdsAndOffsets};
 use serde_json::Value;
 use tokenizers::{
     DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
@@ -25,6 +26,8 @@ pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// The tokenizer and chat template(s) of one model.
 pub struct ChatModel {
     tokenizer: Tokenizer,
+    /// Exact, faster encoding for byte-level BPE tokenizers (see [`crate::fast_bpe`]).
+    fast: Option<FastBpe>,
     template: ChatTemplate,
     /// The `tool_use` named template, used when a request has tools.
     tool_use_template: Option<ChatTemplate>,
@@ -229,6 +232,7 @@ impl ChatModel {
             .map(|source| compile(&source, &origin))
             .transpose()?;
         Ok(Self {
+            fast: FastBpe::for_tokenizer(&tokenizer),
             tokenizer,
             template,
             tool_use_template,
@@ -243,6 +247,7 @@ impl ChatModel {
         tool_arguments: ToolArgumentsForm,
     ) -> Result<Self, ProxyError> {
         Ok(Self {
+            fast: FastBpe::for_tokenizer(&tokenizer),
             tokenizer,
             template: ChatTemplate::new(chat_template, special_tokens, tool_arguments)?,
             tool_use_template: None,
@@ -266,8 +271,41 @@ impl ChatModel {
         self.template_for(!input.tools.is_empty()).render(input)
     }
 
+    /// Token ids and their (start, end) byte offsets in `text`, exactly as
+    /// `tokenizer().encode(text, false)` gives them; through the fast path when the tokenizer
+    /// and the text allow it.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<IdsAndOffsets, ProxyError> {
+        let tokenizer_error = |message: String| ProxyError::Tokenizer { message };
+        if let Some(encoded) = self
+            .fast
+            .as_ref()
+            .and_then(|fast| fast.encode(&self.tokenizer, text))
+        {
+            return encoded.map_err(tokenizer_error);
+        }
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|error| tokenizer_error(error.to_string()))?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
+    }
+
+    /// Whether [`ChatModel::encode_with_offsets`] has a fast path for this tokenizer.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
+    }
+
     /// Token ids of `text`; special-token text becomes the special token, nothing is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ProxyError> {
+        if let Some(encoded) = self
+            .fast
+            .as_ref()
+            .and_then(|fast| fast.encode(&self.tokenizer, text))
+        {
+            return encoded
+                .map(|(ids, _)| ids)
+                .map_err(|message| ProxyError::Tokenizer { message });
+        }
         Ok(self
             .tokenizer
             .encode_fast(text, false)

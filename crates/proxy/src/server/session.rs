@@ -305,22 +305,16 @@ impl Session {
             previous.ends[keep - 1] as usize
         };
         let tail = &text[tail_start..];
-        let encoding =
-            model
-                .tokenizer()
-                .encode(tail, false)
-                .map_err(|error| ProxyError::Tokenizer {
-                    message: error.to_string(),
-                })?;
+        let (encoded_ids, encoded_offsets) = model.encode_with_offsets(tail)?;
         let mut context_ids = previous.ids[..keep].to_vec();
         let mut context_json = previous.ids_json.clone();
         context_json.truncate(&previous.ids, keep);
-        context_json.extend(encoding.get_ids());
+        context_json.extend(&encoded_ids);
         let mut ends = previous.ends[..keep].to_vec();
         let mut provenance = previous.provenance[..keep].to_vec();
         let spans_of_content = self.content_spans(request, &text, tail_start);
         let mut span_at = spans_of_content.partition_point(|(_, end, _)| *end <= tail_start);
-        for (id, (start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+        for (id, (start, end)) in encoded_ids.iter().zip(&encoded_offsets) {
             let absolute_start = tail_start + start;
             context_ids.push(*id);
             ends.push((tail_start + end) as u32);
@@ -344,7 +338,7 @@ impl Session {
             *end = (*end).max(floor).min(text.len() as u32);
             floor = *end;
         }
-        let encoded = encoding.get_ids().len();
+        let encoded = encoded_ids.len();
         self.tokens_encoded += encoded as u64;
         self.tokens_reused += keep as u64;
         let mut found = match_context(&self.tree, &context_ids);
