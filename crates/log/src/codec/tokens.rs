@@ -5,18 +5,23 @@
 
 use super::BodyError;
 
+// Sized up front and filled 4 bytes at a time: `flat_map(..).collect()` has no exact size
+// hint, so it grew the vector by doubling and pushed byte by byte (a MiB record re-copied
+// ~20 times).
 pub(crate) fn u32s_to_le(values: &[u32]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|value| value.to_le_bytes())
-        .collect()
+    let mut out = vec![0u8; values.len() * 4];
+    for (chunk, value) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+    out
 }
 
 pub(crate) fn f32s_to_le(values: &[f32]) -> Vec<u8> {
-    values
-        .iter()
-        .flat_map(|value| value.to_le_bytes())
-        .collect()
+    let mut out = vec![0u8; values.len() * 4];
+    for (chunk, value) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+    out
 }
 
 fn chunks4<'a>(
