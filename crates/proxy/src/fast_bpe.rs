@@ -36,6 +36,9 @@ use tokenizers::{Model, Tokenizer};
 /// Words kept in the cache at most; it is cleared when full (agent traffic repeats a small
 /// vocabulary of words, so it refills with the ones that matter).
 const WORDS_MAX: usize = 200_000;
+/// Longer words are not cached (a base64 blob is one word and never repeats), which bounds
+/// the cache to `WORDS_MAX` × this many bytes of keys.
+const WORD_CACHED_BYTES_MAX: usize = 64;
 
 /// Ids and (start, end) byte offsets, as `tokenizers` reports them.
 pub type IdsAndOffsets = (Vec<u32>, Vec<(usize, usize)>);
@@ -305,6 +308,7 @@ impl FastBpe {
                 }
             }
         }
+        learned.retain(|(word, _)| word.len() <= WORD_CACHED_BYTES_MAX);
         if !learned.is_empty() {
             let mut words = self
                 .words
