@@ -22,7 +22,7 @@
 //!
 //! [`FastBpe::for_tokenizer`] engages it only for a configuration where these steps are exactly
 //! `tokenizers`' (no normalizer, `ByteLevel` pre-tokenizer with the regex and no prefix space,
-//! no post-processor, plain BPE, no truncation or padding); [`FastBpe::encode`] returns `None`
+//! no post-processor, plain BPE, no truncation or padding, special tokens split out); [`FastBpe::encode`] returns `None`
 //! for a text with non-ASCII characters outside added tokens, and the caller encodes it with
 //! `tokenizers`. A property test checks ids and offsets against `tokenizers` on random text.
 
@@ -149,6 +149,7 @@ impl FastBpe {
             || tokenizer.get_post_processor().is_some()
             || tokenizer.get_truncation().is_some()
             || tokenizer.get_padding().is_some()
+            || tokenizer.get_encode_special_tokens()
         {
             return None;
         }
@@ -362,6 +363,13 @@ mod tests {
             .expect("ASCII")
             .expect("encodes");
         assert_eq!(again, got);
+    }
+
+    #[test]
+    fn tokenizers_that_encode_special_tokens_as_text_are_left_alone() {
+        let mut tokenizer = model().clone();
+        tokenizer.set_encode_special_tokens(true);
+        assert!(FastBpe::for_tokenizer(&tokenizer).is_none());
     }
 
     #[test]
