@@ -73,7 +73,9 @@ impl ControlService {
         batch: Vec<u8>,
         forwarded: bool,
     ) -> Result<pb::AppendEventsReply, ControlError> {
-        let events = gyre_log::decode_batch(&batch)?;
+        // Decoded in place: record bodies and token arrays are slices of the request's bytes.
+        let batch = bytes::Bytes::from(batch);
+        let events = gyre_log::decode_batch_shared(&batch)?;
         if events.is_empty() {
             return Err(ControlError::BadRequest(
                 "the batch holds no events".to_string(),
@@ -101,7 +103,9 @@ impl ControlService {
                     .collect(),
             }),
             Err(ControlError::NotLeader { leader }) if !forwarded => {
-                let mut request = Request::new(pb::AppendEventsRequest { batch });
+                let mut request = Request::new(pb::AppendEventsRequest {
+                    batch: batch.to_vec(),
+                });
                 request
                     .metadata_mut()
                     .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));

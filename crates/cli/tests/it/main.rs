@@ -2,6 +2,7 @@
 //! workspace's tidy test.
 
 mod control;
+mod forwarding;
 mod harness;
 mod proxy_cluster;
 mod proxy_failover;
