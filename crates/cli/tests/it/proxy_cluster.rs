@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use gyre_control::{ClusterClient, ControlNode, NodeOptions, Sequence};
+use gyre_control::Sequence;
 use gyre_event::{CallId, EngineId, Event, EventBody, ExecutionId, RouteMove, Timestamp};
 use gyre_proxy::engine::{DeterministicEngine, DeterministicOptions, TokenEngine};
 use gyre_proxy::output::OutputFormat;
@@ -15,12 +15,7 @@ use gyre_proxy::server::{follow_routes, router, AppState, ControlSink, ServerCon
 use gyre_proxy::{ChatModel, ToolArgumentsForm};
 use tower::ServiceExt;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
+use crate::support::InProcessCluster;
 
 #[test]
 fn records_commit_to_the_quorum_and_routes_follow_the_log() {
@@ -30,41 +25,10 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut options = Vec::new();
-        for id in 1..=3u64 {
-            let listen = format!("127.0.0.1:{}", free_port())
-                .parse()
-                .expect("address");
-            options.push(NodeOptions::new(
-                id,
-                dir.path().join(format!("node-{id}")),
-                listen,
-            ));
-        }
-        let mut nodes = Vec::new();
-        for node in &options {
-            nodes.push(ControlNode::start(node.clone()).await.expect("node starts"));
-        }
-        let addresses = options
-            .iter()
-            .map(|o| o.listen.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let members = options
-            .iter()
-            .map(|o| (o.id, o.listen.to_string()))
-            .collect();
-        let mut client = ClusterClient::new(&addresses).expect("client");
-        client.retry_deadline = Duration::from_secs(30);
-        client
-            .initialize(&options[0].listen.to_string(), &members)
-            .await
-            .expect("cluster initialised");
-        client
-            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-            .await
-            .expect("the cluster serves");
+        let cluster = InProcessCluster::start().await;
+        let addresses = cluster.addresses.join(",");
+        let mut client = cluster.client.clone();
+        let nodes = &cluster.nodes;
 
         let model = Arc::new(
             ChatModel::load(
@@ -122,7 +86,7 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
             .await
             .expect("append");
         let last = last[0].index;
-        for node in &nodes {
+        for node in nodes {
             let mut metrics = node.raft.raft.metrics();
             tokio::time::timeout(Duration::from_secs(30), async {
                 while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
@@ -181,8 +145,6 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         assert_eq!(state.execution(&token).expect("open").lock().engine, 1);
         call("second question").await;
         follower.abort();
-        for node in nodes {
-            node.shutdown().await.expect("shutdown");
-        }
+        cluster.shutdown().await;
     });
 }

@@ -14,3 +14,70 @@ pub fn gyre(args: &[&str]) -> (i32, String, String) {
         String::from_utf8(output.stderr).expect("stderr is UTF-8"),
     )
 }
+
+/// A three-node control cluster of in-process `ControlNode`s on loopback, initialised and
+/// serving (one `Tick` committed).
+pub struct InProcessCluster {
+    pub _dir: tempfile::TempDir,
+    pub nodes: Vec<gyre_control::ControlNode>,
+    /// Each node's address, in node-id order.
+    pub addresses: Vec<String>,
+    /// A client for all three, retrying for up to 30 s.
+    pub client: gyre_control::ClusterClient,
+    /// The log index of the first committed `Tick`.
+    pub first_index: u64,
+}
+
+impl InProcessCluster {
+    pub async fn start() -> InProcessCluster {
+        use gyre_control::{ClusterClient, ControlNode, NodeOptions};
+        use gyre_event::{Event, EventBody, Timestamp};
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options: Vec<NodeOptions> = (1..=3u64)
+            .map(|id| {
+                let listen = format!("127.0.0.1:{}", free_port())
+                    .parse()
+                    .expect("address");
+                NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen)
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for node in &options {
+            nodes.push(ControlNode::start(node.clone()).await.expect("node starts"));
+        }
+        let addresses: Vec<String> = options.iter().map(|o| o.listen.to_string()).collect();
+        let members = options
+            .iter()
+            .map(|o| (o.id, o.listen.to_string()))
+            .collect();
+        let mut client = ClusterClient::new(&addresses.join(",")).expect("client");
+        client.retry_deadline = std::time::Duration::from_secs(30);
+        client
+            .initialize(&addresses[0], &members)
+            .await
+            .expect("cluster initialised");
+        let (first, _) = client
+            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+            .await
+            .expect("the cluster serves");
+        InProcessCluster {
+            _dir: dir,
+            nodes,
+            addresses,
+            client,
+            first_index: first[0].index,
+        }
+    }
+
+    pub async fn shutdown(self) {
+        for node in self.nodes {
+            node.shutdown().await.expect("shutdown");
+        }
+    }
+}
