@@ -172,7 +172,9 @@ pub async fn run(
         attempts += 1;
         let engine = app.engines[engine_index % app.engines.len()].clone();
         let produced = sampled.output_ids.len() as u32;
-        let mut input_ids = prepared.context_ids.clone();
+        let mut input_ids =
+            Vec::with_capacity(prepared.context_ids.len() + sampled.output_ids.len());
+        input_ids.extend_from_slice(&prepared.context_ids);
         input_ids.extend_from_slice(&sampled.output_ids);
         let input_ids_json = if sampled.output_ids.is_empty() {
             prepared.context_json.clone()

@@ -42,6 +42,9 @@ const COMPACTION_MARKERS: [&str; 2] = [
     "Your task is to create a detailed summary of the conversation",
 ];
 
+/// Tokens of room left after a prepared context for the answer appended to it.
+const ANSWER_ROOM_TOKENS: usize = 4096;
+
 /// An agent's last full context: what the engine saw plus what it sampled.
 #[derive(Clone, Debug, Default)]
 struct AgentContext {
@@ -306,12 +309,18 @@ impl Session {
         };
         let tail = &text[tail_start..];
         let (encoded_ids, encoded_offsets) = model.encode_with_offsets(tail)?;
-        let mut context_ids = previous.ids[..keep].to_vec();
-        let mut context_json = previous.ids_json.clone();
-        context_json.truncate(&previous.ids, keep);
+        // Sized up front for the prompt and an answer (`finish_call` appends the sampled
+        // tokens): growing an exact-size copy of a 128K-token prefix would copy it again.
+        let room = encoded_ids.len() + ANSWER_ROOM_TOKENS;
+        let total = keep + room;
+        let mut context_ids = Vec::with_capacity(total);
+        context_ids.extend_from_slice(&previous.ids[..keep]);
+        let mut context_json = previous.ids_json.prefix(&previous.ids, keep, room);
         context_json.extend(&encoded_ids);
-        let mut ends = previous.ends[..keep].to_vec();
-        let mut provenance = previous.provenance[..keep].to_vec();
+        let mut ends = Vec::with_capacity(total);
+        ends.extend_from_slice(&previous.ends[..keep]);
+        let mut provenance = Vec::with_capacity(total);
+        provenance.extend_from_slice(&previous.provenance[..keep]);
         let spans_of_content = self.content_spans(request, &text, tail_start);
         let mut span_at = spans_of_content.partition_point(|(_, end, _)| *end <= tail_start);
         for (id, (start, end)) in encoded_ids.iter().zip(&encoded_offsets) {
