@@ -75,15 +75,16 @@ impl ControlService {
     ) -> Result<pb::AppendEventsReply, ControlError> {
         // Decoded in place: record bodies and token arrays are slices of the request's bytes.
         let batch = bytes::Bytes::from(batch);
-        let events = gyre_log::decode_batch_shared(&batch)?;
-        if events.is_empty() {
+        // Validated here (every record decodes); the proposer then only re-stamps `at`.
+        let records = gyre_log::validated_records(&batch)?;
+        if records.is_empty() {
             return Err(ControlError::BadRequest(
                 "the batch holds no events".to_string(),
             ));
         }
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(AppendJob { events, reply })
+            .send(AppendJob { records, reply })
             .await
             .map_err(|_| ControlError::ShuttingDown)?;
         match answer.await.map_err(|_| ControlError::ShuttingDown)? {

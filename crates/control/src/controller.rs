@@ -103,7 +103,8 @@ impl ControllerLoop {
                 continue;
             }
             let (reply, answer) = oneshot::channel();
-            if self.jobs.send(AppendJob { events, reply }).await.is_err() {
+            let records = events.iter().map(gyre_log::encode_record).collect();
+            if self.jobs.send(AppendJob { records, reply }).await.is_err() {
                 return;
             }
             match answer.await {

@@ -6,7 +6,8 @@
 //! requests that arrive while `in_flight_max` entries are outstanding form the next entry) or
 //! until `events_max` events / `bytes_max` bytes,
 //! stamps every event's `at` with the leader's clock (never earlier than anything already
-//! folded or stamped, so time is monotonic across leader changes), encodes the lot as one
+//! folded or stamped, so time is monotonic across leader changes), wraps the records (bodies
+//! as the client sent them, validated by the control service) in one
 //! `EventBatch` and hands it to `client_write` on its own task, so up to `in_flight_max` entries
 //! pipeline. Each request's events stay contiguous in one batch, so a decision commits
 //! atomically. When the entry is applied, each request gets its sequence numbers
@@ -24,6 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gyre_event::{Event, EventBody, LogIndex, Timestamp};
 use gyre_log::raft::{EventBatchBytes, LogStoreHandle, Raft, StateMachineStore};
+use gyre_proto::events::EventRecord;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::ControlError;
@@ -38,8 +40,10 @@ pub struct AppendOutcome {
     pub rejected: Vec<Option<String>>,
 }
 
+/// Events to append, as their records (validated: they decode; bodies at the current schema
+/// version). The proposer only re-stamps `at`, so bodies are never re-encoded on the leader.
 pub struct AppendJob {
-    pub events: Vec<Event>,
+    pub records: Vec<EventRecord>,
     pub reply: oneshot::Sender<Result<AppendOutcome, ControlError>>,
 }
 
@@ -84,6 +88,11 @@ pub struct Proposer {
     pub options: ProposerOptions,
 }
 
+/// A record's encoded size, about, for batch limits.
+fn record_bytes(record: &EventRecord) -> usize {
+    16 + record.body.len()
+}
+
 /// A cheap estimate of an event's encoded size, for batch limits.
 pub(crate) fn approximate_bytes(event: &Event) -> usize {
     match &event.body {
@@ -108,13 +117,13 @@ impl Proposer {
                 return;
             };
             let mut batch = vec![first];
-            let mut events = batch[0].events.len();
-            let mut bytes: usize = batch[0].events.iter().map(approximate_bytes).sum();
+            let mut events = batch[0].records.len();
+            let mut bytes: usize = batch[0].records.iter().map(record_bytes).sum();
             let deadline = tokio::time::Instant::now() + self.options.window;
             while events < self.options.events_max && bytes < self.options.bytes_max {
                 if let Ok(job) = jobs.try_recv() {
-                    events += job.events.len();
-                    bytes += job.events.iter().map(approximate_bytes).sum::<usize>();
+                    events += job.records.len();
+                    bytes += job.records.iter().map(record_bytes).sum::<usize>();
                     batch.push(job);
                     continue;
                 }
@@ -126,8 +135,8 @@ impl Proposer {
                 }
                 match tokio::time::timeout_at(deadline, jobs.recv()).await {
                     Ok(Some(job)) => {
-                        events += job.events.len();
-                        bytes += job.events.iter().map(approximate_bytes).sum::<usize>();
+                        events += job.records.len();
+                        bytes += job.records.iter().map(record_bytes).sum::<usize>();
                         batch.push(job);
                     }
                     Ok(None) | Err(_) => break,
@@ -201,16 +210,19 @@ async fn write_batch(
     now: Timestamp,
     leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
 ) {
-    let mut all = Vec::with_capacity(jobs.iter().map(|job| job.events.len()).sum());
-    let counts: Vec<usize> = jobs.iter().map(|job| job.events.len()).collect();
+    let mut all = Vec::with_capacity(jobs.iter().map(|job| job.records.len()).sum());
+    let counts: Vec<usize> = jobs.iter().map(|job| job.records.len()).collect();
     for job in &mut jobs {
-        for event in &mut job.events {
-            event.at = now;
+        for record in &mut job.records {
+            record.at_nanos = now.nanos();
         }
-        all.append(&mut job.events);
+        all.append(&mut job.records);
     }
     let all_count = all.len();
-    let result = raft.client_write(EventBatchBytes::encode(&all)).await;
+    // The records' bodies are the bytes the client sent (validated by the control service);
+    // only the envelope is written here.
+    let batch = EventBatchBytes(bytes::Bytes::from(gyre_log::encode_envelope(all)));
+    let result = raft.client_write(batch).await;
     match result {
         Ok(response) => {
             let index = response.log_id.index;

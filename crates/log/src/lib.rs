@@ -17,7 +17,10 @@ pub mod codec;
 pub mod file;
 pub mod raft;
 
-pub use codec::{decode_batch, decode_batch_shared, encode_batch, BodyError, CodecError};
+pub use codec::{
+    decode_batch, decode_batch_shared, encode_batch, encode_envelope, encode_record,
+    validated_records, BodyError, CodecError,
+};
 pub use file::{
     AppendedRecord, ChainHash, EventFileReader, EventFileWriter, FileError, FileHeader, FileRecord,
     Recovered,

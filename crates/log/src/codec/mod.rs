@@ -33,19 +33,41 @@ pub const BATCH_FORMAT_VERSION: u32 = 1;
 
 /// Encodes events, in order, as one `EventBatch` at current schema versions.
 pub fn encode_batch(events: &[Event]) -> Vec<u8> {
-    let records = events
-        .iter()
-        .map(|event| {
-            let kind = kind_of(&event.body);
-            pb::EventRecord {
-                kind: kind as u32,
-                schema_version: current_schema_version(kind),
-                at_nanos: event.at.nanos(),
-                body: encode::encode_body(&event.body).into(),
-            }
+    encode_envelope(events.iter().map(encode_record).collect())
+}
+
+/// One event as its record, at the current schema version.
+pub fn encode_record(event: &Event) -> pb::EventRecord {
+    let kind = kind_of(&event.body);
+    pb::EventRecord {
+        kind: kind as u32,
+        schema_version: current_schema_version(kind),
+        at_nanos: event.at.nanos(),
+        body: encode::encode_body(&event.body).into(),
+    }
+}
+
+/// The records of a batch, each checked by decoding it completely (so a batch built from them
+/// decodes wherever it is read), with bodies at the current schema version: a current body is
+/// kept as the slice of `bytes` it came in (not re-encoded), an older one is upcast and
+/// re-encoded. For the leader, which re-stamps `at` on records it did not write.
+pub fn validated_records(bytes: &bytes::Bytes) -> Result<Vec<pb::EventRecord>, CodecError> {
+    let batch = envelope_from(bytes, bytes.clone())?;
+    batch
+        .records
+        .into_iter()
+        .enumerate()
+        .map(|(position, record)| {
+            let current = kind_from_number(record.kind)
+                .is_some_and(|kind| record.schema_version == current_schema_version(kind));
+            let event = decode_record(position, record.clone())?;
+            Ok(if current {
+                record
+            } else {
+                encode_record(&event)
+            })
         })
-        .collect();
-    encode_envelope(records)
+        .collect()
 }
 
 /// Wraps already-encoded records in the batch envelope. Used by [`encode_batch`] and by tools

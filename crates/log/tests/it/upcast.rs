@@ -129,3 +129,44 @@ fn every_old_version_of_every_kind_has_an_upcaster() {
         assert!(!step.change.is_empty());
     }
 }
+
+/// The leader keeps a client's current-version bodies as sent and upcasts older ones, so what it
+/// commits always decodes to what the client meant, at the schema version this build writes.
+#[test]
+fn validated_records_keep_current_bodies_and_upcast_old_ones() {
+    use gyre_event::Event;
+    let current = Event::new(Timestamp(5), EventBody::Tick);
+    let current_record = gyre_log::encode_record(&current);
+    let old = v1_record(&run_started_v1_message(), 11);
+    let bytes = bytes::Bytes::from(encode_envelope(vec![current_record.clone(), old.clone()]));
+    let records = gyre_log::validated_records(&bytes).expect("both decode");
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        records[0], current_record,
+        "a current record is kept as it came"
+    );
+    assert_eq!(
+        records[1].schema_version,
+        current_schema_version(EventKind::RunStarted)
+    );
+    assert_ne!(records[1].body, old.body, "the v1 body was upcast");
+    let decoded = decode_batch(&encode_envelope(records)).expect("decodes");
+    assert_eq!(decoded[0], current);
+    assert_eq!(
+        decoded[1].body,
+        EventBody::RunStarted(run_started_v1_expected())
+    );
+    assert_eq!(decoded[1].at, Timestamp(11));
+}
+
+#[test]
+fn validated_records_refuse_a_body_that_does_not_decode_naming_its_position() {
+    let mut bad = v1_record(&run_started_v1_message(), 0);
+    bad.body = vec![0xFF, 0xFF, 0xFF].into();
+    let good = gyre_log::encode_record(&gyre_event::Event::new(Timestamp(1), EventBody::Tick));
+    let bytes = bytes::Bytes::from(encode_envelope(vec![good, bad]));
+    match gyre_log::validated_records(&bytes) {
+        Err(CodecError::Body { position, .. }) => assert_eq!(position, 1),
+        other => panic!("expected a body error at position 1, got {other:?}"),
+    }
+}
