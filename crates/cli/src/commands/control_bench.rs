@@ -38,7 +38,7 @@ pub struct BenchArgs {
     /// Writer counts measured (each writer waits for its append before the next).
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 64, 256, 2048])]
     writers: Vec<u64>,
-    /// Only these parts, comma-separated: writers, direct, tokens, replay, restart.
+    /// Only these parts, comma-separated: writers, direct, ticks, tokens, replay, restart.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -205,12 +205,14 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// (events/s, p50, p99) with `writers` concurrent writers for `seconds`. With `shared`, the
 /// writers are tasks of one process sharing a [`Producer`] (one connection; how the proxy and
 /// cell workers write); without, each writer has its own connection and sends one event per
-/// request.
+/// request. With `ticks`, each event is a `Tick` (~16 B encoded, nothing to fold) instead of a record:
+/// the same path with the per-event decode and fold taken out.
 async fn writers_run(
     cluster: &Cluster,
     writers: u64,
     seconds: f64,
     shared: bool,
+    ticks: bool,
     epoch: u64,
 ) -> anyhow::Result<(f64, Duration, Duration)> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
@@ -229,7 +231,11 @@ async fn writers_run(
             let mut sequence = 0;
             while Instant::now() < deadline {
                 let started = Instant::now();
-                let event = small_event(writer, sequence);
+                let event = if ticks {
+                    Event::new(Timestamp::ZERO, EventBody::Tick)
+                } else {
+                    small_event(writer, sequence)
+                };
                 let (_, refused) = if shared {
                     producer.append(vec![event]).await?
                 } else {
@@ -377,7 +383,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             epoch += 1;
             eprintln!("  {writers} writers");
             let (rate, p50, p99) =
-                writers_run(&cluster, writers, args.seconds, true, epoch).await?;
+                writers_run(&cluster, writers, args.seconds, true, false, epoch).await?;
             record(
                 &format!("{writers} writers: committed events/s"),
                 rate,
@@ -397,7 +403,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if part("direct") {
             eprintln!("  256 writers with their own connections");
             epoch += 1;
-            let (rate, p50, p99) = writers_run(&cluster, 256, args.seconds, false, epoch).await?;
+            let (rate, p50, p99) =
+                writers_run(&cluster, 256, args.seconds, false, false, epoch).await?;
             record(
                 "256 writers, own connection, 1 event/request: events/s",
                 rate,
@@ -405,6 +412,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
             record("  … p50 commit ms", p50.as_secs_f64() * 1e3, "");
             record("  … p99 commit ms", p99.as_secs_f64() * 1e3, "");
+        }
+        if part("ticks") {
+            eprintln!("  256 writers appending Tick events");
+            epoch += 1;
+            let (rate, p50, p99) =
+                writers_run(&cluster, 256, args.seconds, true, true, epoch).await?;
+            record(
+                "256 writers, Tick events (~16 B, no fold): events/s",
+                rate,
+                "",
+            );
+            record("  … Tick p50 commit ms", p50.as_secs_f64() * 1e3, "");
+            record("  … Tick p99 commit ms", p99.as_secs_f64() * 1e3, "");
         }
         for (bytes, name) in [
             (64usize << 10, "64 KiB token records: MB/s"),
@@ -435,7 +455,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("  control workload for replay and restart");
         let cluster = Cluster::start(1_000_000).await?;
         epoch += 1;
-        writers_run(&cluster, 64, args.seconds, true, epoch).await?;
+        writers_run(&cluster, 64, args.seconds, true, false, epoch).await?;
         eprintln!("  replay");
         record(
             "replay (decode + ControlState fold): events/s",
