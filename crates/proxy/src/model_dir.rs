@@ -276,12 +276,10 @@ impl ChatModel {
     /// and the text allow it.
     pub fn encode_with_offsets(&self, text: &str) -> Result<IdsAndOffsets, ProxyError> {
         let tokenizer_error = |message: String| ProxyError::Tokenizer { message };
-        if let Some(encoded) = self
-            .fast
-            .as_ref()
-            .and_then(|fast| fast.encode(&self.tokenizer, text))
-        {
-            return encoded.map_err(tokenizer_error);
+        if let Some(fast) = &self.fast {
+            return fast
+                .encode_by_lines(&self.tokenizer, text)
+                .map_err(tokenizer_error);
         }
         let encoding = self
             .tokenizer
@@ -297,12 +295,9 @@ impl ChatModel {
 
     /// Token ids of `text`; special-token text becomes the special token, nothing is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ProxyError> {
-        if let Some(encoded) = self
-            .fast
-            .as_ref()
-            .and_then(|fast| fast.encode(&self.tokenizer, text))
-        {
-            return encoded
+        if let Some(fast) = &self.fast {
+            return fast
+                .encode_by_lines(&self.tokenizer, text)
                 .map(|(ids, _)| ids)
                 .map_err(|message| ProxyError::Tokenizer { message });
         }

@@ -142,6 +142,8 @@ fn smollm2_encoding_equals_tokenizers() {
         "fn main() {\n    println!(\"{}\", 1_000);\n}\n\n\n",
         "$ ls -la\ntotal 8\ndrwxr-xr-x  2 root root 4096 Dec  2 23:34 .\n",
         "café ☕ naïve — non-ASCII goes to tokenizers",
+        // Lines with other characters go to tokenizers, ASCII lines around them stay fast.
+        "ok\n✓ passed (12 tests)\nnext line\n\n日本語\n  indented\n$ done\n",
     ];
     for text in fixed {
         assert_eq!(
@@ -162,6 +164,9 @@ fn smollm2_encoding_equals_tokenizers() {
         "[0-9]{1,6}",
         "[!-/:-@\\[-`{-~]{1,4}",
         "[ \t\n]{1,4}",
+        Just("é".to_string()),
+        Just("\n✓ ".to_string()),
+        Just("—\n".to_string()),
     ];
     let texts = proptest::collection::vec(piece, 0..60).prop_map(|pieces| pieces.concat());
     TestRunner::new(Config::with_cases(500))
