@@ -169,16 +169,19 @@ fn split_words(bytes: &[u8], mut word: impl FnMut(usize, usize)) {
             i = end;
             continue;
         }
-        // `\s+(?!\S)` then `\s+`: a whitespace run, less its last character when a
-        // non-space follows and the run is longer than one.
-        let end = run(i, Class::Space);
-        let end = if end < n && end - i >= 2 {
-            end - 1
-        } else {
-            end
-        };
+        let end = lookahead_space_end(i, run(i, Class::Space), n);
         word(i, end);
         i = end;
+    }
+}
+
+/// `\s+(?!\S)` then `\s+` on the whitespace run `start..end` of a text `n` bytes long: the run,
+/// less its last character when a non-space follows and the run is longer than one.
+fn lookahead_space_end(start: usize, end: usize, n: usize) -> usize {
+    if end < n && end - start >= 2 {
+        end - 1
+    } else {
+        end
     }
 }
 
@@ -256,13 +259,7 @@ fn split_words_qwen(bytes: &[u8], digits_max: usize, mut word: impl FnMut(usize,
             i += last + 1;
             continue;
         }
-        // `\s+(?!\S)` then `\s+`: the run less its last character when a non-space follows
-        // and the run is longer than one.
-        let end = if end < n && end - i >= 2 {
-            end - 1
-        } else {
-            end
-        };
+        let end = lookahead_space_end(i, end, n);
         word(i, end);
         i = end;
     }
