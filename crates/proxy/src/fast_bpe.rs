@@ -51,6 +51,10 @@ const WORDS_MAX: usize = 200_000;
 /// the cache to `WORDS_MAX` × this many bytes of keys.
 const WORD_CACHED_BYTES_MAX: usize = 64;
 
+/// A pre-token's bytes, and the ids the model gives it (the word cache's entries).
+type Word = Box<[u8]>;
+type WordIds = Box<[u32]>;
+
 /// Ids and (start, end) byte offsets, as `tokenizers` reports them.
 pub type IdsAndOffsets = (Vec<u32>, Vec<(usize, usize)>);
 
@@ -91,7 +95,7 @@ pub struct FastBpe {
     id_bytes: Vec<u32>,
     /// GPT-2's byte → character map, for the ASCII bytes.
     ascii_char: [char; 128],
-    words: RwLock<HashMap<Box<[u8]>, Box<[u32]>>>,
+    words: RwLock<HashMap<Word, WordIds>>,
 }
 
 impl std::fmt::Debug for FastBpe {
@@ -556,7 +560,7 @@ impl FastBpe {
         }
         let mut ids = Vec::with_capacity(bytes.len() / 3 + 8);
         let mut offsets = Vec::with_capacity(bytes.len() / 3 + 8);
-        let mut learned: Vec<(Box<[u8]>, Box<[u32]>)> = Vec::new();
+        let mut learned: Vec<(Word, WordIds)> = Vec::new();
         {
             let words = self
                 .words
