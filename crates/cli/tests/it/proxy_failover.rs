@@ -193,6 +193,33 @@ fn scenario(fault: Fault, partial: usize) {
             state.metrics.failovers_count() >= EXECUTIONS as u64,
             "every execution's first call failed over"
         );
+        // `/metrics` times every call's steps: one observation per call and stage.
+        let response = app
+            .clone()
+            .oneshot(
+                Request::get("/metrics")
+                    .body(Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("infallible");
+        let text = String::from_utf8(
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body")
+                .to_vec(),
+        )
+        .expect("utf-8");
+        for stage in ["wait", "parse", "prepare", "engine"] {
+            let line = format!(
+                "gyre_proxy_stage_seconds_count{{stage=\"{stage}\"}} {}",
+                EXECUTIONS * CALLS_PER_EXECUTION
+            );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+            assert!(text.contains(&format!(
+                "gyre_proxy_stage_seconds_bucket{{stage=\"{stage}\",le=\"+Inf\"}}"
+            )));
+        }
     });
 }
 

@@ -21,7 +21,7 @@ use crate::output::{
 use crate::{ApiError, ApiErrorKind};
 
 use super::session::{Prepared, Sampled};
-use super::{wall_clock, AppState, ExecutionHandle};
+use super::{wall_clock, AppState, ExecutionHandle, Stage};
 
 /// The per-API response builder.
 enum Builder {
@@ -371,6 +371,8 @@ pub async fn run(
     };
     sampled.first_token_after = EventDuration(first_token.unwrap_or_default().as_nanos() as u64);
     sampled.completed_after = EventDuration(started.elapsed().as_nanos() as u64);
+    app.metrics
+        .stage(Stage::Engine, started.elapsed().as_secs_f64());
     let encoded = prepared.encoded as u64;
     let reused = prepared.reused_by_text as u64;
     // Record, then commit, then release the end of the answer.

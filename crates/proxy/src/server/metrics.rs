@@ -1,5 +1,5 @@
 //! Prometheus metrics of the proxy, rendered by hand in the text exposition format (a handful of
-//! counters and two histograms do not need a metrics crate).
+//! counters and histograms do not need a metrics crate).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -31,16 +31,53 @@ impl Histogram {
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        self.render_series(name, "", out);
+    }
+
+    /// The series without the HELP / TYPE lines; `labels` (`stage="parse",`) go before `le`.
+    fn render_series(&self, name: &str, labels: &str, out: &mut String) {
         for (bound, count) in BUCKETS.iter().zip(self.counts.iter()) {
-            out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {count}\n"));
+            out.push_str(&format!(
+                "{name}_bucket{{{labels}le=\"{bound}\"}} {count}\n"
+            ));
         }
-        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count));
         out.push_str(&format!(
-            "{name}_sum {}\n{name}_count {}\n",
+            "{name}_bucket{{{labels}le=\"+Inf\"}} {}\n",
+            self.count
+        ));
+        let braces = labels.trim_end_matches(',');
+        let labelled = if braces.is_empty() {
+            String::new()
+        } else {
+            format!("{{{braces}}}")
+        };
+        out.push_str(&format!(
+            "{name}_sum{labelled} {}\n{name}_count{labelled} {}\n",
             self.sum, self.count
         ));
     }
 }
+
+/// The steps of a model call timed in `gyre_proxy_stage_seconds`, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for a preparing slot (one per core) and the blocking pool.
+    Wait,
+    /// Parsing the request body.
+    Parse,
+    /// Restoring cached outputs, rendering the template, tokenizing the new tail, matching the
+    /// tree.
+    Prepare,
+    /// From the first engine request to the end of the answer (retries included).
+    Engine,
+}
+
+const STAGES: [(Stage, &str); 4] = [
+    (Stage::Wait, "wait"),
+    (Stage::Parse, "parse"),
+    (Stage::Prepare, "prepare"),
+    (Stage::Engine, "engine"),
+];
 
 #[derive(Default)]
 pub struct Metrics {
@@ -55,6 +92,7 @@ pub struct Metrics {
     stream_errors: AtomicU64,
     call_seconds: Mutex<Histogram>,
     commit_seconds: Mutex<Histogram>,
+    stage_seconds: Mutex<[Histogram; STAGES.len()]>,
 }
 
 fn api_index(api: Api) -> usize {
@@ -93,6 +131,15 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(seconds);
+    }
+
+    /// One call spent `seconds` in `stage`.
+    pub fn stage(&self, stage: Stage, seconds: f64) {
+        let index = STAGES
+            .iter()
+            .position(|(known, _)| *known == stage)
+            .unwrap_or(0);
+        self.stage_seconds.lock().unwrap_or_else(|p| p.into_inner())[index].observe(seconds);
     }
 
     pub fn failover(&self) {
@@ -195,6 +242,50 @@ impl Metrics {
                 "Committing one TITO record, seconds.",
                 &mut out,
             );
+        out.push_str(
+            "# HELP gyre_proxy_stage_seconds Time a model call spent in each step before its \
+             record is committed (wait for a preparing slot, parse, prepare = render + tokenize \
+             + match, engine), seconds.\n# TYPE gyre_proxy_stage_seconds histogram\n",
+        );
+        let stages = self.stage_seconds.lock().unwrap_or_else(|p| p.into_inner());
+        for ((_, label), histogram) in STAGES.iter().zip(stages.iter()) {
+            histogram.render_series(
+                "gyre_proxy_stage_seconds",
+                &format!("stage=\"{label}\","),
+                &mut out,
+            );
+        }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_histograms_render_as_one_labelled_family() {
+        let metrics = Metrics::default();
+        metrics.stage(Stage::Parse, 0.0003);
+        metrics.stage(Stage::Engine, 0.004);
+        metrics.stage(Stage::Engine, 2.0);
+        let text = metrics.render();
+        assert_eq!(
+            text.matches("# TYPE gyre_proxy_stage_seconds histogram")
+                .count(),
+            1
+        );
+        for line in [
+            "gyre_proxy_stage_seconds_bucket{stage=\"parse\",le=\"0.0005\"} 1",
+            "gyre_proxy_stage_seconds_count{stage=\"parse\"} 1",
+            "gyre_proxy_stage_seconds_bucket{stage=\"engine\",le=\"0.005\"} 1",
+            "gyre_proxy_stage_seconds_bucket{stage=\"engine\",le=\"5\"} 2",
+            "gyre_proxy_stage_seconds_bucket{stage=\"engine\",le=\"+Inf\"} 2",
+            "gyre_proxy_stage_seconds_sum{stage=\"engine\"} 2.004",
+            "gyre_proxy_stage_seconds_count{stage=\"wait\"} 0",
+            "gyre_proxy_commit_seconds_count 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

@@ -42,7 +42,7 @@ use crate::output::OutputFormat;
 use crate::template::CivilDateTime;
 use crate::{ApiError, ApiErrorKind};
 
-pub use metrics::Metrics;
+pub use metrics::{Metrics, Stage};
 use session::Session;
 pub use sink::{ControlSink, FileSink, RecordSink};
 
@@ -417,16 +417,25 @@ async fn model_call(
     // tail (milliseconds for a long context): they run on the blocking pool so the async
     // workers keep streaming other executions' answers meanwhile.
     let work = {
+        let waiting = std::time::Instant::now();
         // Held until the blocking work is done (the semaphore is never closed).
         let _permit = app.preparing.acquire().await;
         let (app, execution) = (app.clone(), execution.clone());
         tokio::task::spawn_blocking(move || {
+            app.metrics
+                .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
+            let parsing = std::time::Instant::now();
             let mut request = crate::parse_request(api, &bytes)?;
+            app.metrics
+                .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
+            let preparing = std::time::Instant::now();
             let prepared = {
                 let mut session = execution.lock();
                 session.restore(&mut request);
                 session.prepare(&app.model, &request, agent.as_deref(), now_civil())
             };
+            app.metrics
+                .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
             Ok::<_, ApiError>((request, prepared))
         })
         .await
