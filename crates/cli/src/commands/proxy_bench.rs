@@ -311,6 +311,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         // Proxied: one execution per client task, its conversation growing call by call.
         let started = Instant::now();
         let cpu_before = cpu_seconds();
+        let stages_before = state.metrics.stage_totals();
         let mut tasks = Vec::new();
         for bodies in bodies {
             let (_, token) = state.open_execution(None, None);
@@ -362,6 +363,18 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             proxy_cpu * 1e3,
             1.0 / proxy_cpu.max(1e-9)
         );
+        // Where the proxied calls' time went, from the proxy's own stage histograms.
+        let stages: Vec<String> = state
+            .metrics
+            .stage_totals()
+            .iter()
+            .zip(&stages_before)
+            .map(|((stage, sum, count), (_, sum_before, count_before))| {
+                let calls = (count - count_before).max(1) as f64;
+                format!("{stage} {:.2}", (sum - sum_before) / calls * 1e3)
+            })
+            .collect();
+        println!("       mean ms per call by stage: {}", stages.join(", "));
     }
 
     if let Some(venv) = &args.anchors {

@@ -142,6 +142,23 @@ impl Metrics {
         self.stage_seconds.lock().unwrap_or_else(|p| p.into_inner())[index].observe(seconds);
     }
 
+    /// (stage, seconds summed, calls) for every stage and then `commit`: what the stage
+    /// histograms hold, for a report (the benchmark prints the per-call means of a run).
+    pub fn stage_totals(&self) -> Vec<(&'static str, f64, u64)> {
+        let stages = self.stage_seconds.lock().unwrap_or_else(|p| p.into_inner());
+        let mut totals: Vec<_> = STAGES
+            .iter()
+            .zip(stages.iter())
+            .map(|((_, label), histogram)| (*label, histogram.sum, histogram.count))
+            .collect();
+        let commit = self
+            .commit_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        totals.push(("commit", commit.sum, commit.count));
+        totals
+    }
+
     pub fn failover(&self) {
         self.failovers.fetch_add(1, Ordering::Relaxed);
     }
