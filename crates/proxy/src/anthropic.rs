@@ -467,25 +467,23 @@ impl MessagesRequest {
         for (message_index, message) in self.messages.iter().enumerate() {
             match message.role {
                 InputRole::System => {
-                    let texts: Vec<TextBlock> = message
+                    let texts: Vec<&str> = message
                         .content
                         .iter()
                         .filter_map(|block| match block {
-                            ContentBlock::Text { text } => Some(TextBlock { text: text.clone() }),
+                            ContentBlock::Text { text } => Some(text.as_str()),
                             _ => None,
                         })
                         .collect();
                     chat.messages
-                        .push(Message::new(Role::System, join_text(&texts)));
+                        .push(Message::new(Role::System, texts.join(TEXT_PART_SEPARATOR)));
                 }
                 InputRole::Assistant => {
                     let mut assistant = Message::new(Role::Assistant, "");
-                    let mut texts = Vec::new();
+                    let mut texts: Vec<&str> = Vec::new();
                     for block in &message.content {
                         match block {
-                            ContentBlock::Text { text } => {
-                                texts.push(TextBlock { text: text.clone() })
-                            }
+                            ContentBlock::Text { text } => texts.push(text),
                             ContentBlock::Thinking {
                                 thinking,
                                 signature,
@@ -514,25 +512,26 @@ impl MessagesRequest {
                             }
                         }
                     }
-                    assistant.content = join_text(&texts);
+                    assistant.content = texts.join(TEXT_PART_SEPARATOR);
                     chat.messages.push(assistant);
                 }
                 InputRole::User => {
-                    let mut pending: Vec<TextBlock> = Vec::new();
+                    // Borrowed until joined: one copy of each text into its message.
+                    let mut pending: Vec<&str> = Vec::new();
                     let mut emitted = false;
                     for (block_index, block) in message.content.iter().enumerate() {
                         match block {
-                            ContentBlock::Text { text } => {
-                                pending.push(TextBlock { text: text.clone() })
-                            }
+                            ContentBlock::Text { text } => pending.push(text),
                             ContentBlock::ToolResult {
                                 tool_use_id,
                                 content,
                                 is_error,
                             } => {
                                 if !pending.is_empty() {
-                                    chat.messages
-                                        .push(Message::new(Role::User, join_text(&pending)));
+                                    chat.messages.push(Message::new(
+                                        Role::User,
+                                        pending.join(TEXT_PART_SEPARATOR),
+                                    ));
                                     pending.clear();
                                 }
                                 let Some((_, name)) =
@@ -569,7 +568,7 @@ impl MessagesRequest {
                     }
                     if !pending.is_empty() || !emitted {
                         chat.messages
-                            .push(Message::new(Role::User, join_text(&pending)));
+                            .push(Message::new(Role::User, pending.join(TEXT_PART_SEPARATOR)));
                     }
                 }
             }
