@@ -400,31 +400,42 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 if writers == 256 { "≤ 10" } else { "" },
             );
         }
-        if part("direct") {
-            eprintln!("  256 writers with their own connections");
+        // 256 writers with their own connections (one event per request), then 256 sharing a
+        // producer but appending `Tick`s: the same path without per-event decode and fold.
+        for (name, shared, ticks, title, short) in [
+            (
+                "direct",
+                false,
+                false,
+                "256 writers, own connection, 1 event/request",
+                "",
+            ),
+            (
+                "ticks",
+                true,
+                true,
+                "256 writers, Tick events (~16 B, no fold)",
+                "Tick ",
+            ),
+        ] {
+            if !part(name) {
+                continue;
+            }
+            eprintln!("  {title}");
             epoch += 1;
             let (rate, p50, p99) =
-                writers_run(&cluster, 256, args.seconds, false, false, epoch).await?;
+                writers_run(&cluster, 256, args.seconds, shared, ticks, epoch).await?;
+            record(&format!("{title}: events/s"), rate, "");
             record(
-                "256 writers, own connection, 1 event/request: events/s",
-                rate,
+                &format!("  … {short}p50 commit ms"),
+                p50.as_secs_f64() * 1e3,
                 "",
             );
-            record("  … p50 commit ms", p50.as_secs_f64() * 1e3, "");
-            record("  … p99 commit ms", p99.as_secs_f64() * 1e3, "");
-        }
-        if part("ticks") {
-            eprintln!("  256 writers appending Tick events");
-            epoch += 1;
-            let (rate, p50, p99) =
-                writers_run(&cluster, 256, args.seconds, true, true, epoch).await?;
             record(
-                "256 writers, Tick events (~16 B, no fold): events/s",
-                rate,
+                &format!("  … {short}p99 commit ms"),
+                p99.as_secs_f64() * 1e3,
                 "",
             );
-            record("  … Tick p50 commit ms", p50.as_secs_f64() * 1e3, "");
-            record("  … Tick p99 commit ms", p99.as_secs_f64() * 1e3, "");
         }
         for (bytes, name) in [
             (64usize << 10, "64 KiB token records: MB/s"),
