@@ -183,11 +183,7 @@ fn kill_leader_and_follower_under_writes_loses_nothing_acknowledged() {
         stderr_of(&dir)
     );
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let acked: Arc<Mutex<Vec<(Sequence, u64)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {

@@ -9,11 +9,7 @@ use crate::support::InProcessCluster;
 
 #[test]
 fn a_follower_forwards_appends_to_the_leader() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     runtime.block_on(async {
         let cluster = InProcessCluster::start().await;
         let addresses = &cluster.addresses;

@@ -19,11 +19,7 @@ use crate::support::InProcessCluster;
 
 #[test]
 fn records_commit_to_the_quorum_and_routes_follow_the_log() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     runtime.block_on(async {
         let cluster = InProcessCluster::start().await;
         let addresses = cluster.addresses.join(",");

@@ -16,6 +16,8 @@ use gyre_proxy::server::{router, AppState, RecordSink, ServerConfig};
 use gyre_proxy::{ChatModel, ToolArgumentsForm};
 use tower::ServiceExt;
 
+use crate::support::runtime;
+
 /// The log, in memory: what was committed, in order.
 #[derive(Default)]
 struct MemorySink {
@@ -31,14 +33,6 @@ impl RecordSink for MemorySink {
     fn describe(&self) -> String {
         "memory".into()
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 fn test_model() -> Arc<ChatModel> {

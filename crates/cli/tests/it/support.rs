@@ -2,6 +2,16 @@
 
 use std::process::Command;
 
+/// The runtime the in-process tests drive their clusters and proxies on: two workers, like
+/// this host's two cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Run `gyre ARGS` and return (exit code, stdout, stderr).
 pub fn gyre(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_gyre"))
