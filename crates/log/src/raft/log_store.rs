@@ -26,6 +26,9 @@ pub struct LogStoreOptions {
     pub read_batch_bytes_max: u64,
     /// ... or this many entries.
     pub read_batch_entries_max: u64,
+    /// Make new segments from zero-filled spares prepared by a background thread, so that a
+    /// group's `fdatasync` flushes data only (see `spare`). Off: segments grow with each write.
+    pub preallocate: bool,
 }
 
 impl Default for LogStoreOptions {
@@ -34,6 +37,7 @@ impl Default for LogStoreOptions {
             segment_bytes: 64 << 20,
             read_batch_bytes_max: 8 << 20,
             read_batch_entries_max: 300,
+            preallocate: true,
         }
     }
 }
@@ -75,7 +79,7 @@ impl LogStore {
     pub fn open(dir: impl AsRef<Path>, options: LogStoreOptions) -> Result<Self, RaftStoreError> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(RaftStoreError::io(&dir, "create data dir"))?;
-        let recovered = Writer::recover(&dir, options.segment_bytes)?;
+        let recovered = Writer::recover(&dir, options.segment_bytes, options.preallocate)?;
         let shared = Arc::new(Shared {
             index: RwLock::new(recovered.index),
             vote: Mutex::new(recovered.meta.vote),

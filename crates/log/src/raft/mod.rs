@@ -35,6 +35,7 @@ mod node;
 pub mod record;
 pub mod segment;
 pub mod snapshot;
+mod spare;
 mod state_machine;
 mod types;
 mod writer;

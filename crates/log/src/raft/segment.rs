@@ -15,6 +15,17 @@
 //! `base_hash` is the hash of the record before its first one, so segments chain into one log.
 //! A node that installed a snapshot past the end of its log cannot know the hash of the entry
 //! before its next record; that segment starts a detached chain (flag bit 0, zero base).
+//!
+//! **Preallocated segments** (see `spare`): a segment may be a file of zeros into which records
+//! are written, so the bytes after the last record read as zeros. The scan tells three endings
+//! apart:
+//! - *zero tail*: zeros from a record boundary to the end of the file, which is unused space,
+//!   not damage;
+//! - *torn*: a write interrupted by a crash. Either the file ends inside a record, or a record
+//!   fails its checksum while one of its 512-byte sectors (aligned in the file) is all zeros, a
+//!   sector the crash kept from reaching the disk, and only zeros follow it (etcd's WAL uses
+//!   the same rule);
+//! - anything else is corruption, refused with the segment, offset and index.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -128,9 +139,12 @@ pub struct SegmentScan {
     /// Offset just past the last good record.
     pub end_offset: u64,
     pub file_len: u64,
-    /// The file continues past `end_offset` with an incomplete record or zero fill: a write
-    /// interrupted by a crash. Everything before `end_offset` is intact.
+    /// The file continues past `end_offset` with an incomplete record: a write interrupted by
+    /// a crash. Everything before `end_offset` is intact.
     pub torn: bool,
+    /// The file continues past `end_offset` with zeros only: preallocated space (or a tail the
+    /// file system extended whose data never arrived, which is the same thing to a reader).
+    pub zero_tail: bool,
     /// The index the next record would carry.
     pub next_index: u64,
     /// Chain value after the last good record (the base hash if none).
@@ -138,9 +152,9 @@ pub struct SegmentScan {
 }
 
 /// Reads and verifies every record of the segment at `path`, calling `on_record` with each
-/// record and its payload. A short or zero-filled tail ends the scan with `torn`; any other
-/// damage (checksum, frame, index sequence, payload header) is an error naming the segment,
-/// offset and index.
+/// record and its payload. A zero tail ends the scan with `zero_tail`, a torn write with
+/// `torn` (see the module docs); any other damage (checksum, frame, index sequence, payload
+/// header) is an error naming the segment, offset and index.
 pub fn scan_segment(
     path: &Path,
     mut on_record: impl FnMut(&ScannedRecord, &[u8]) -> Result<(), RaftStoreError>,
@@ -177,6 +191,7 @@ pub fn scan_segment(
         detail,
     };
     let mut torn = false;
+    let mut zero_tail = false;
     while offset < file_len {
         let remaining = file_len - offset;
         if remaining < FRAME_HEADER_LEN {
@@ -189,7 +204,7 @@ pub fn scan_segment(
             .read_exact(&mut frame)
             .map_err(RaftStoreError::io(path, "read record frame"))?;
         if frame.iter().all(|byte| *byte == 0) && rest_is_zero(&mut reader, path)? {
-            torn = true;
+            zero_tail = true;
             break;
         }
         let len = read_u32(&frame[0..4]);
@@ -213,6 +228,10 @@ pub fn scan_segment(
             .map_err(RaftStoreError::io(path, "read record payload"))?;
         let computed_crc = record_crc(index, term, &payload);
         if computed_crc != stored_crc {
+            if has_zero_sector(offset, &frame, &payload) && rest_is_zero(&mut reader, path)? {
+                torn = true;
+                break;
+            }
             return Err(corrupt(
                 offset,
                 next_index,
@@ -249,9 +268,35 @@ pub fn scan_segment(
         end_offset: offset,
         file_len,
         torn,
+        zero_tail,
         next_index,
         head_hash: head,
     })
+}
+
+/// Size of the sectors a torn write leaves unwritten as a whole.
+const SECTOR_BYTES: u64 = 512;
+
+/// Whether the record at file offset `offset` (its `frame` then `payload`) contains a whole
+/// 512-byte sector, aligned in the file, of zeros.
+fn has_zero_sector(offset: u64, frame: &[u8], payload: &[u8]) -> bool {
+    let record_len = frame.len() as u64 + payload.len() as u64;
+    let byte_at = |at: u64| -> u8 {
+        let at = (at - offset) as usize;
+        if at < frame.len() {
+            frame[at]
+        } else {
+            payload[at - frame.len()]
+        }
+    };
+    let mut sector = offset.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+    while sector + SECTOR_BYTES <= offset + record_len {
+        if (sector..sector + SECTOR_BYTES).all(|at| byte_at(at) == 0) {
+            return true;
+        }
+        sector += SECTOR_BYTES;
+    }
+    false
 }
 
 /// Whether every byte left in `reader` is zero.

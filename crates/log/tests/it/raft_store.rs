@@ -111,14 +111,17 @@ async fn torn_tail_is_truncated_on_open() {
     append_durable(&mut log, sample_entries(10)).await;
     close(log).await;
 
-    // Cut the last record in half, as a crash in the middle of a write would.
+    // Cut the last record in half, as a crash in the middle of a write would (the segment
+    // may be preallocated: cut at the end of its records, not of the file).
     let last = segment_files(dir.path()).pop().expect("a segment");
-    let len = std::fs::metadata(&last).expect("metadata").len();
+    let end = scan_segment(&last, |_, _| Ok(()))
+        .expect("scans")
+        .end_offset;
     OpenOptions::new()
         .write(true)
         .open(&last)
         .expect("open")
-        .set_len(len - 7)
+        .set_len(end - 7)
         .expect("cut");
 
     let mut log = open_log(dir.path()).expect("a torn tail is recovered, not refused");
@@ -258,7 +261,13 @@ async fn truncate_across_segments_then_append_survives_reopen() {
 #[tokio::test]
 async fn group_commit_uses_one_fdatasync_per_group() {
     let dir = TempDir::new().expect("temp dir");
-    let mut log = LogStore::open(dir.path(), LogStoreOptions::default()).expect("opens");
+    // Without preallocation no segment is closed early when a spare becomes ready, so the
+    // rollover count below is exact.
+    let options = LogStoreOptions {
+        preallocate: false,
+        ..LogStoreOptions::default()
+    };
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
     let handle = log.handle();
     let durable = Arc::new(AtomicUsize::new(0));
     let appends = 50u64;
@@ -323,6 +332,7 @@ async fn multi_megabyte_entries_round_trip_and_replication_reads_are_bounded_by_
         segment_bytes: 4 << 20,
         read_batch_bytes_max: 8 << 20,
         read_batch_entries_max: 300,
+        preallocate: true,
     };
     let mut log = LogStore::open(dir.path(), options).expect("opens");
     // ~3 MiB each: 768k token ids of 4 bytes.
@@ -446,4 +456,214 @@ async fn snapshots_keep_the_last_two_and_a_damaged_newest_falls_back() {
     let sm = StateMachineStore::<CountingProjection>::open(dir.path()).expect("falls back");
     assert_eq!(sm.digest(), digests[1]);
     let _ = blank(1, 0);
+}
+
+/// Appends entries `*next..` one durable append at a time (each of `events` events) until the
+/// writer has made `preallocated` segments from zero-filled spares, then `extra` more. The
+/// spare thread works concurrently, so the loop is bounded rather than timed.
+async fn append_until_preallocated(
+    log: &mut LogStore,
+    next: &mut u64,
+    events: usize,
+    preallocated: u64,
+    extra: u64,
+) {
+    let handle = log.handle();
+    let mut appended = 0;
+    while handle.stats().segments_preallocated < preallocated {
+        assert!(
+            appended < 20_000,
+            "no spare was ready after {appended} appends"
+        );
+        append_durable(log, vec![normal(1, *next, batch(*next, events))]).await;
+        *next += 1;
+        appended += 1;
+    }
+    for _ in 0..extra {
+        append_durable(log, vec![normal(1, *next, batch(*next, events))]).await;
+        *next += 1;
+    }
+}
+
+fn prealloc_options(segment_bytes: u64) -> LogStoreOptions {
+    LogStoreOptions {
+        segment_bytes,
+        preallocate: true,
+        ..LogStoreOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn preallocated_segments_are_zero_filled_trimmed_when_closed_and_continue_after_reopen() {
+    let dir = TempDir::new().expect("temp dir");
+    let options = prealloc_options(8 << 10);
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    let mut next = 0;
+    append_until_preallocated(&mut log, &mut next, 3, 3, 2).await;
+    let stats = log.stats();
+    assert!(stats.segments_preallocated >= 3, "{stats:?}");
+    close(log).await;
+
+    // Closed segments are trimmed to their records; the active one is a zero-filled file of
+    // `segment_bytes` whose records end before the zeros.
+    let files = segment_files(dir.path());
+    let (active, closed) = files.split_last().expect("segments");
+    for path in closed {
+        let scan = scan_segment(path, |_, _| Ok(())).expect("scans");
+        assert_eq!(
+            scan.end_offset,
+            scan.file_len,
+            "{} is trimmed",
+            path.display()
+        );
+        assert!(!scan.torn && !scan.zero_tail);
+    }
+    let scan = scan_segment(active, |_, _| Ok(())).expect("scans");
+    assert_eq!(scan.file_len, 8 << 10, "the active segment is preallocated");
+    assert!(scan.zero_tail && !scan.torn, "{scan:?}");
+    assert!(scan.end_offset < scan.file_len);
+    assert!(
+        !std::fs::read_dir(dir.path().join("log"))
+            .expect("log dir")
+            .any(|entry| entry
+                .expect("entry")
+                .path()
+                .to_string_lossy()
+                .ends_with(".tmp")),
+        "the spare thread is stopped and its unused spare removed when the writer exits"
+    );
+
+    // Reopened, the log continues inside the preallocated space, and survives another reopen.
+    let mut log = LogStore::open(dir.path(), options).expect("reopens");
+    assert_eq!(read_all(&mut log).await.len() as u64, next);
+    append_durable(&mut log, vec![normal(2, next, batch(next, 3))]).await;
+    close(log).await;
+    let scan = scan_segment(active, |_, _| Ok(())).expect("scans");
+    assert_eq!(scan.file_len, 8 << 10, "written into, not grown");
+    let mut log = LogStore::open(dir.path(), options).expect("reopens again");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len() as u64, next + 1);
+    assert_eq!(entries[next as usize].log_id, log_id(2, 1, next));
+}
+
+/// Byte range (offset, length) of the last record of `segment`.
+fn last_record(segment: &Path) -> (u64, u64) {
+    let mut last = None;
+    scan_segment(segment, |record, _| {
+        last = Some((record.offset, 24 + u64::from(record.payload_len)));
+        Ok(())
+    })
+    .expect("scans");
+    last.expect("the segment holds a record")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+#[tokio::test]
+async fn in_preallocated_space_a_torn_record_is_truncated_but_a_flipped_bit_is_refused() {
+    let dir = TempDir::new().expect("temp dir");
+    let options = prealloc_options(256 << 10);
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    let mut next = 0;
+    // Batches of 400 events: several KiB per record, so a record spans whole sectors.
+    append_until_preallocated(&mut log, &mut next, 400, 1, 3).await;
+    close(log).await;
+    let active = segment_files(dir.path()).pop().expect("a segment");
+    let (offset, len) = last_record(&active);
+    assert!(len > 2048, "records span several sectors: {len} bytes");
+
+    // A crash that kept one sector of the last record from the disk: zeros inside the record,
+    // zeros after it. Recovery drops that record, which was never acknowledged.
+    let torn = TempDir::new().expect("temp dir");
+    copy_dir(dir.path(), torn.path());
+    let torn_segment = torn
+        .path()
+        .join("log")
+        .join(active.file_name().expect("name"));
+    let sector = (offset + 1024).div_ceil(512) * 512;
+    OpenOptions::new()
+        .write(true)
+        .open(&torn_segment)
+        .expect("open")
+        .write_all_at(&[0u8; 512], sector)
+        .expect("zero a sector");
+    let mut log = LogStore::open(torn.path(), options).expect("a torn record is recovered");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len() as u64, next - 1);
+    // The log continues where the torn record was.
+    append_durable(&mut log, vec![normal(2, next - 1, batch(7, 2))]).await;
+    close(log).await;
+    let mut log = LogStore::open(torn.path(), options).expect("reopens");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len() as u64, next);
+    assert_eq!(entries[next as usize - 1].log_id, log_id(2, 1, next - 1));
+    close(log).await;
+
+    // A flipped bit in a record that is all there is damage, not a torn write: refused.
+    let flipped = TempDir::new().expect("temp dir");
+    copy_dir(dir.path(), flipped.path());
+    let flipped_segment = flipped
+        .path()
+        .join("log")
+        .join(active.file_name().expect("name"));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&flipped_segment)
+        .expect("open");
+    let at = offset + len - 3;
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, at).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x01], at).expect("flip");
+    drop(file);
+    match LogStore::open(flipped.path(), options) {
+        Err(RaftStoreError::CorruptRecord {
+            segment,
+            offset: at,
+            ..
+        }) => {
+            assert_eq!(segment, flipped_segment);
+            assert_eq!(at, offset);
+        }
+        Err(other) => panic!("expected a corrupt record error, got {other}"),
+        Ok(_) => panic!("a flipped bit in the last record must be refused"),
+    }
+}
+
+#[tokio::test]
+async fn truncation_inside_a_preallocated_segment_leaves_no_stale_record_behind() {
+    let dir = TempDir::new().expect("temp dir");
+    let options = prealloc_options(1 << 20);
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    let mut next = 0;
+    append_until_preallocated(&mut log, &mut next, 2, 1, 20).await;
+    // Cut the last 10 entries and write one replacement of exactly the same size: without
+    // zeroing, the old record after it (the next index, a valid checksum) would read as part
+    // of the log after a restart.
+    let cut = next - 10;
+    log.truncate(log_id(1, 1, cut)).await.expect("truncate");
+    let replacement = normal(5, cut, batch(cut, 2));
+    append_durable(&mut log, vec![replacement]).await;
+    close(log).await;
+    let mut log = LogStore::open(dir.path(), options).expect("reopens");
+    let entries = read_all(&mut log).await;
+    assert_eq!(
+        entries.len() as u64,
+        cut + 1,
+        "nothing after the replacement"
+    );
+    assert_eq!(entries[cut as usize].log_id, log_id(5, 1, cut));
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id, Some(log_id(5, 1, cut)));
 }
