@@ -13,10 +13,13 @@
 //!   (`writer`) makes each group of queued appends durable with exactly one `fdatasync`
 //!   before calling their `LogFlushed`. Vote, committed and last purged live in `<dir>/meta`
 //!   (tmp, fsync, rename, fsync dir). Purge deletes whole segments; truncate cuts the
-//!   containing segment. Reads for replication are bounded by bytes and count.
-//! - Recovery (`LogStore::open`): every segment is scanned; a torn tail of the last segment
-//!   is truncated; a bad checksum, a broken frame, a hole or a broken chain anywhere is an
-//!   error naming the segment file and byte offset.
+//!   containing segment (zeroing the cut records in a preallocated one). Reads for
+//!   replication are bounded by bytes and count.
+//! - `spare`: zero-filled spare segments, prepared off the writer thread while write groups
+//!   are small, so a group's `fdatasync` has no size or block allocation to commit.
+//! - Recovery (`LogStore::open`): every segment is scanned; a zero tail is unused space; a
+//!   torn tail of the last segment is truncated; a bad checksum, a broken frame, a hole or a
+//!   broken chain anywhere else is an error naming the segment file and byte offset.
 //! - `state_machine` ([`StateMachineStore`]): `RaftStateMachine` folding committed batches
 //!   into a [`Projection`], one [`Applied`] per entry; snapshots are immutable files
 //!   (`snapshot`), the last two kept; [`open_storage`] restores the newest good one before
