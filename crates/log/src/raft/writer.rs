@@ -178,6 +178,17 @@ impl WriterSegment {
     fn preallocated(&self) -> bool {
         self.capacity > self.len
     }
+
+    /// The segment's write handle, taken (opened if it has none; `why` names the operation).
+    fn take_write(&mut self, why: &'static str) -> Result<File, RaftStoreError> {
+        match self.write.take() {
+            Some(file) => Ok(file),
+            None => OpenOptions::new()
+                .write(true)
+                .open(&self.read.path)
+                .map_err(RaftStoreError::io(&self.read.path, why)),
+        }
+    }
 }
 
 /// Where one record not yet purged sits, and its chain value.
@@ -705,13 +716,7 @@ impl Writer {
             if active.preallocated() {
                 // Trim the zero tail: only the active segment may have one.
                 let path = active.read.path.clone();
-                let file = match active.write.take() {
-                    Some(file) => file,
-                    None => OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .map_err(RaftStoreError::io(&path, "open segment to trim"))?,
-                };
+                let file = active.take_write("open segment to trim")?;
                 file.set_len(active.len)
                     .map_err(RaftStoreError::io(&path, "trim closed segment"))?;
                 file.sync_all()
@@ -917,13 +922,7 @@ impl Writer {
         if let (Some(last), Some(offset)) = (self.segments.last_mut(), cut_offset) {
             if last.next_index > index {
                 let path = last.read.path.clone();
-                let file = match last.write.take() {
-                    Some(file) => file,
-                    None => OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .map_err(RaftStoreError::io(&path, "open segment to truncate"))?,
-                };
+                let file = last.take_write("open segment to truncate")?;
                 if last.capacity > last.len {
                     // Preallocated: zeros over the cut records keep the blocks (a record left
                     // behind the new end would otherwise read as part of the log).
