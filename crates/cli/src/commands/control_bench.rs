@@ -341,22 +341,15 @@ async fn replay_run(cluster: &Cluster) -> anyhow::Result<f64> {
 
 /// The anchor for the latency figures: this disk's `fdatasync` latency (p50, p99 in ms) for
 /// 4 KiB appends to a file in the benchmark's temporary directory. A commit needs the leader's
-/// and a follower's sync, so its floor is about two of these. With `zero_filled` the appends
-/// go into a file already written with zeros and synced, as the log store's preallocated
-/// segments are: no size or block allocation for the journal to commit.
-fn disk_sync_probe(zero_filled: bool) -> anyhow::Result<(f64, f64)> {
-    use std::os::unix::fs::FileExt;
-    const APPENDS: usize = 200;
+/// and a follower's sync, so its floor is about two of these.
+fn disk_sync_probe() -> anyhow::Result<(f64, f64)> {
+    use std::io::Write;
     let dir = tempfile::tempdir().context("temp dir")?;
-    let file = std::fs::File::create(dir.path().join("probe"))?;
+    let mut file = std::fs::File::create(dir.path().join("probe"))?;
     let block = [7u8; 4096];
-    if zero_filled {
-        file.write_all_at(&vec![0u8; APPENDS * block.len()], 0)?;
-        file.sync_all()?;
-    }
     let mut samples = Vec::new();
-    for append in 0..APPENDS {
-        file.write_all_at(&block, (append * block.len()) as u64)?;
+    for _ in 0..200 {
+        file.write_all(&block)?;
         let started = Instant::now();
         file.sync_data()?;
         samples.push(started.elapsed());
@@ -380,15 +373,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     for run in 0..runs {
         eprintln!("run {}/{runs}", run + 1);
-        let (sync_p50, sync_p99) = disk_sync_probe(false)?;
+        let (sync_p50, sync_p99) = disk_sync_probe()?;
         record("anchor: disk fdatasync p50 ms (4 KiB append)", sync_p50, "");
         record("anchor: disk fdatasync p99 ms", sync_p99, "");
-        let (sync_p50, _) = disk_sync_probe(true)?;
-        record(
-            "anchor: … p50 ms, appending into zero-filled space",
-            sync_p50,
-            "",
-        );
         let cluster = Cluster::start(1_000_000).await?;
         let mut epoch = 0;
         let part = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);

@@ -26,8 +26,9 @@ pub struct LogStoreOptions {
     pub read_batch_bytes_max: u64,
     /// ... or this many entries.
     pub read_batch_entries_max: u64,
-    /// Make new segments from zero-filled spares prepared by a background thread, so that a
-    /// group's `fdatasync` flushes data only (see `spare`). Off: segments grow with each write.
+    /// Allocate each new segment to `segment_bytes` when it is created (`fallocate`), so that
+    /// appends need no block allocation or size change and a group's `fdatasync` has less
+    /// journal work. Off: segments grow with each write.
     pub preallocate: bool,
 }
 

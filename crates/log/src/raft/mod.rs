@@ -15,8 +15,8 @@
 //!   (tmp, fsync, rename, fsync dir). Purge deletes whole segments; truncate cuts the
 //!   containing segment (zeroing the cut records in a preallocated one). Reads for
 //!   replication are bounded by bytes and count.
-//! - `spare`: zero-filled spare segments, prepared off the writer thread while write groups
-//!   are small, so a group's `fdatasync` has no size or block allocation to commit.
+//!   New segments are allocated to `segment_bytes` up front (`fallocate`), so a group's
+//!   `fdatasync` has no block allocation or size change to commit.
 //! - Recovery (`LogStore::open`): every segment is scanned; a zero tail is unused space; a
 //!   torn tail of the last segment is truncated; a bad checksum, a broken frame, a hole or a
 //!   broken chain anywhere else is an error naming the segment file and byte offset.
@@ -38,7 +38,6 @@ mod node;
 pub mod record;
 pub mod segment;
 pub mod snapshot;
-mod spare;
 mod state_machine;
 mod types;
 mod writer;

@@ -9,13 +9,11 @@
 //! The queue is unbounded, but its depth is bounded by the protocol: openraft 0.9 awaits each
 //! append's flush before it submits the next, and awaits every truncate, purge and vote.
 //!
-//! With `preallocate` (the default) new segments are zero-filled spares prepared by another
-//! thread (`spare`): records are written into existing blocks, so a group's `fdatasync` flushes
-//! data only. A segment that was not preallocated (the first of a fresh log, one cut by a torn
-//! tail) is closed early as soon as a spare is ready. A closed segment is trimmed to its
-//! records, so only the active segment has a zero tail; truncation inside it writes zeros over
-//! the cut records instead of shrinking the file. Spares are asked for while groups are small
-//! (see [`PREALLOCATE_GROUP_BYTES_MAX`]), judged after each window of groups.
+//! With `preallocate` (the default) a new segment is allocated to `segment_bytes` when it is
+//! created (`fallocate`; the space reads as zeros): appends then need no block allocation and
+//! no size change, which is journal work every group's `fdatasync` would otherwise commit.
+//! A closed segment is trimmed to its records, so only the active segment has a zero tail;
+//! truncation inside it writes zeros over the cut records instead of shrinking the file.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -39,7 +37,6 @@ use super::segment::{
     append_frame, parse_segment_file_name, scan_segment, segment_file_name, SegmentHeader,
     FLAG_DETACHED, SEGMENT_HEADER_LEN,
 };
-use super::spare::SparePreparer;
 use super::types::{Entry, LogFlushed, LogId, Vote};
 
 /// How often, at most, a changed committed log id is written to the meta file. Committed is
@@ -50,13 +47,6 @@ const GROUP_COMMANDS_MAX: usize = 4096;
 /// Payload bytes of written entries kept in memory for the reads that follow a write
 /// (replication to followers, apply); the oldest are dropped first.
 const WRITTEN_CACHE_BYTES: u64 = 32 << 20;
-/// A zero-filled spare costs as many disk writes as the segment's data and saves the journal
-/// work of each `fdatasync` (~100–150 µs here): worth it while groups are small. After every
-/// window of this many synced groups, a spare is requested if their mean size is at most
-/// [`PREALLOCATE_GROUP_BYTES_MAX`]; bulk token records (64 KiB and up per group) grow their
-/// segments instead of paying twice for the disk.
-const PREALLOCATE_WINDOW_GROUPS: u64 = 64;
-const PREALLOCATE_GROUP_BYTES_MAX: u64 = 64 << 10;
 
 /// Who to tell when an append is durable.
 pub(crate) enum Completion {
@@ -120,7 +110,7 @@ pub struct LogStats {
     pub records: u64,
     pub bytes: u64,
     pub segments_created: u64,
-    /// Of `segments_created`, those made from a zero-filled spare.
+    /// Of `segments_created`, those allocated to full size when created.
     pub segments_preallocated: u64,
     pub segments_deleted: u64,
 }
@@ -202,13 +192,9 @@ pub(crate) struct Writer {
     root: PathBuf,
     log_dir: PathBuf,
     segment_bytes: u64,
-    /// Whether new segments are made from zero-filled spares.
+    /// Whether new segments are allocated to `segment_bytes` when created (turned off if the
+    /// file system cannot).
     preallocate: bool,
-    /// Started by `run` when `preallocate` is set.
-    spare: Option<SparePreparer>,
-    /// Synced groups and their record bytes since the last preallocation decision.
-    window_groups: u64,
-    window_bytes: u64,
     shared: Arc<Shared>,
     segments: Vec<WriterSegment>,
     /// Positions of records `records_first ..`.
@@ -465,9 +451,6 @@ impl Writer {
             log_dir,
             segment_bytes,
             preallocate,
-            spare: None,
-            window_groups: 0,
-            window_bytes: 0,
             shared: shared_placeholder,
             segments,
             records,
@@ -495,15 +478,6 @@ impl Writer {
 
     /// The writer thread's loop. Returns when every sender is gone.
     pub fn run(mut self, commands: Receiver<Command>, exited: watch::Sender<bool>) {
-        if self.preallocate {
-            match SparePreparer::start(&self.log_dir, self.segment_bytes) {
-                Ok(preparer) => self.spare = Some(preparer),
-                Err(error) => tracing::warn!(
-                    error = %error,
-                    "cannot start the spare segment thread; segments grow as they are written"
-                ),
-            }
-        }
         loop {
             let first = match commands.recv_timeout(COMMITTED_PERSIST_INTERVAL) {
                 Ok(command) => command,
@@ -531,9 +505,6 @@ impl Writer {
         }
         self.flush_group();
         self.persist_committed(true);
-        // Stop (and join) the spare thread before telling anyone the writer is gone, so that a
-        // store reopened on this directory never races it.
-        self.spare = None;
         // Receivers learn of the exit from the value or from the sender being dropped.
         let _ = exited.send(true);
     }
@@ -639,18 +610,12 @@ impl Writer {
             // An append over existing entries replaces them, as a conflict truncation would.
             self.truncate(index)?;
         }
-        let spare_ready = match &mut self.spare {
-            Some(spare) => spare.is_ready(),
-            None => false,
-        };
         let needs_new_segment = match self.segments.last() {
             None => true,
             Some(active) => {
                 active.next_index != index
                     || (active.next_index > active.first_index
-                        && (active.len + frame_len > self.segment_bytes
-                            // A grown segment gives way to a preallocated one.
-                            || (spare_ready && !active.preallocated())))
+                        && active.len + frame_len > self.segment_bytes)
             }
         };
         let previous_hash = self.chain_before(index);
@@ -755,19 +720,26 @@ impl Writer {
             base_hash: base_hash.unwrap_or(GENESIS_HASH),
         };
         let path = self.log_dir.join(segment_file_name(first_index));
-        let spare = self.spare.as_mut().and_then(SparePreparer::take);
-        let capacity = match spare {
-            Some(spare) => {
-                let capacity = self.spare.as_ref().map_or(0, SparePreparer::bytes);
-                install_spare(&spare, &path, &header)?;
+        let allocate = self
+            .preallocate
+            .then_some(self.segment_bytes)
+            .filter(|bytes| *bytes > SEGMENT_HEADER_LEN);
+        let capacity = match create_segment(&path, &header, allocate)? {
+            Some(capacity) => {
                 self.shared
                     .stats
                     .segments_preallocated
                     .fetch_add(1, Ordering::AcqRel);
-                capacity.max(SEGMENT_HEADER_LEN)
+                capacity
             }
             None => {
-                super::meta::write_file_atomically(&path, &header.encode())?;
+                if allocate.is_some() {
+                    tracing::warn!(
+                        dir = %self.log_dir.display(),
+                        "the file system cannot preallocate; log segments grow as they are written"
+                    );
+                    self.preallocate = false;
+                }
                 SEGMENT_HEADER_LEN
             }
         };
@@ -812,21 +784,6 @@ impl Writer {
         }
         if !self.written.is_empty() {
             self.shared.stats.groups.fetch_add(1, Ordering::AcqRel);
-            self.window_groups += 1;
-            self.window_bytes += self
-                .written
-                .iter()
-                .map(|(_, _, _, _, payload_len)| FRAME_HEADER_LEN + u64::from(*payload_len))
-                .sum::<u64>();
-            if self.window_groups >= PREALLOCATE_WINDOW_GROUPS {
-                if let Some(spare) = &mut self.spare {
-                    if self.window_bytes <= PREALLOCATE_GROUP_BYTES_MAX * self.window_groups {
-                        spare.request();
-                    }
-                }
-                self.window_groups = 0;
-                self.window_bytes = 0;
-            }
         }
         if let Err(error) = &result {
             self.fail(error);
@@ -923,7 +880,7 @@ impl Writer {
             if last.next_index > index {
                 let path = last.read.path.clone();
                 let file = last.take_write("open segment to truncate")?;
-                if last.capacity > last.len {
+                if last.preallocated() {
                     // Preallocated: zeros over the cut records keep the blocks (a record left
                     // behind the new end would otherwise read as part of the log).
                     write_zeros(&file, offset, last.len)
@@ -1057,20 +1014,40 @@ pub(crate) fn read_slot(index: u64, slot: &Slot) -> Result<Entry, RaftStoreError
     }
 }
 
-/// Makes the zero-filled `spare` the segment at `path`: header written and synced into the
-/// spare, then renamed into place and the directory synced (a crash leaves either no segment
-/// or one with its header; leftover spares are `.tmp` files that recovery deletes).
-fn install_spare(spare: &Path, path: &Path, header: &SegmentHeader) -> Result<(), RaftStoreError> {
+/// Creates the segment file at `path` holding `header` so that after a crash `path` either does
+/// not exist or has its header: `<path>.tmp`, header, allocation, fsync, rename, fsync of the
+/// directory (recovery deletes leftover `.tmp` files). With `allocate`, the file is first
+/// allocated to that many bytes (`fallocate`, the space reading as zeros); returns the file's
+/// length then, or `None` when it was not allocated because the file system does not support it.
+fn create_segment(
+    path: &Path,
+    header: &SegmentHeader,
+    allocate: Option<u64>,
+) -> Result<Option<u64>, RaftStoreError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let file = OpenOptions::new()
         .write(true)
-        .open(spare)
-        .map_err(RaftStoreError::io(spare, "open spare segment"))?;
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(RaftStoreError::io(&tmp, "create segment"))?;
+    let mut allocated = None;
+    if let Some(bytes) = allocate {
+        if super::segment::allocate(&file, bytes)
+            .map_err(RaftStoreError::io(&tmp, "allocate segment"))?
+        {
+            allocated = Some(bytes);
+        }
+    }
     file.write_all_at(&header.encode(), 0)
-        .map_err(RaftStoreError::io(spare, "write segment header"))?;
-    file.sync_data()
-        .map_err(RaftStoreError::io(spare, "sync segment header"))?;
-    fs::rename(spare, path).map_err(RaftStoreError::io(path, "rename spare into place"))?;
-    sync_directory(super::meta::parent_of(path))
+        .map_err(RaftStoreError::io(&tmp, "write segment header"))?;
+    file.sync_all()
+        .map_err(RaftStoreError::io(&tmp, "sync new segment"))?;
+    fs::rename(&tmp, path).map_err(RaftStoreError::io(path, "rename segment into place"))?;
+    sync_directory(super::meta::parent_of(path))?;
+    Ok(allocated)
 }
 
 /// Writes zeros over `from..to` of `file`.

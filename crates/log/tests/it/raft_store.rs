@@ -261,13 +261,7 @@ async fn truncate_across_segments_then_append_survives_reopen() {
 #[tokio::test]
 async fn group_commit_uses_one_fdatasync_per_group() {
     let dir = TempDir::new().expect("temp dir");
-    // Without preallocation no segment is closed early when a spare becomes ready, so the
-    // rollover count below is exact.
-    let options = LogStoreOptions {
-        preallocate: false,
-        ..LogStoreOptions::default()
-    };
-    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    let mut log = LogStore::open(dir.path(), LogStoreOptions::default()).expect("opens");
     let handle = log.handle();
     let durable = Arc::new(AtomicUsize::new(0));
     let appends = 50u64;
@@ -459,8 +453,7 @@ async fn snapshots_keep_the_last_two_and_a_damaged_newest_falls_back() {
 }
 
 /// Appends entries `*next..` one durable append at a time (each of `events` events) until the
-/// writer has made `preallocated` segments from zero-filled spares, then `extra` more. The
-/// spare thread works concurrently, so the loop is bounded rather than timed.
+/// writer has created `preallocated` preallocated segments, then `extra` more.
 async fn append_until_preallocated(
     log: &mut LogStore,
     next: &mut u64,
@@ -473,7 +466,7 @@ async fn append_until_preallocated(
     while handle.stats().segments_preallocated < preallocated {
         assert!(
             appended < 20_000,
-            "no spare was ready after {appended} appends"
+            "no segment was preallocated in {appended} appends"
         );
         append_durable(log, vec![normal(1, *next, batch(*next, events))]).await;
         *next += 1;
@@ -530,7 +523,7 @@ async fn preallocated_segments_are_zero_filled_trimmed_when_closed_and_continue_
                 .path()
                 .to_string_lossy()
                 .ends_with(".tmp")),
-        "the spare thread is stopped and its unused spare removed when the writer exits"
+        "no temporary file is left behind"
     );
 
     // Reopened, the log continues inside the preallocated space, and survives another reopen.
