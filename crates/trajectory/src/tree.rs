@@ -15,6 +15,8 @@
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use gyre_event::{
     CallId, CallKind, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, ProvenanceSpan,
 };
@@ -75,8 +77,9 @@ pub struct Node {
     /// Engine-sampled tokens: the only trainable tokens.
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
-    /// Children in insertion order.
-    pub children: Vec<NodeId>,
+    /// Children in insertion order. Most nodes have one (a turn extending its context), so
+    /// the list is inline up to two: no allocation per node on the fold's hot path.
+    pub children: SmallVec<[NodeId; 2]>,
     /// How many children attach at this node's end (a node with none is a leaf).
     pub children_at_end: u32,
     /// Nodes on the root-to-node path, this one included.
@@ -145,10 +148,13 @@ pub struct Tree {
     config: TreeConfig,
     nodes: Vec<Node>,
     by_call: BTreeMap<CallId, NodeId>,
+    /// The highest key of `by_call`.
+    max_call: Option<CallId>,
     /// Canonical children by (parent, offset in the parent's segment, first token); roots under
     /// `None` at offset 0. A child is canonical when its first token differs from the parent's
     /// own token at that offset, which the matcher guarantees for everything it attaches.
-    pub(crate) child_index: BTreeMap<(Option<NodeId>, u64, u32), Vec<NodeId>>,
+    /// Almost every key has one child, kept inline.
+    pub(crate) child_index: BTreeMap<(Option<NodeId>, u64, u32), SmallVec<[NodeId; 1]>>,
     /// Children whose first token equals the parent's own token at the attach offset (a retry
     /// that sampled the same first tokens, or records attached by another matcher). The matcher
     /// explores them explicitly; they are rare.
@@ -167,6 +173,7 @@ impl Tree {
             config,
             nodes: Vec::new(),
             by_call: BTreeMap::new(),
+            max_call: None,
             child_index: BTreeMap::new(),
             shadow_children: BTreeMap::new(),
             leaf_count: 0,
@@ -191,7 +198,17 @@ impl Tree {
     }
 
     pub fn node_of_call(&self, call: CallId) -> Option<NodeId> {
-        self.by_call.get(&call).copied()
+        // A turn's parent is most often the node attached just before it.
+        match self.nodes.last() {
+            Some(last) if last.call == call => Some(NodeId(self.nodes.len() as u32 - 1)),
+            _ => self.by_call.get(&call).copied(),
+        }
+    }
+
+    /// Whether `call` is recorded; calls mostly arrive in increasing order, so one above the
+    /// highest recorded needs no search.
+    fn has_call(&self, call: CallId) -> bool {
+        self.max_call.is_some_and(|max| call <= max) && self.by_call.contains_key(&call)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -284,7 +301,7 @@ impl Tree {
                 message: "no output tokens: a call that sampled nothing is not a node".into(),
             });
         }
-        if self.by_call.contains_key(&call) {
+        if self.has_call(call) {
             return Err(TrajectoryError::DuplicateCall {
                 execution: self.execution,
                 call,
@@ -383,6 +400,7 @@ impl Tree {
             }
         };
         self.by_call.insert(parts.call, id);
+        self.max_call = self.max_call.max(Some(parts.call));
         self.leaf_count += 1;
         self.tokens_count += (parts.input_ids.len() + parts.output_ids.len()) as u64;
         self.nodes.push(Node {
@@ -398,7 +416,7 @@ impl Tree {
             input_provenance: parts.input_provenance,
             output_ids: parts.output_ids,
             output_logprobs: parts.output_logprobs,
-            children: Vec::new(),
+            children: SmallVec::new(),
             children_at_end: 0,
             depth,
         });
@@ -409,7 +427,7 @@ impl Tree {
     /// fact `attach` and `validate` rely on. Limits (`nodes_max`, `path_tokens_max`) are not
     /// re-checked: they guarded the records when they were applied.
     pub(crate) fn restore_node(&mut self, parts: NodeParts) -> Result<NodeId, String> {
-        if self.by_call.contains_key(&parts.call) {
+        if self.has_call(parts.call) {
             return Err(format!("call {} appears twice", parts.call));
         }
         if parts.output_ids.is_empty() {

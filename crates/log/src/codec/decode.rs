@@ -14,11 +14,11 @@ use super::enums::{
     role_from_proto,
 };
 use super::tokens::{le_to_f32s, le_to_u32s};
+use super::wire::{Reader, WireType};
 use super::BodyError;
 
 /// Decodes a body written at the current schema version of `kind`.
-pub(crate) fn decode_body(kind: EventKind, body: &bytes::Bytes) -> Result<EventBody, BodyError> {
-    let bytes: &[u8] = body;
+pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, BodyError> {
     let body = match kind {
         EventKind::Unspecified => {
             // Callers look kinds up with `kind_from_number`, which never yields Unspecified.
@@ -87,10 +87,7 @@ pub(crate) fn decode_body(kind: EventKind, body: &bytes::Bytes) -> Result<EventB
                 status: close_status_from_proto("execution_closed.status", message.status)?,
             }
         }
-        EventKind::ModelCall => {
-            // From the `Bytes`: the token arrays are slices of the batch, not copies.
-            EventBody::ModelCall(Box::new(model_call(pb::ModelCall::decode(body.clone())?)?))
-        }
+        EventKind::ModelCall => EventBody::ModelCall(Box::new(model_call_wire(bytes)?)),
         EventKind::EvaluationRequested => {
             let message = pb::EvaluationRequested::decode(bytes)?;
             EventBody::EvaluationRequested {
@@ -285,6 +282,128 @@ fn run_started(message: pb::RunStarted) -> Result<RunConfig, BodyError> {
     })
 }
 
+/// The prost path for `ModelCall`, kept as the oracle the wire reader is tested against.
+#[cfg(test)]
+pub(crate) fn model_call_prost(body: &bytes::Bytes) -> Result<ModelCallRecord, BodyError> {
+    model_call(pb::ModelCall::decode(body.clone())?)
+}
+
+/// A `ModelCall` body read field by field with [`Reader`] straight into the record: the token
+/// arrays are copied once, from the batch into the record's vectors (the hot path of every
+/// fold; see `wire.rs`). Accepts and refuses what [`model_call_prost`] does, with the same
+/// result.
+pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError> {
+    let mut reader = Reader::new(bytes, "model_call");
+    let mut record = ModelCallRecord {
+        execution: ExecutionId(0),
+        call: CallId(0),
+        agent: String::new(),
+        kind: gyre_event::CallKind::Turn,
+        parent_call: None,
+        reused_prefix_tokens_count: 0,
+        spawned_by: None,
+        input_ids: Vec::new(),
+        input_provenance: Vec::new(),
+        output_ids: Vec::new(),
+        output_logprobs: Vec::new(),
+        engine: EngineId(0),
+        policy_version: PolicyVersion(0),
+        requested_at: Timestamp(0),
+        first_token_after: Duration(0),
+        completed_after: Duration(0),
+    };
+    let (mut kind, mut agent, mut input_ids, mut output_ids, mut output_logprobs) =
+        (0i32, &[][..], &[][..], &[][..], &[][..]);
+    const PROVENANCE_FIELD: &str = "model_call.input_provenance.provenance";
+    let mut bad_provenance = None;
+    while !reader.is_empty() {
+        let (tag, wire_type) = reader.key()?;
+        use WireType::{LengthDelimited as Bytes, Varint};
+        let varint = |reader: &mut Reader| -> Result<u64, BodyError> {
+            reader.expect(wire_type, Varint)?;
+            reader.varint()
+        };
+        let delimited =
+            |reader: &mut Reader<'_>| -> Result<(), BodyError> { reader.expect(wire_type, Bytes) };
+        match tag {
+            1 => record.execution = ExecutionId(varint(&mut reader)?),
+            2 => record.call = CallId(varint(&mut reader)?),
+            3 => {
+                delimited(&mut reader)?;
+                agent = reader.delimited()?;
+                if std::str::from_utf8(agent).is_err() {
+                    return Err(reader.malformed("`agent` is not UTF-8"));
+                }
+            }
+            // Enum and 32-bit fields keep the low bits of the varint, as prost does.
+            4 => kind = varint(&mut reader)? as i32,
+            5 => record.parent_call = Some(CallId(varint(&mut reader)?)),
+            6 => record.reused_prefix_tokens_count = varint(&mut reader)?,
+            7 => record.spawned_by = Some(CallId(varint(&mut reader)?)),
+            8 => {
+                delimited(&mut reader)?;
+                input_ids = reader.delimited()?;
+            }
+            9 => {
+                delimited(&mut reader)?;
+                let span = reader.delimited()?;
+                let mut span = reader.nested(span, "model_call.input_provenance")?;
+                let (mut provenance, mut tokens_count) = (0i32, 0u32);
+                while !span.is_empty() {
+                    let (tag, wire_type) = span.key()?;
+                    match tag {
+                        1 | 2 => {
+                            span.expect(wire_type, Varint)?;
+                            let value = span.varint()?;
+                            if tag == 1 {
+                                provenance = value as i32;
+                            } else {
+                                tokens_count = value as u32;
+                            }
+                        }
+                        _ => span.skip(tag, wire_type)?,
+                    }
+                }
+                // An invalid value is reported after the whole body parsed, as prost would.
+                let provenance = provenance_from_proto(PROVENANCE_FIELD, provenance)
+                    .unwrap_or_else(|_| {
+                        bad_provenance.get_or_insert(provenance);
+                        gyre_event::Provenance::System
+                    });
+                record.input_provenance.push(ProvenanceSpan {
+                    provenance,
+                    tokens_count,
+                });
+            }
+            10 => {
+                delimited(&mut reader)?;
+                output_ids = reader.delimited()?;
+            }
+            11 => {
+                delimited(&mut reader)?;
+                output_logprobs = reader.delimited()?;
+            }
+            12 => record.engine = EngineId(varint(&mut reader)? as u32),
+            13 => record.policy_version = PolicyVersion(varint(&mut reader)?),
+            14 => record.requested_at = Timestamp(varint(&mut reader)?),
+            15 => record.first_token_after = Duration(varint(&mut reader)?),
+            16 => record.completed_after = Duration(varint(&mut reader)?),
+            _ => reader.skip(tag, wire_type)?,
+        }
+    }
+    if let Some(value) = bad_provenance {
+        provenance_from_proto(PROVENANCE_FIELD, value)?;
+    }
+    record.kind = call_kind_from_proto("model_call.kind", kind)?;
+    // UTF-8 was checked where the field was read.
+    record.agent = String::from_utf8_lossy(agent).into_owned();
+    record.input_ids = le_to_u32s("model_call.input_ids", input_ids)?;
+    record.output_ids = le_to_u32s("model_call.output_ids", output_ids)?;
+    record.output_logprobs = le_to_f32s("model_call.output_logprobs", output_logprobs)?;
+    Ok(record)
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
 fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
     let input_provenance = message
         .input_provenance
@@ -317,4 +436,173 @@ fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
         first_token_after: Duration(message.first_token_after_nanos),
         completed_after: Duration(message.completed_after_nanos),
     })
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::{model_call_prost, model_call_wire, pb, BodyError, ModelCallRecord};
+
+    /// The wire reader must agree with prost: the same record, or an error of the same kind
+    /// (prost's own decode errors become `Malformed`).
+    fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let old = model_call_prost(&bytes::Bytes::copy_from_slice(bytes));
+        let new = model_call_wire(bytes);
+        // Log-probs compared by their bits: NaN payloads must survive, and NaN != NaN.
+        let bits = |result: Result<ModelCallRecord, BodyError>| {
+            result.map(|mut record| {
+                let bits: Vec<u32> = record
+                    .output_logprobs
+                    .iter()
+                    .map(|lp| lp.to_bits())
+                    .collect();
+                record.output_logprobs.clear();
+                (record, bits)
+            })
+        };
+        match (old, new) {
+            (Err(BodyError::Protobuf(_)), Err(BodyError::Malformed { .. })) => {}
+            (old, new) => prop_assert_eq!(bits(old), bits(new)),
+        }
+        Ok(())
+    }
+
+    fn span() -> impl Strategy<Value = pb::ProvenanceSpan> {
+        (-1i32..9, any::<u32>()).prop_map(|(provenance, tokens_count)| pb::ProvenanceSpan {
+            provenance,
+            tokens_count,
+        })
+    }
+
+    fn message() -> impl Strategy<Value = pb::ModelCall> {
+        (
+            (any::<u64>(), any::<u64>(), "[a-z]{0,6}", -1i32..5),
+            (
+                proptest::option::of(any::<u64>()),
+                any::<u64>(),
+                proptest::option::of(any::<u64>()),
+            ),
+            (
+                proptest::collection::vec(any::<u8>(), 0..24),
+                proptest::collection::vec(span(), 0..3),
+                proptest::collection::vec(any::<u8>(), 0..24),
+                proptest::collection::vec(any::<u8>(), 0..24),
+            ),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (execution, call, agent, kind),
+                    (parent_call, reused, spawned_by),
+                    (input, provenance, output, logprobs),
+                    (engine, policy, requested, first, completed),
+                )| pb::ModelCall {
+                    execution,
+                    call,
+                    agent,
+                    kind,
+                    parent_call,
+                    reused_prefix_tokens_count: reused,
+                    spawned_by,
+                    input_ids: input.into(),
+                    input_provenance: provenance,
+                    output_ids: output.into(),
+                    output_logprobs: logprobs.into(),
+                    engine,
+                    policy_version: policy,
+                    requested_at_nanos: requested,
+                    first_token_after_nanos: first,
+                    completed_after_nanos: completed,
+                },
+            )
+    }
+
+    #[derive(Clone, Debug)]
+    enum Mutation {
+        Flip(usize, u8),
+        Truncate(usize),
+        Insert(usize, Vec<u8>),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
+            any::<usize>().prop_map(Mutation::Truncate),
+            (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8))
+                .prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_wire_reader_agrees_with_prost_on_arbitrary_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 0..96)
+        ) {
+            agree(&bytes)?;
+        }
+
+        #[test]
+        fn the_wire_reader_agrees_with_prost_on_encoded_and_mutated_records(
+            message in message(),
+            duplicate in any::<bool>(),
+            mutations in proptest::collection::vec(mutation(), 0..3),
+        ) {
+            let mut bytes = message.encode_to_vec();
+            if duplicate {
+                // Every field again: the last value of a scalar wins, spans accumulate.
+                bytes.extend(message.encode_to_vec());
+            }
+            agree(&bytes)?;
+            for change in mutations {
+                match change {
+                    Mutation::Flip(at, mask) if !bytes.is_empty() => {
+                        let at = at % bytes.len();
+                        bytes[at] ^= mask;
+                    }
+                    Mutation::Truncate(at) => bytes.truncate(at % (bytes.len() + 1)),
+                    Mutation::Insert(at, extra) => {
+                        let at = at % (bytes.len() + 1);
+                        bytes.splice(at..at, extra);
+                    }
+                    Mutation::Flip(..) => {}
+                }
+                agree(&bytes)?;
+            }
+        }
+    }
+
+    #[test]
+    fn deeply_nested_groups_are_refused_like_prost() {
+        // Field 20 as a start group, nested 150 deep, then closed.
+        let mut bytes = Vec::new();
+        for _ in 0..150 {
+            bytes.push(0xa3);
+            bytes.push(0x01);
+        }
+        for _ in 0..150 {
+            bytes.push(0xa4);
+            bytes.push(0x01);
+        }
+        agree(&bytes).unwrap();
+        assert!(model_call_wire(&bytes).is_err());
+        // 99 deep is accepted by both.
+        let mut bytes = Vec::new();
+        for _ in 0..99 {
+            bytes.extend([0xa3, 0x01]);
+        }
+        for _ in 0..99 {
+            bytes.extend([0xa4, 0x01]);
+        }
+        agree(&bytes).unwrap();
+    }
 }

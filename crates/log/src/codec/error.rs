@@ -46,6 +46,12 @@ pub enum CodecError {
 pub enum BodyError {
     #[error("body is truncated or not a valid protobuf message: {0}")]
     Protobuf(prost::DecodeError),
+    /// Like `Protobuf`, found by the codec's own wire reader (see `codec::wire`).
+    #[error("body is truncated or not a valid protobuf message: {message}: {detail}")]
+    Malformed {
+        message: &'static str,
+        detail: &'static str,
+    },
     #[error(
         "`{field}` holds {length} bytes, which is not a multiple of 4 \
          (it is an array of little-endian 4-byte values)"

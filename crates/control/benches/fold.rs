@@ -1,0 +1,105 @@
+//! `cargo bench -p gyre-control --bench fold [-- EVENTS_PER_WRITER]`: the state machine's
+//! per-event CPU, single-threaded, on the `gyre bench log` workload (256 writers, each extending
+//! its execution with ~256 B TITO records, interleaved in entries of 128 events):
+//!
+//! - validate: what the leader's control service does to an append (`validated_records`);
+//! - decode: an entry's payload to events (`decode_batch_shared`), dropped;
+//! - decode + fold: decode and `ControlProjection::apply_events`, as every replica applies an
+//!   entry and as `gyre replay` does; printed as events/s beside the replay goal (≥ 1M);
+//! - drop: freeing the folded state.
+//!
+//! Three rounds; the machine is noisy, read the best or the median.
+use std::time::Instant;
+
+use gyre_event::{
+    CallId, CallKind, EngineId, Event, EventBody, ExecutionId, ModelCallRecord, PolicyVersion,
+    Provenance, ProvenanceSpan, Timestamp,
+};
+use gyre_log::raft::Projection;
+
+fn record(execution: u64, call: u64) -> Event {
+    let (input, output) = (16usize, 12usize);
+    Event::new(
+        Timestamp::ZERO,
+        EventBody::ModelCall(Box::new(ModelCallRecord {
+            execution: ExecutionId(execution),
+            call: CallId(call),
+            agent: "main".to_string(),
+            kind: CallKind::Turn,
+            parent_call: call.checked_sub(1).map(CallId),
+            reused_prefix_tokens_count: call * 28,
+            spawned_by: None,
+            input_ids: (0..input as u32).map(|i| 1000 + i).collect(),
+            input_provenance: vec![ProvenanceSpan {
+                provenance: Provenance::ToolResult,
+                tokens_count: input as u32,
+            }],
+            output_ids: (0..output as u32).map(|i| 2000 + i).collect(),
+            output_logprobs: (0..output).map(|i| -0.25 - i as f32 * 0.01).collect(),
+            engine: EngineId(0),
+            policy_version: PolicyVersion(0),
+            requested_at: Timestamp::ZERO,
+            first_token_after: gyre_event::Duration(0),
+            completed_after: gyre_event::Duration(0),
+        })),
+    )
+}
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let writers: u64 = 256;
+    // `cargo bench` passes `--bench`; the first numeric argument, if any, is the count.
+    let per_writer: u64 = std::env::args()
+        .skip(1)
+        .find_map(|argument| argument.parse().ok())
+        .unwrap_or(1500);
+    let batch_events = 128usize;
+    let mut events = Vec::new();
+    for seq in 0..per_writer {
+        for w in 0..writers {
+            let execution = (w << 32) | (seq / 512);
+            events.push(record(execution, seq % 512));
+        }
+    }
+    let batches: Vec<bytes::Bytes> = events
+        .chunks(batch_events)
+        .map(|chunk| bytes::Bytes::from(gyre_log::encode_batch(chunk)))
+        .collect();
+    let total = events.len() as f64;
+    drop(events);
+    for round in 0..3 {
+        let started = Instant::now();
+        for batch in &batches {
+            let records = gyre_log::validated_records(batch).unwrap();
+            std::hint::black_box(records);
+        }
+        let validate = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        for batch in &batches {
+            let events = gyre_log::decode_batch_shared(batch).unwrap();
+            std::hint::black_box(events);
+        }
+        let decode = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let mut projection = gyre_control::ControlProjection::new();
+        for (index, batch) in batches.iter().enumerate() {
+            let events = gyre_log::decode_batch_shared(batch).unwrap();
+            let outcome = projection.apply_events(index as u64 + 1, batch, events);
+            assert!(outcome.is_ok(), "the projection refused a benchmark event");
+        }
+        let fold = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        drop(projection);
+        let dropped = started.elapsed().as_secs_f64();
+        println!(
+            "round {round}: validate {:.0} ns/ev, decode {:.0} ns/ev, decode+fold {:.0} ns/ev ({:.2} M ev/s), drop {:.0} ns/ev",
+            validate / total * 1e9,
+            decode / total * 1e9,
+            fold / total * 1e9,
+            total / fold / 1e6,
+            dropped / total * 1e9
+        );
+    }
+}
