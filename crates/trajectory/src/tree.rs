@@ -141,15 +141,54 @@ pub struct PathPiece {
     pub cut: u64,
 }
 
+/// Call id → node. The proxy numbers an execution's calls 0, 1, 2, … as they arrive, so they
+/// mostly commit in that order: those sit in a vector indexed by call id (the fold's hot path:
+/// no search, no allocation per call), any other in a map, moved to the vector once the calls
+/// before it have arrived.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct CallIndex {
+    /// `dense[c]` is the node of call `c`, for every call below `dense.len()`.
+    dense: Vec<NodeId>,
+    /// Calls above `dense.len()`.
+    sparse: BTreeMap<CallId, NodeId>,
+}
+
+impl CallIndex {
+    fn get(&self, call: CallId) -> Option<NodeId> {
+        usize::try_from(call.get())
+            .ok()
+            .and_then(|at| self.dense.get(at))
+            .copied()
+            .or_else(|| self.sparse.get(&call).copied())
+    }
+
+    /// Records a call the caller has checked is absent.
+    fn insert(&mut self, call: CallId, id: NodeId) {
+        if call.get() != self.dense.len() as u64 {
+            self.sparse.insert(call, id);
+            return;
+        }
+        self.dense.push(id);
+        while !self.sparse.is_empty() {
+            match self.sparse.remove(&CallId(self.dense.len() as u64)) {
+                Some(next) => self.dense.push(next),
+                None => break,
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.dense.len() + self.sparse.len()
+    }
+}
+
 /// The trajectory tree of one execution.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tree {
     execution: ExecutionId,
     config: TreeConfig,
     nodes: Vec<Node>,
-    by_call: BTreeMap<CallId, NodeId>,
-    /// The highest key of `by_call`.
-    max_call: Option<CallId>,
+    by_call: CallIndex,
     /// Canonical children by (parent, offset in the parent's segment, first token); roots under
     /// `None` at offset 0. A child is canonical when its first token differs from the parent's
     /// own token at that offset, which the matcher guarantees for everything it attaches.
@@ -172,8 +211,7 @@ impl Tree {
             execution,
             config,
             nodes: Vec::new(),
-            by_call: BTreeMap::new(),
-            max_call: None,
+            by_call: CallIndex::default(),
             child_index: BTreeMap::new(),
             shadow_children: BTreeMap::new(),
             leaf_count: 0,
@@ -201,14 +239,12 @@ impl Tree {
         // A turn's parent is most often the node attached just before it.
         match self.nodes.last() {
             Some(last) if last.call == call => Some(NodeId(self.nodes.len() as u32 - 1)),
-            _ => self.by_call.get(&call).copied(),
+            _ => self.by_call.get(call),
         }
     }
 
-    /// Whether `call` is recorded; calls mostly arrive in increasing order, so one above the
-    /// highest recorded needs no search.
     fn has_call(&self, call: CallId) -> bool {
-        self.max_call.is_some_and(|max| call <= max) && self.by_call.contains_key(&call)
+        self.by_call.get(call).is_some()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -400,7 +436,6 @@ impl Tree {
             }
         };
         self.by_call.insert(parts.call, id);
-        self.max_call = self.max_call.max(Some(parts.call));
         self.leaf_count += 1;
         self.tokens_count += (parts.input_ids.len() + parts.output_ids.len()) as u64;
         self.nodes.push(Node {
@@ -542,8 +577,8 @@ impl Tree {
         for (index, node) in self.nodes.iter().enumerate() {
             let id = NodeId(index as u32);
             assert_eq!(
-                self.by_call.get(&node.call),
-                Some(&id),
+                self.by_call.get(node.call),
+                Some(id),
                 "call index points at node"
             );
             assert_eq!(
@@ -588,6 +623,45 @@ impl Tree {
                     );
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod call_index_tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::{CallIndex, NodeId};
+    use gyre_event::CallId;
+
+    proptest! {
+        /// The index answers like a plain map whatever order calls arrive in (in order, shuffled,
+        /// with gaps, huge ids).
+        #[test]
+        fn the_call_index_is_a_map(
+            calls in proptest::collection::vec(
+                prop_oneof![4 => 0u64..40, 1 => any::<u64>()], 0..60),
+        ) {
+            let mut index = CallIndex::default();
+            let mut model = BTreeMap::new();
+            for (position, call) in calls.into_iter().enumerate() {
+                let call = CallId(call);
+                if model.contains_key(&call) {
+                    prop_assert!(index.get(call).is_some());
+                    continue;
+                }
+                prop_assert_eq!(index.get(call), None);
+                let id = NodeId(position as u32);
+                index.insert(call, id);
+                model.insert(call, id);
+                prop_assert_eq!(index.len(), model.len());
+                for (call, id) in &model {
+                    prop_assert_eq!(index.get(*call), Some(*id));
+                }
+            }
+            prop_assert!(index.sparse.keys().all(|call| call.get() > index.dense.len() as u64));
         }
     }
 }
