@@ -9,41 +9,10 @@
 //! - drop: freeing the folded state.
 //!
 //! Three rounds; the machine is noisy, read the best or the median.
+
 use std::time::Instant;
 
-use gyre_event::{
-    CallId, CallKind, EngineId, Event, EventBody, ExecutionId, ModelCallRecord, PolicyVersion,
-    Provenance, ProvenanceSpan, Timestamp,
-};
 use gyre_log::raft::Projection;
-
-fn record(execution: u64, call: u64) -> Event {
-    let (input, output) = (16usize, 12usize);
-    Event::new(
-        Timestamp::ZERO,
-        EventBody::ModelCall(Box::new(ModelCallRecord {
-            execution: ExecutionId(execution),
-            call: CallId(call),
-            agent: "main".to_string(),
-            kind: CallKind::Turn,
-            parent_call: call.checked_sub(1).map(CallId),
-            reused_prefix_tokens_count: call * 28,
-            spawned_by: None,
-            input_ids: (0..input as u32).map(|i| 1000 + i).collect(),
-            input_provenance: vec![ProvenanceSpan {
-                provenance: Provenance::ToolResult,
-                tokens_count: input as u32,
-            }],
-            output_ids: (0..output as u32).map(|i| 2000 + i).collect(),
-            output_logprobs: (0..output).map(|i| -0.25 - i as f32 * 0.01).collect(),
-            engine: EngineId(0),
-            policy_version: PolicyVersion(0),
-            requested_at: Timestamp::ZERO,
-            first_token_after: gyre_event::Duration(0),
-            completed_after: gyre_event::Duration(0),
-        })),
-    )
-}
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -59,8 +28,7 @@ fn main() {
     let mut events = Vec::new();
     for seq in 0..per_writer {
         for w in 0..writers {
-            let execution = (w << 32) | (seq / 512);
-            events.push(record(execution, seq % 512));
+            events.push(gyre_control::workload::small_event(w, seq));
         }
     }
     let batches: Vec<bytes::Bytes> = events

@@ -31,6 +31,7 @@ mod projection;
 mod proposer;
 mod raft_service;
 mod status;
+pub mod workload;
 
 pub use client::{ClusterClient, Sequence};
 pub use controller::ControllerOptions;

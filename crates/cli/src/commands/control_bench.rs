@@ -22,10 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use gyre_control::{ClusterClient, ControlNode, NodeOptions, Producer, ProducerOptions};
-use gyre_event::{
-    CallId, CallKind, EngineId, Event, EventBody, ExecutionId, ModelCallRecord, PolicyVersion,
-    Provenance, ProvenanceSpan, Timestamp,
-};
+use gyre_event::{Event, EventBody, Timestamp};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -112,71 +109,6 @@ impl Cluster {
     }
 }
 
-/// Calls per execution before a writer starts a new one (a long execution has ~600).
-const CALLS_PER_EXECUTION: u64 = 512;
-const SMALL_INPUT_TOKENS: usize = 16;
-const SMALL_OUTPUT_TOKENS: usize = 12;
-
-fn record(
-    execution: u64,
-    call: u64,
-    parent_call: Option<u64>,
-    reused: u64,
-    input: usize,
-    output: usize,
-) -> Event {
-    Event::new(
-        Timestamp::ZERO,
-        EventBody::ModelCall(Box::new(ModelCallRecord {
-            execution: ExecutionId(execution),
-            call: CallId(call),
-            agent: "main".to_string(),
-            kind: CallKind::Turn,
-            parent_call: parent_call.map(CallId),
-            reused_prefix_tokens_count: reused,
-            spawned_by: None,
-            input_ids: (0..input as u32).map(|i| 1000 + i).collect(),
-            input_provenance: vec![ProvenanceSpan {
-                provenance: Provenance::ToolResult,
-                tokens_count: input as u32,
-            }],
-            output_ids: (0..output as u32).map(|i| 2000 + i).collect(),
-            output_logprobs: (0..output).map(|i| -0.25 - i as f32 * 0.01).collect(),
-            engine: EngineId(0),
-            policy_version: PolicyVersion(0),
-            requested_at: Timestamp::ZERO,
-            first_token_after: gyre_event::Duration(0),
-            completed_after: gyre_event::Duration(0),
-        })),
-    )
-}
-
-/// A small control event (~256 B encoded): writer `writer`'s `sequence`-th TITO record, one
-/// agent turn extending the previous turn of the same execution (16 new input tokens, 12
-/// sampled tokens with log-probs), so the projection folds it into a real tree.
-fn small_event(writer: u64, sequence: u64) -> Event {
-    let call = sequence % CALLS_PER_EXECUTION;
-    let execution = (writer << 32) | (sequence / CALLS_PER_EXECUTION);
-    let per_call = (SMALL_INPUT_TOKENS + SMALL_OUTPUT_TOKENS) as u64;
-    record(
-        execution,
-        call,
-        call.checked_sub(1),
-        call * per_call,
-        SMALL_INPUT_TOKENS,
-        SMALL_OUTPUT_TOKENS,
-    )
-}
-
-/// A token record of about `bytes` encoded bytes: a new root (a fresh context) of writer
-/// `writer`'s execution, call `call`.
-fn token_event(bytes: usize, writer: u64, call: u64) -> Event {
-    // Varint ids of ~2 bytes and 4-byte log-probs: input 2 B/token, output 6 B/token.
-    let output = bytes / 16;
-    let input = (bytes - output * 6) / 2;
-    record(1 << 40 | writer, call, None, 0, input, output)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -234,7 +166,7 @@ async fn writers_run(
                 let event = if ticks {
                     Event::new(Timestamp::ZERO, EventBody::Tick)
                 } else {
-                    small_event(writer, sequence)
+                    gyre_control::workload::small_event(writer, sequence)
                 };
                 let (_, refused) = if shared {
                     producer.append(vec![event]).await?
@@ -280,7 +212,7 @@ async fn tokens_run(
             let mut sent = 0usize;
             let mut call = 0;
             while Instant::now() < deadline {
-                let event = token_event(bytes, writer, call);
+                let event = gyre_control::workload::token_event(bytes, writer, call);
                 let encoded = gyre_log::encode_batch(std::slice::from_ref(&event));
                 let size = encoded.len();
                 let (_, refused) = client.append_encoded(encoded).await?;
@@ -578,7 +510,10 @@ async fn soak_writer(
     while Instant::now() < deadline {
         let started = Instant::now();
         loop {
-            match producer.append(vec![small_event(writer, sequence)]).await {
+            match producer
+                .append(vec![gyre_control::workload::small_event(writer, sequence)])
+                .await
+            {
                 Ok((_, refused)) => match refused.first().map(String::as_str) {
                     None | Some("") => break,
                     Some(reason) if retries > 0 && reason.contains("was already recorded") => break,
@@ -724,7 +659,7 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
                     let Event {
                         body: EventBody::ModelCall(record),
                         ..
-                    } = small_event(writer as u64, sequence)
+                    } = gyre_control::workload::small_event(writer as u64, sequence)
                     else {
                         continue;
                     };

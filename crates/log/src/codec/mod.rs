@@ -93,21 +93,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
     // The codec's wire reader reads the envelope and the hot bodies as slices of `bytes`; only
     // a batch it refuses goes through prost, which then names the problem.
     let Some(envelope) = wire_envelope(bytes) else {
-        let batch = envelope_from(bytes, bytes)?;
-        return batch
-            .records
-            .into_iter()
-            .enumerate()
-            .map(|(position, record)| {
-                decode_record(
-                    position,
-                    record.kind,
-                    record.schema_version,
-                    record.at_nanos,
-                    &record.body,
-                )
-            })
-            .collect();
+        return decode_batch_prost(bytes);
     };
     check_envelope(envelope.magic, envelope.format_version)?;
     envelope
@@ -121,6 +107,26 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
                 record.schema_version,
                 record.at_nanos,
                 record.body,
+            )
+        })
+        .collect()
+}
+
+/// The whole batch through prost: the path for what the wire reader refuses (prost names the
+/// problem), and the oracle its property tests compare against.
+fn decode_batch_prost(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
+    let batch = envelope_from(bytes, bytes)?;
+    batch
+        .records
+        .into_iter()
+        .enumerate()
+        .map(|(position, record)| {
+            decode_record(
+                position,
+                record.kind,
+                record.schema_version,
+                record.at_nanos,
+                &record.body,
             )
         })
         .collect()
@@ -289,26 +295,7 @@ mod wire_envelope_tests {
     use proptest::prelude::*;
     use prost::Message;
 
-    use super::{decode_record, envelope_from, pb, CodecError, Event};
-
-    /// The prost path [`super::decode_batch`] falls back to, used whole as the oracle.
-    fn decode_batch_prost(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
-        let batch = envelope_from(bytes, bytes)?;
-        batch
-            .records
-            .into_iter()
-            .enumerate()
-            .map(|(position, record)| {
-                decode_record(
-                    position,
-                    record.kind,
-                    record.schema_version,
-                    record.at_nanos,
-                    &record.body,
-                )
-            })
-            .collect()
-    }
+    use super::{decode_batch_prost, pb, Event};
 
     fn agree(bytes: &[u8]) -> Result<(), TestCaseError> {
         let old = decode_batch_prost(bytes);
