@@ -10,6 +10,9 @@
 //!   one event per request, the worst case;
 //! - MB/s of `ModelCall` token records of 64 KiB and 1 MiB (encoded bytes committed per second,
 //!   8 writers, each record a new root so the projection folds it);
+//! - for each writer phase, the process's CPU time per committed event and the cores it kept
+//!   busy (three nodes and the writers share this process): CPU per event is steadier than
+//!   events/s on a shared host, and cores busy shows how far a phase is from CPU-bound;
 //! - every benchmark event must be folded: a refusal fails the benchmark;
 //! - replay: decode + `ControlState` fold of the committed log, events/s;
 //! - restart-to-serving: stop all nodes after a snapshot, restart them, time until a leader
@@ -134,7 +137,29 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// (events/s, p50, p99) with `writers` concurrent writers for `seconds`. With `shared`, the
+/// CPU time this process has used so far (all threads: the three nodes and the writers).
+fn process_cpu_seconds() -> f64 {
+    let spent = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    spent.tv_sec as f64 + spent.tv_nsec as f64 * 1e-9
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// What one writer phase measured.
+struct WritersFigures {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    /// CPU of the whole process (three nodes and the writers) per committed event, in µs: steadier
+    /// than events/s on this shared host, so A/B comparisons can use it too.
+    cpu_us_per_event: f64,
+    /// The process's CPU time over wall time: how far from CPU-bound the phase ran.
+    cores_busy: f64,
+}
+
+/// The figures of `writers` concurrent writers for `seconds`. With `shared`, the
 /// writers are tasks of one process sharing a [`Producer`] (one connection; how the proxy and
 /// cell workers write); without, each writer has its own connection and sends one event per
 /// request. With `ticks`, each event is a `Tick` (~16 B encoded, nothing to fold) instead of a record:
@@ -146,7 +171,8 @@ async fn writers_run(
     shared: bool,
     ticks: bool,
     epoch: u64,
-) -> anyhow::Result<(f64, Duration, Duration)> {
+) -> anyhow::Result<WritersFigures> {
+    let cpu_before = process_cpu_seconds();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let producer = Producer::new(
         ClusterClient::new(&cluster.addresses)?,
@@ -188,12 +214,15 @@ async fn writers_run(
         all.extend(task.await??);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_before;
     all.sort();
-    Ok((
-        all.len() as f64 / elapsed,
-        percentile(&all, 0.5),
-        percentile(&all, 0.99),
-    ))
+    Ok(WritersFigures {
+        rate: all.len() as f64 / elapsed,
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        cpu_us_per_event: cpu * 1e6 / (all.len().max(1) as f64),
+        cores_busy: cpu / elapsed.max(1e-9),
+    })
 }
 
 async fn tokens_run(
@@ -314,22 +343,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         for writers in args.writers.iter().copied().filter(|_| part("writers")) {
             epoch += 1;
             eprintln!("  {writers} writers");
-            let (rate, p50, p99) =
-                writers_run(&cluster, writers, args.seconds, true, false, epoch).await?;
+            let figures = writers_run(&cluster, writers, args.seconds, true, false, epoch).await?;
             record(
                 &format!("{writers} writers: committed events/s"),
-                rate,
+                figures.rate,
                 if writers == 256 { "≥ 100000" } else { "" },
             );
             record(
                 &format!("{writers} writers: p50 commit ms"),
-                p50.as_secs_f64() * 1e3,
+                figures.p50.as_secs_f64() * 1e3,
                 "",
             );
             record(
                 &format!("{writers} writers: p99 commit ms"),
-                p99.as_secs_f64() * 1e3,
+                figures.p99.as_secs_f64() * 1e3,
                 if writers == 256 { "≤ 10" } else { "" },
+            );
+            record(
+                &format!("{writers} writers: CPU µs per event (process)"),
+                figures.cpu_us_per_event,
+                "",
+            );
+            record(
+                &format!("{writers} writers: cores busy (of {})", cores()),
+                figures.cores_busy,
+                "",
             );
         }
         // 256 writers with their own connections (one event per request), then 256 sharing a
@@ -355,17 +393,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             eprintln!("  {title}");
             epoch += 1;
-            let (rate, p50, p99) =
-                writers_run(&cluster, 256, args.seconds, shared, ticks, epoch).await?;
-            record(&format!("{title}: events/s"), rate, "");
+            let figures = writers_run(&cluster, 256, args.seconds, shared, ticks, epoch).await?;
+            record(&format!("{title}: events/s"), figures.rate, "");
             record(
                 &format!("  … {short}p50 commit ms"),
-                p50.as_secs_f64() * 1e3,
+                figures.p50.as_secs_f64() * 1e3,
                 "",
             );
             record(
                 &format!("  … {short}p99 commit ms"),
-                p99.as_secs_f64() * 1e3,
+                figures.p99.as_secs_f64() * 1e3,
+                "",
+            );
+            record(
+                &format!("  … {short}CPU µs per event (process)"),
+                figures.cpu_us_per_event,
                 "",
             );
         }
