@@ -96,8 +96,25 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
         return decode_batch_prost(bytes);
     };
     check_envelope(envelope.magic, envelope.format_version)?;
-    envelope
-        .records
+    decode_records(envelope.records)
+}
+
+/// The whole batch through prost: the path for what the wire reader refuses (prost names the
+/// problem), and the oracle its property tests compare against.
+fn decode_batch_prost(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
+    let batch = envelope_from(bytes, bytes)?;
+    decode_records(batch.records.iter().map(|record| RecordParts {
+        kind: record.kind,
+        schema_version: record.schema_version,
+        at_nanos: record.at_nanos,
+        body: &record.body,
+    }))
+}
+
+fn decode_records<'a>(
+    records: impl IntoIterator<Item = RecordParts<'a>>,
+) -> Result<Vec<Event>, CodecError> {
+    records
         .into_iter()
         .enumerate()
         .map(|(position, record)| {
@@ -107,26 +124,6 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
                 record.schema_version,
                 record.at_nanos,
                 record.body,
-            )
-        })
-        .collect()
-}
-
-/// The whole batch through prost: the path for what the wire reader refuses (prost names the
-/// problem), and the oracle its property tests compare against.
-fn decode_batch_prost(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
-    let batch = envelope_from(bytes, bytes)?;
-    batch
-        .records
-        .into_iter()
-        .enumerate()
-        .map(|(position, record)| {
-            decode_record(
-                position,
-                record.kind,
-                record.schema_version,
-                record.at_nanos,
-                &record.body,
             )
         })
         .collect()
