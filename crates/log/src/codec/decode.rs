@@ -14,7 +14,7 @@ use super::enums::{
     role_from_proto,
 };
 use super::tokens::{le_to_f32s, le_to_u32s};
-use super::wire::{Reader, WireType};
+use super::wire::Reader;
 use super::BodyError;
 
 /// Decodes a body written at the current schema version of `kind`.
@@ -318,49 +318,30 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
     let mut bad_provenance = None;
     while !reader.is_empty() {
         let (tag, wire_type) = reader.key()?;
-        use WireType::{LengthDelimited as Bytes, Varint};
-        let varint = |reader: &mut Reader| -> Result<u64, BodyError> {
-            reader.expect(wire_type, Varint)?;
-            reader.varint()
-        };
-        let delimited =
-            |reader: &mut Reader<'_>| -> Result<(), BodyError> { reader.expect(wire_type, Bytes) };
         match tag {
-            1 => record.execution = ExecutionId(varint(&mut reader)?),
-            2 => record.call = CallId(varint(&mut reader)?),
+            1 => record.execution = ExecutionId(reader.varint_field(wire_type)?),
+            2 => record.call = CallId(reader.varint_field(wire_type)?),
             3 => {
-                delimited(&mut reader)?;
-                agent = reader.delimited()?;
+                agent = reader.bytes_field(wire_type)?;
                 if std::str::from_utf8(agent).is_err() {
                     return Err(reader.malformed("`agent` is not UTF-8"));
                 }
             }
             // Enum and 32-bit fields keep the low bits of the varint, as prost does.
-            4 => kind = varint(&mut reader)? as i32,
-            5 => record.parent_call = Some(CallId(varint(&mut reader)?)),
-            6 => record.reused_prefix_tokens_count = varint(&mut reader)?,
-            7 => record.spawned_by = Some(CallId(varint(&mut reader)?)),
-            8 => {
-                delimited(&mut reader)?;
-                input_ids = reader.delimited()?;
-            }
+            4 => kind = reader.varint_field(wire_type)? as i32,
+            5 => record.parent_call = Some(CallId(reader.varint_field(wire_type)?)),
+            6 => record.reused_prefix_tokens_count = reader.varint_field(wire_type)?,
+            7 => record.spawned_by = Some(CallId(reader.varint_field(wire_type)?)),
+            8 => input_ids = reader.bytes_field(wire_type)?,
             9 => {
-                delimited(&mut reader)?;
-                let span = reader.delimited()?;
+                let span = reader.bytes_field(wire_type)?;
                 let mut span = reader.nested(span, "model_call.input_provenance")?;
                 let (mut provenance, mut tokens_count) = (0i32, 0u32);
                 while !span.is_empty() {
                     let (tag, wire_type) = span.key()?;
                     match tag {
-                        1 | 2 => {
-                            span.expect(wire_type, Varint)?;
-                            let value = span.varint()?;
-                            if tag == 1 {
-                                provenance = value as i32;
-                            } else {
-                                tokens_count = value as u32;
-                            }
-                        }
+                        1 => provenance = span.varint_field(wire_type)? as i32,
+                        2 => tokens_count = span.varint_field(wire_type)? as u32,
                         _ => span.skip(tag, wire_type)?,
                     }
                 }
@@ -375,19 +356,13 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
                     tokens_count,
                 });
             }
-            10 => {
-                delimited(&mut reader)?;
-                output_ids = reader.delimited()?;
-            }
-            11 => {
-                delimited(&mut reader)?;
-                output_logprobs = reader.delimited()?;
-            }
-            12 => record.engine = EngineId(varint(&mut reader)? as u32),
-            13 => record.policy_version = PolicyVersion(varint(&mut reader)?),
-            14 => record.requested_at = Timestamp(varint(&mut reader)?),
-            15 => record.first_token_after = Duration(varint(&mut reader)?),
-            16 => record.completed_after = Duration(varint(&mut reader)?),
+            10 => output_ids = reader.bytes_field(wire_type)?,
+            11 => output_logprobs = reader.bytes_field(wire_type)?,
+            12 => record.engine = EngineId(reader.varint_field(wire_type)? as u32),
+            13 => record.policy_version = PolicyVersion(reader.varint_field(wire_type)?),
+            14 => record.requested_at = Timestamp(reader.varint_field(wire_type)?),
+            15 => record.first_token_after = Duration(reader.varint_field(wire_type)?),
+            16 => record.completed_after = Duration(reader.varint_field(wire_type)?),
             _ => reader.skip(tag, wire_type)?,
         }
     }

@@ -61,13 +61,7 @@ pub fn validated_records(bytes: &bytes::Bytes) -> Result<Vec<pb::EventRecord>, C
         .map(|(position, record)| {
             let current = kind_from_number(record.kind)
                 .is_some_and(|kind| record.schema_version == current_schema_version(kind));
-            let event = decode_record(
-                position,
-                record.kind,
-                record.schema_version,
-                record.at_nanos,
-                &record.body,
-            )?;
+            let event = decode_record(position, RecordParts::of(&record))?;
             Ok(if current {
                 record
             } else {
@@ -103,12 +97,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
 /// problem), and the oracle its property tests compare against.
 fn decode_batch_prost(bytes: &[u8]) -> Result<Vec<Event>, CodecError> {
     let batch = envelope_from(bytes, bytes)?;
-    decode_records(batch.records.iter().map(|record| RecordParts {
-        kind: record.kind,
-        schema_version: record.schema_version,
-        at_nanos: record.at_nanos,
-        body: &record.body,
-    }))
+    decode_records(batch.records.iter().map(RecordParts::of))
 }
 
 fn decode_records<'a>(
@@ -117,15 +106,7 @@ fn decode_records<'a>(
     records
         .into_iter()
         .enumerate()
-        .map(|(position, record)| {
-            decode_record(
-                position,
-                record.kind,
-                record.schema_version,
-                record.at_nanos,
-                record.body,
-            )
-        })
+        .map(|(position, record)| decode_record(position, record))
         .collect()
 }
 
@@ -134,12 +115,23 @@ pub fn decode_batch_shared(bytes: &bytes::Bytes) -> Result<Vec<Event>, CodecErro
     decode_batch(bytes)
 }
 
-/// An `EventRecord` read by the wire reader: the body is a slice of the batch.
+/// An `EventRecord` as slices: read by the wire reader, or borrowed from a prost record.
 struct RecordParts<'a> {
     kind: u32,
     schema_version: u32,
     at_nanos: u64,
     body: &'a [u8],
+}
+
+impl<'a> RecordParts<'a> {
+    fn of(record: &'a pb::EventRecord) -> Self {
+        RecordParts {
+            kind: record.kind,
+            schema_version: record.schema_version,
+            at_nanos: record.at_nanos,
+            body: &record.body,
+        }
+    }
 }
 
 struct EnvelopeParts<'a> {
@@ -148,12 +140,10 @@ struct EnvelopeParts<'a> {
     records: Vec<RecordParts<'a>>,
 }
 
-/// The envelope and its records as slices, or `None` for anything prost would refuse (and for
-/// the rare valid encodings this reader leaves to prost: a fixed-width or varint field sent
-/// with another wire type is refused by both, so `None` then only means "ask prost why").
+/// The envelope and its records as slices, or `None` for anything the reader does not accept
+/// (the caller then hands the batch to prost, which names what is wrong).
 fn wire_envelope(bytes: &[u8]) -> Option<EnvelopeParts<'_>> {
-    use wire::{Reader, WireType};
-    let mut reader = Reader::new(bytes, "event_batch");
+    let mut reader = wire::Reader::new(bytes, "event_batch");
     let mut envelope = EnvelopeParts {
         magic: 0,
         format_version: 0,
@@ -161,11 +151,11 @@ fn wire_envelope(bytes: &[u8]) -> Option<EnvelopeParts<'_>> {
     };
     while !reader.is_empty() {
         let (tag, wire_type) = reader.key().ok()?;
-        match (tag, wire_type) {
-            (1, WireType::ThirtyTwoBit) => envelope.magic = reader.fixed32().ok()?,
-            (2, WireType::Varint) => envelope.format_version = reader.varint().ok()? as u32,
-            (3, WireType::LengthDelimited) => {
-                let record = reader.delimited().ok()?;
+        match tag {
+            1 => envelope.magic = reader.fixed32_field(wire_type).ok()?,
+            2 => envelope.format_version = reader.varint_field(wire_type).ok()? as u32,
+            3 => {
+                let record = reader.bytes_field(wire_type).ok()?;
                 let mut record = reader.nested(record, "event_record").ok()?;
                 let mut parts = RecordParts {
                     kind: 0,
@@ -175,20 +165,16 @@ fn wire_envelope(bytes: &[u8]) -> Option<EnvelopeParts<'_>> {
                 };
                 while !record.is_empty() {
                     let (tag, wire_type) = record.key().ok()?;
-                    match (tag, wire_type) {
-                        (1, WireType::Varint) => parts.kind = record.varint().ok()? as u32,
-                        (2, WireType::Varint) => {
-                            parts.schema_version = record.varint().ok()? as u32
-                        }
-                        (3, WireType::Varint) => parts.at_nanos = record.varint().ok()?,
-                        (4, WireType::LengthDelimited) => parts.body = record.delimited().ok()?,
-                        (1..=4, _) => return None,
+                    match tag {
+                        1 => parts.kind = record.varint_field(wire_type).ok()? as u32,
+                        2 => parts.schema_version = record.varint_field(wire_type).ok()? as u32,
+                        3 => parts.at_nanos = record.varint_field(wire_type).ok()?,
+                        4 => parts.body = record.bytes_field(wire_type).ok()?,
                         _ => record.skip(tag, wire_type).ok()?,
                     }
                 }
                 envelope.records.push(parts);
             }
-            (1..=3, _) => return None,
             _ => reader.skip(tag, wire_type).ok()?,
         }
     }
@@ -245,13 +231,13 @@ fn leading_magic(bytes: &[u8]) -> Option<u32> {
     }
 }
 
-fn decode_record(
-    position: usize,
-    kind_number: u32,
-    found: u32,
-    at_nanos: u64,
-    body: &[u8],
-) -> Result<Event, CodecError> {
+fn decode_record(position: usize, record: RecordParts<'_>) -> Result<Event, CodecError> {
+    let RecordParts {
+        kind: kind_number,
+        schema_version: found,
+        at_nanos,
+        body,
+    } = record;
     let kind = kind_from_number(kind_number).ok_or(CodecError::UnknownKind {
         position,
         kind: kind_number,

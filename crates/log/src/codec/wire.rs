@@ -81,7 +81,9 @@ impl<'a> Reader<'a> {
         Err(self.malformed("invalid varint"))
     }
 
-    pub(crate) fn fixed32(&mut self) -> Result<u32, BodyError> {
+    /// A known fixed32 field's value, after checking the wire type its key came with.
+    pub(crate) fn fixed32_field(&mut self, wire_type: WireType) -> Result<u32, BodyError> {
+        self.expect(wire_type, WireType::ThirtyTwoBit)?;
         let bytes = self.take(4)?;
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
@@ -129,6 +131,18 @@ impl<'a> Reader<'a> {
         } else {
             Err(self.malformed("invalid wire type for the field"))
         }
+    }
+
+    /// A known varint field's value, after checking the wire type its key came with.
+    pub(crate) fn varint_field(&mut self, wire_type: WireType) -> Result<u64, BodyError> {
+        self.expect(wire_type, WireType::Varint)?;
+        self.varint()
+    }
+
+    /// A known length-delimited field's bytes, after checking the wire type its key came with.
+    pub(crate) fn bytes_field(&mut self, wire_type: WireType) -> Result<&'a [u8], BodyError> {
+        self.expect(wire_type, WireType::LengthDelimited)?;
+        self.delimited()
     }
 
     /// Skips an unknown field whose key has just been read.
