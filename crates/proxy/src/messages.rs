@@ -168,6 +168,53 @@ impl Message {
         }
         Value::Object(view)
     }
+
+    /// [`Message::template_view`] built straight as the template engine's value: the same
+    /// keys in the same order, without a `serde_json` tree in between (a 128K-token
+    /// conversation took ~180 µs to go through one, more than half the render).
+    pub fn template_value(&self, arguments_form: ToolArgumentsForm) -> minijinja::Value {
+        use minijinja::Value as Jinja;
+        let mut view: Vec<(&'static str, Jinja)> = Vec::with_capacity(6);
+        view.push(("role", Jinja::from(self.role.as_str())));
+        view.push(("content", Jinja::from(self.content.as_str())));
+        if let Some(reasoning) = self.reasoning_content() {
+            view.push(("reasoning_content", Jinja::from(reasoning)));
+        }
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Jinja> = self
+                .tool_calls
+                .iter()
+                .map(|call| {
+                    let arguments = match arguments_form {
+                        ToolArgumentsForm::RawText => Jinja::from(call.arguments.as_str()),
+                        ToolArgumentsForm::Object => {
+                            match serde_json::from_str::<Value>(&call.arguments) {
+                                Ok(parsed) => Jinja::from(minijinja::value::Serde(&parsed)),
+                                Err(_) => Jinja::from(call.arguments.as_str()),
+                            }
+                        }
+                    };
+                    let function = Jinja::from_pairs([
+                        ("name", Jinja::from(call.name.as_str())),
+                        ("arguments", arguments),
+                    ]);
+                    Jinja::from_pairs([
+                        ("id", Jinja::from(call.id.as_str())),
+                        ("type", Jinja::from("function")),
+                        ("function", function),
+                    ])
+                })
+                .collect();
+            view.push(("tool_calls", Jinja::from(calls)));
+        }
+        if let Some(id) = &self.tool_call_id {
+            view.push(("tool_call_id", Jinja::from(id.as_str())));
+        }
+        if let Some(name) = &self.tool_name {
+            view.push(("name", Jinja::from(name.as_str())));
+        }
+        Jinja::from_pairs(view)
+    }
 }
 
 /// A function tool the model may call.

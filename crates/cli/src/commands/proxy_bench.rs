@@ -63,6 +63,11 @@ pub struct ProxyBenchArgs {
     /// Passes over the context ladder in the anchors comparison.
     #[arg(long, default_value_t = 5)]
     anchor_repeats: usize,
+    /// Passes per concurrency: each pass runs the direct phase, then the proxied phase with new
+    /// executions; latencies and CPU are pooled over the passes. More passes give the tail
+    /// percentiles more calls and spread the host's drift over both phases.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    passes: u32,
     /// Calls in the tokenization-work execution.
     #[arg(long, default_value_t = 636)]
     execution_calls: usize,
@@ -135,43 +140,120 @@ fn request_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -
     .to_string()
 }
 
-/// One non-streaming HTTP/1.1 POST; returns the status code.
-async fn post(
+/// A harness-like HTTP/1.1 client: one kept-alive connection, as the real CLIs keep theirs
+/// (a connection per call would charge every proxied call a TCP handshake and a new server
+/// task that the direct engine client, which pools its connections, never pays).
+pub(crate) struct KeepAlive {
     address: std::net::SocketAddr,
-    path: &str,
-    key: &str,
-    body: &str,
-) -> anyhow::Result<u16> {
-    post_with(address, path, &format!("x-api-key: {key}\r\n"), body).await
+    stream: Option<tokio::io::BufReader<tokio::net::TcpStream>>,
 }
 
-/// One HTTP/1.1 request (`body` empty and `GET` when `path` starts with "GET "); `headers`
-/// are extra header lines, each ending in CRLF. Returns the status code.
-async fn post_with(
-    address: std::net::SocketAddr,
-    path: &str,
-    headers: &str,
-    body: &str,
-) -> anyhow::Result<u16> {
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream.set_nodelay(true)?;
-    let (method, path) = path.split_once(' ').unwrap_or(("POST", path));
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {address}\r\n{headers}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let head = String::from_utf8_lossy(&response[..response.len().min(64)]).to_string();
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .with_context(|| format!("bad response head {head:?}"))
+impl KeepAlive {
+    pub(crate) fn new(address: std::net::SocketAddr) -> Self {
+        Self {
+            address,
+            stream: None,
+        }
+    }
+
+    /// One request (`GET` when `path` starts with "GET ", else `POST` of `body`); `headers`
+    /// are extra header lines, each ending in CRLF. Reads the whole answer; returns its status.
+    /// A kept connection the server has closed meanwhile is replaced once.
+    pub(crate) async fn call(
+        &mut self,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> anyhow::Result<u16> {
+        if self.stream.is_some() {
+            if let Ok(status) = self.exchange(path, headers, body).await {
+                return Ok(status);
+            }
+            self.stream = None;
+        }
+        self.exchange(path, headers, body).await
+    }
+
+    async fn exchange(&mut self, path: &str, headers: &str, body: &str) -> anyhow::Result<u16> {
+        use tokio::io::AsyncBufReadExt;
+        let mut stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => {
+                let stream = tokio::net::TcpStream::connect(self.address).await?;
+                stream.set_nodelay(true)?;
+                tokio::io::BufReader::with_capacity(64 * 1024, stream)
+            }
+        };
+        let (method, path) = path.split_once(' ').unwrap_or(("POST", path));
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\n{headers}content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.address,
+            body.len()
+        );
+        stream.get_mut().write_all(head.as_bytes()).await?;
+        stream.get_mut().write_all(body.as_bytes()).await?;
+        let mut line = String::new();
+        stream.read_line(&mut line).await?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .with_context(|| format!("bad response head {line:?}"))?;
+        let mut length: Option<usize> = None;
+        let mut chunked = false;
+        let mut close = false;
+        loop {
+            line.clear();
+            anyhow::ensure!(
+                stream.read_line(&mut line).await? > 0,
+                "connection closed in headers"
+            );
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                let value = value.trim();
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "content-length" => length = value.parse().ok(),
+                    "transfer-encoding" => chunked = value.eq_ignore_ascii_case("chunked"),
+                    "connection" => close = value.eq_ignore_ascii_case("close"),
+                    _ => {}
+                }
+            }
+        }
+        let mut sink = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                stream.read_line(&mut line).await?;
+                let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                    .with_context(|| format!("bad chunk size {line:?}"))?;
+                sink.resize(size + 2, 0);
+                stream.read_exact(&mut sink).await?;
+                if size == 0 {
+                    break;
+                }
+            }
+        } else if let Some(length) = length {
+            sink.resize(length, 0);
+            stream.read_exact(&mut sink).await?;
+        } else {
+            stream.read_to_end(&mut sink).await?;
+            close = true;
+        }
+        if !close {
+            self.stream = Some(stream);
+        }
+        Ok(status)
+    }
 }
 
+#[derive(Default)]
 struct Phase {
     latencies: Vec<Duration>,
+    calls: usize,
+    seconds: f64,
     calls_per_second: f64,
     cpu: f64,
 }
@@ -235,12 +317,13 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         };
     }
     println!(
-        "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens, decoded at {} ms/token",
+        "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens, decoded at {} ms/token; {} pass(es)",
         contexts.len(),
         contexts.first().copied().unwrap_or(0),
         contexts.last().copied().unwrap_or(0),
         args.answer_tokens,
-        args.decode_ms_per_token
+        args.decode_ms_per_token,
+        args.passes
     );
     println!(
         "{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -275,68 +358,79 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                     .collect()
             })
             .collect();
-        // Direct: the same engine, the same prompt lengths, through the SGLang client.
-        let started = Instant::now();
-        let cpu_before = cpu_seconds();
-        let mut tasks = Vec::new();
-        for (execution, prompts) in prompts.into_iter().enumerate() {
-            let direct = direct.clone();
-            let answer_tokens = args.answer_tokens;
-            tasks.push(tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                for (turn, ids) in prompts.into_iter().enumerate() {
-                    let request =
-                        EngineRequest::new(format!("d-{execution}-{turn}"), ids, answer_tokens);
-                    let call = Instant::now();
-                    let stream = direct.generate(request).await?;
-                    let collected = collect(stream).await;
-                    anyhow::ensure!(collected.finish().is_some(), "direct call did not finish");
-                    latencies.push(call.elapsed());
-                }
-                anyhow::Ok(latencies)
-            }));
-        }
-        let mut direct_phase = Phase {
-            latencies: Vec::new(),
-            calls_per_second: 0.0,
-            cpu: 0.0,
-        };
-        for task in tasks {
-            direct_phase.latencies.extend(task.await??);
-        }
-        direct_phase.calls_per_second =
-            direct_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
-        direct_phase.cpu = cpu_seconds() - cpu_before;
-
-        // Proxied: one execution per client task, its conversation growing call by call.
-        let started = Instant::now();
-        let cpu_before = cpu_seconds();
+        let prompts: Vec<Arc<Vec<Vec<u32>>>> = prompts.into_iter().map(Arc::new).collect();
+        let bodies: Vec<Arc<Vec<String>>> = bodies.into_iter().map(Arc::new).collect();
+        let mut direct_phase = Phase::default();
+        let mut proxy_phase = Phase::default();
         let stages_before = state.metrics.stage_totals();
-        let mut tasks = Vec::new();
-        for bodies in bodies {
-            let (_, token) = state.open_execution(None, None);
-            tasks.push(tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                for body in bodies {
-                    let call = Instant::now();
-                    let status = post(address, "/v1/messages", &token, &body).await?;
-                    anyhow::ensure!(status == 200, "proxied call answered {status}");
-                    latencies.push(call.elapsed());
-                }
-                anyhow::Ok(latencies)
-            }));
+        for pass in 0..args.passes {
+            // Direct: the same engine, the same prompt lengths, through the SGLang client.
+            let started = Instant::now();
+            let cpu_before = cpu_seconds();
+            let mut tasks = Vec::new();
+            for (execution, prompts) in prompts.iter().enumerate() {
+                let direct = direct.clone();
+                let prompts = prompts.clone();
+                let answer_tokens = args.answer_tokens;
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    for (turn, ids) in prompts.iter().enumerate() {
+                        let request = EngineRequest::new(
+                            format!("d-{pass}-{execution}-{turn}"),
+                            ids.clone(),
+                            answer_tokens,
+                        );
+                        let call = Instant::now();
+                        let stream = direct.generate(request).await?;
+                        let collected = collect(stream).await;
+                        anyhow::ensure!(collected.finish().is_some(), "direct call did not finish");
+                        latencies.push(call.elapsed());
+                    }
+                    anyhow::Ok(latencies)
+                }));
+            }
+            let mut calls = 0;
+            for task in tasks {
+                let latencies = task.await??;
+                calls += latencies.len();
+                direct_phase.latencies.extend(latencies);
+            }
+            direct_phase.calls += calls;
+            direct_phase.seconds += started.elapsed().as_secs_f64();
+            direct_phase.cpu += cpu_seconds() - cpu_before;
+
+            // Proxied: one execution per client task, its conversation growing call by call.
+            let started = Instant::now();
+            let cpu_before = cpu_seconds();
+            let mut tasks = Vec::new();
+            for bodies in &bodies {
+                let (_, token) = state.open_execution(None, None);
+                let bodies = bodies.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    let mut client = KeepAlive::new(address);
+                    let key = format!("x-api-key: {token}\r\n");
+                    for body in bodies.iter() {
+                        let call = Instant::now();
+                        let status = client.call("/v1/messages", &key, body).await?;
+                        anyhow::ensure!(status == 200, "proxied call answered {status}");
+                        latencies.push(call.elapsed());
+                    }
+                    anyhow::Ok(latencies)
+                }));
+            }
+            let mut calls = 0;
+            for task in tasks {
+                let latencies = task.await??;
+                calls += latencies.len();
+                proxy_phase.latencies.extend(latencies);
+            }
+            proxy_phase.calls += calls;
+            proxy_phase.seconds += started.elapsed().as_secs_f64();
+            proxy_phase.cpu += cpu_seconds() - cpu_before;
         }
-        let mut proxy_phase = Phase {
-            latencies: Vec::new(),
-            calls_per_second: 0.0,
-            cpu: 0.0,
-        };
-        for task in tasks {
-            proxy_phase.latencies.extend(task.await??);
-        }
-        proxy_phase.calls_per_second =
-            proxy_phase.latencies.len() as f64 / started.elapsed().as_secs_f64();
-        proxy_phase.cpu = cpu_seconds() - cpu_before;
+        direct_phase.calls_per_second = direct_phase.calls as f64 / direct_phase.seconds.max(1e-9);
+        proxy_phase.calls_per_second = proxy_phase.calls as f64 / proxy_phase.seconds.max(1e-9);
 
         direct_phase.latencies.sort();
         proxy_phase.latencies.sort();

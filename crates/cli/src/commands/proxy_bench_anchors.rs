@@ -22,7 +22,7 @@ use axum::response::IntoResponse;
 use gyre_proxy::engine::{collect, EngineRequest, SglangEngine, TokenEngine};
 use gyre_proxy::server::AppState;
 
-use super::{percentile, post_with, request_body};
+use super::{percentile, request_body, KeepAlive};
 
 /// The OpenAI Chat Completions body of the same conversation the Anthropic body carries.
 fn chat_body(contexts: &[usize], upto: usize, salt: usize, max_tokens: u32) -> String {
@@ -129,7 +129,10 @@ async fn start_gateway(
                 log.display()
             );
         }
-        if let Ok(200) = post_with(address, &format!("GET {ready_path}"), "", "").await {
+        if let Ok(200) = KeepAlive::new(address)
+            .call(&format!("GET {ready_path}"), "", "")
+            .await
+        {
             break;
         }
         anyhow::ensure!(
@@ -184,6 +187,10 @@ pub(super) async fn run(
     // latencies[target][turn]
     const TARGETS: usize = 5;
     let mut latencies: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); contexts.len()]; TARGETS];
+    let mut clients: Vec<KeepAlive> = [proxy, backend, litellm.address, smg.address]
+        .into_iter()
+        .map(KeepAlive::new)
+        .collect();
     for repeat in 0..repeats {
         let (_, token) = state.open_execution(None, None);
         for (turn, tokens) in contexts.iter().enumerate() {
@@ -201,23 +208,25 @@ pub(super) async fn run(
             latencies[0][turn].push(started.elapsed());
             // 1: Gyre's proxy.
             let started = Instant::now();
-            let status = post_with(
-                proxy,
-                "/v1/messages",
-                &format!("x-api-key: {token}\r\n"),
-                &messages,
-            )
-            .await?;
+            let status = clients[0]
+                .call(
+                    "/v1/messages",
+                    &format!("x-api-key: {token}\r\n"),
+                    &messages,
+                )
+                .await?;
             anyhow::ensure!(status == 200, "gyre proxy answered {status}");
             latencies[1][turn].push(started.elapsed());
             // 2..4: the chat engine directly, through LiteLLM, through smg.
-            for (target, address, name) in [
-                (2, backend, "the chat engine"),
-                (3, litellm.address, litellm.name.as_str()),
-                (4, smg.address, smg.name.as_str()),
+            for (target, name) in [
+                (2, "the chat engine"),
+                (3, litellm.name.as_str()),
+                (4, smg.name.as_str()),
             ] {
                 let started = Instant::now();
-                let status = post_with(address, "/v1/chat/completions", bearer, &chat).await?;
+                let status = clients[target - 1]
+                    .call("/v1/chat/completions", bearer, &chat)
+                    .await?;
                 anyhow::ensure!(status == 200, "{name} answered {status}");
                 latencies[target][turn].push(started.elapsed());
             }

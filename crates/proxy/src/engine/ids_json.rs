@@ -64,6 +64,12 @@ impl IdsJson {
         }
     }
 
+    /// Room for `more` ids without growing.
+    pub fn reserve(&mut self, more: usize) {
+        self.text.reserve(more * 7);
+        self.marks.reserve(more / MARK_EVERY + 1);
+    }
+
     /// Keeps the first `keep` ids. `ids` must be the sequence this text was written from (at
     /// least its first `keep` ids); the ids after the last mark below `keep` are re-written
     /// from it.
@@ -77,29 +83,6 @@ impl IdsJson {
         self.marks.truncate(mark);
         self.count = start;
         self.extend(&ids[start..keep]);
-    }
-
-    /// A copy holding the first `keep` ids, with room for `more` ids after them (so extending it
-    /// does not copy the text again). `ids` as in [`IdsJson::truncate`].
-    pub fn prefix(&self, ids: &[u32], keep: usize, more: usize) -> IdsJson {
-        let keep = keep.min(self.count);
-        let mark = keep / MARK_EVERY;
-        let start = mark * MARK_EVERY;
-        let cut = self
-            .marks
-            .get(mark)
-            .map_or(self.text.len(), |at| *at as usize);
-        let mut text = Vec::with_capacity(cut + (keep - start + more) * 7);
-        text.extend_from_slice(&self.text[..cut]);
-        let mut marks = Vec::with_capacity(mark + (keep - start + more) / MARK_EVERY + 1);
-        marks.extend_from_slice(&self.marks[..mark.min(self.marks.len())]);
-        let mut json = IdsJson {
-            text,
-            marks,
-            count: start.min(self.count),
-        };
-        json.extend(&ids[json.count..keep]);
-        json
     }
 
     /// Bytes of the array with its brackets.
@@ -156,24 +139,6 @@ mod tests {
                 prop_assert_eq!(json.len(), ids.len());
                 prop_assert_eq!(array(&json), serde_json::to_string(&ids).unwrap());
             }
-        }
-
-        /// `prefix` is a copy of `truncate`'s result, whatever room it is given.
-        #[test]
-        fn prefix_equals_truncate(
-            ids in proptest::collection::vec(any::<u32>(), 0..400),
-            keep in 0usize..500,
-            more in proptest::collection::vec(0u32..200_000, 0..100),
-        ) {
-            let json = IdsJson::of(&ids);
-            let keep = keep.min(ids.len());
-            let mut truncated = json.clone();
-            truncated.truncate(&ids, keep);
-            let mut prefix = json.prefix(&ids, keep, more.len());
-            prop_assert_eq!(&prefix, &truncated);
-            prefix.extend(&more);
-            truncated.extend(&more);
-            prop_assert_eq!(array(&prefix), array(&truncated));
         }
     }
 }

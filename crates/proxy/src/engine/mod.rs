@@ -63,7 +63,9 @@ pub struct EngineRequest {
     /// Which agent of the execution calls (`"main"`, a sub-agent id). Only the scripted engine
     /// reads it; `None` means [`MAIN_AGENT`].
     pub agent: Option<String>,
-    pub input_ids: Vec<u32>,
+    /// The prompt's ids, shared with the proxy's prepared context (a 128K-token prompt is
+    /// not copied per call).
+    pub input_ids: Arc<Vec<u32>>,
     /// `input_ids` already written as JSON (the session keeps it per agent context, so only
     /// new ids are written per call). Adapters that send JSON use it when its length matches
     /// `input_ids`; it must hold exactly those ids.
@@ -82,7 +84,7 @@ impl EngineRequest {
         Self {
             rid: rid.into(),
             agent: None,
-            input_ids,
+            input_ids: Arc::new(input_ids),
             input_ids_json: None,
             max_new_tokens,
             temperature: 1.0,

@@ -172,17 +172,16 @@ pub async fn run(
         attempts += 1;
         let engine = app.engines[engine_index % app.engines.len()].clone();
         let produced = sampled.output_ids.len() as u32;
-        let mut input_ids =
-            Vec::with_capacity(prepared.context_ids.len() + sampled.output_ids.len());
-        input_ids.extend_from_slice(&prepared.context_ids);
-        input_ids.extend_from_slice(&sampled.output_ids);
-        let input_ids_json = if sampled.output_ids.is_empty() {
-            prepared.context_json.clone()
+        let (input_ids, input_ids_json) = if sampled.output_ids.is_empty() {
+            (prepared.context_ids.clone(), prepared.context_json.clone())
         } else {
             // A retry continues the partial answer: its ids follow the prompt.
+            let mut ids = Vec::with_capacity(prepared.context_ids.len() + sampled.output_ids.len());
+            ids.extend_from_slice(&prepared.context_ids);
+            ids.extend_from_slice(&sampled.output_ids);
             let mut json = (*prepared.context_json).clone();
             json.extend(&sampled.output_ids);
-            Arc::new(json)
+            (Arc::new(ids), Arc::new(json))
         };
         let rid = {
             let session = execution.lock();

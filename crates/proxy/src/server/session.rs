@@ -60,6 +60,29 @@ struct AgentContext {
     output_start: usize,
 }
 
+/// The token buffers of an agent context, handed from one call to the next.
+#[derive(Debug, Default)]
+struct ContextBuffers {
+    ids: Vec<u32>,
+    ids_json: IdsJson,
+    ends: Vec<u32>,
+    provenance: Vec<Provenance>,
+}
+
+impl AgentContext {
+    /// Takes the token buffers, leaving an empty context that keeps the last call id.
+    fn take_buffers(&mut self) -> ContextBuffers {
+        self.text = String::new();
+        self.output_start = 0;
+        ContextBuffers {
+            ids: std::mem::take(&mut self.ids),
+            ids_json: std::mem::take(&mut self.ids_json),
+            ends: std::mem::take(&mut self.ends),
+            provenance: std::mem::take(&mut self.provenance),
+        }
+    }
+}
+
 /// What a request becomes before it is sent to an engine.
 #[derive(Clone, Debug)]
 pub struct Prepared {
@@ -68,8 +91,9 @@ pub struct Prepared {
     pub spawned_by: Option<CallId>,
     /// The full prompt, rendered.
     pub text: String,
-    /// The full prompt as token ids: reused prefix + newly encoded tail.
-    pub context_ids: Vec<u32>,
+    /// The full prompt as token ids: reused prefix + newly encoded tail (shared with the
+    /// engine request; the agent's next context when the call finishes).
+    pub context_ids: Arc<Vec<u32>>,
     /// `context_ids` as JSON text: the previous context's text cut to the reused tokens plus
     /// the new ones (what the engine adapters send).
     pub context_json: Arc<IdsJson>,
@@ -309,18 +333,31 @@ impl Session {
         };
         let tail = &text[tail_start..];
         let (encoded_ids, encoded_offsets) = model.encode_with_offsets(tail)?;
-        // Sized up front for the prompt and an answer (`finish_call` appends the sampled
-        // tokens): growing an exact-size copy of a 128K-token prefix would copy it again.
+        // The previous context's buffers become this prompt's: cut to the reused tokens and
+        // extended in place, never copied (at 128K tokens that is ~2 MB of ids, byte ends,
+        // provenance and ids JSON, and as many fresh pages). The agent keeps its last call id;
+        // its context is empty until this call finishes, so a concurrent call of the same
+        // agent encodes from scratch, which is slower but exact.
+        let mut buffers = self
+            .agents
+            .get_mut(&agent)
+            .map(AgentContext::take_buffers)
+            .unwrap_or_default();
+        let mut context_json = std::mem::take(&mut buffers.ids_json);
+        context_json.truncate(&buffers.ids, keep);
+        let mut context_ids = buffers.ids;
+        context_ids.truncate(keep);
+        let mut ends = buffers.ends;
+        ends.truncate(keep);
+        let mut provenance = buffers.provenance;
+        provenance.truncate(keep);
+        // Room for the prompt and an answer (`finish_call` appends the sampled tokens).
         let room = encoded_ids.len() + ANSWER_ROOM_TOKENS;
-        let total = keep + room;
-        let mut context_ids = Vec::with_capacity(total);
-        context_ids.extend_from_slice(&previous.ids[..keep]);
-        let mut context_json = previous.ids_json.prefix(&previous.ids, keep, room);
+        context_ids.reserve(room);
+        ends.reserve(room);
+        provenance.reserve(room);
+        context_json.reserve(room);
         context_json.extend(&encoded_ids);
-        let mut ends = Vec::with_capacity(total);
-        ends.extend_from_slice(&previous.ends[..keep]);
-        let mut provenance = Vec::with_capacity(total);
-        provenance.extend_from_slice(&previous.provenance[..keep]);
         let spans_of_content = self.content_spans(request, &text, tail_start);
         let mut span_at = spans_of_content.partition_point(|(_, end, _)| *end <= tail_start);
         for (id, (start, end)) in encoded_ids.iter().zip(&encoded_offsets) {
@@ -383,7 +420,7 @@ impl Session {
             kind,
             spawned_by,
             text,
-            context_ids,
+            context_ids: Arc::new(context_ids),
             context_json: Arc::new(context_json),
             ends,
             provenance,
@@ -432,7 +469,7 @@ impl Session {
             call: Some(call),
             output_start: prepared.context_ids.len(),
             text: prepared.text,
-            ids: prepared.context_ids,
+            ids: Arc::try_unwrap(prepared.context_ids).unwrap_or_else(|shared| (*shared).clone()),
             ids_json: Arc::try_unwrap(prepared.context_json)
                 .unwrap_or_else(|shared| (*shared).clone()),
             ends: prepared.ends,

@@ -247,8 +247,12 @@ impl ChatTemplate {
         environment
             .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         environment.set_formatter(|out, _state, value| {
-            out.write_str(&python::python_str(value))
-                .map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed"))
+            // Python's str() of a string is the string: written as is, without a copy.
+            let written = match value.as_str() {
+                Some(text) => out.write_str(text),
+                None => out.write_str(&python::python_str(value)),
+            };
+            written.map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed"))
         });
         environment.add_filter("tojson", tojson);
         environment.add_filter("string", |value: &Value| python::python_str(value));
@@ -278,11 +282,18 @@ impl ChatTemplate {
     }
 
     /// Renders the prompt text.
+    ///
+    /// The context is built straight as template values ([`Message::template_value`]); the
+    /// `serde_json` form ([`Message::template_view`], [`ChatTemplate::render_context`]) is the
+    /// reference the tests compare it with.
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
-        let mut context = Map::new();
+        let mut context: Vec<(Value, Value)> = Vec::with_capacity(16);
         if let Some(extra) = input.extra {
             for (key, value) in extra {
-                context.insert(key.clone(), value.clone());
+                context.push((
+                    Value::from(key.as_str()),
+                    Value::from(minijinja::value::Serde(value)),
+                ));
             }
         }
         let tokens = &self.special_tokens;
@@ -296,58 +307,86 @@ impl ChatTemplate {
             ("mask_token", &tokens.mask_token),
         ] {
             if let Some(token) = token {
-                context.insert(name.to_string(), serde_json::Value::from(token.clone()));
+                context.push((Value::from(name), Value::from(token.as_str())));
             }
         }
         if !tokens.additional_special_tokens.is_empty() {
-            context.insert(
-                "additional_special_tokens".to_string(),
-                serde_json::Value::from(tokens.additional_special_tokens.clone()),
-            );
+            let list: Vec<Value> = tokens
+                .additional_special_tokens
+                .iter()
+                .map(|token| Value::from(token.as_str()))
+                .collect();
+            context.push((Value::from("additional_special_tokens"), Value::from(list)));
         }
-        let messages: Vec<serde_json::Value> = input
+        let messages: Vec<Value> = input
             .messages
             .iter()
-            .map(|message| message.template_view(self.tool_arguments))
+            .map(|message| message.template_value(self.tool_arguments))
             .collect();
-        context.insert("messages".to_string(), serde_json::Value::Array(messages));
+        context.push((Value::from("messages"), Value::from(messages)));
         let tools = if input.tools.is_empty() {
-            serde_json::Value::Null
+            Value::from(())
         } else {
-            serde_json::Value::Array(input.tools.iter().map(Tool::template_view).collect())
+            Value::from(
+                input
+                    .tools
+                    .iter()
+                    .map(|tool| Value::from(minijinja::value::Serde(tool.template_view())))
+                    .collect::<Vec<Value>>(),
+            )
         };
-        context.insert("tools".to_string(), tools);
-        context.insert(
-            "add_generation_prompt".to_string(),
-            serde_json::Value::Bool(input.add_generation_prompt),
-        );
-        self.render_context(context, input.now)
+        context.push((Value::from("tools"), tools));
+        context.push((
+            Value::from("add_generation_prompt"),
+            Value::from(input.add_generation_prompt),
+        ));
+        context.push((Value::from(NOW_VARIABLE), now_value(input.now)));
+        self.render_value(Value::from_pairs(context))
     }
 
     /// Renders with a raw context: every variable the template sees (the jinja2 comparison
     /// tests use it). `now` is what `strftime_now` formats.
     pub fn render_context(
         &self,
-        mut context: Map<String, serde_json::Value>,
+        context: Map<String, serde_json::Value>,
         now: CivilDateTime,
     ) -> Result<String, ProxyError> {
-        context.insert(
-            NOW_VARIABLE.to_string(),
-            serde_json::json!({
-                "year": now.year, "month": now.month, "day": now.day,
-                "hour": now.hour, "minute": now.minute, "second": now.second,
-            }),
-        );
+        let mut pairs: Vec<(Value, Value)> = context
+            .iter()
+            .map(|(key, value)| {
+                (
+                    Value::from(key.as_str()),
+                    Value::from(minijinja::value::Serde(value)),
+                )
+            })
+            .collect();
+        pairs.push((Value::from(NOW_VARIABLE), now_value(now)));
+        self.render_value(Value::from_pairs(pairs))
+    }
+
+    fn render_value(&self, context: Value) -> Result<String, ProxyError> {
         let template = self
             .environment
             .get_template(TEMPLATE_NAME)
             .expect("the template was added in new()");
         template
-            .render(Value::from(minijinja::value::Serde(&context)))
+            .render(context)
             .map_err(|error| ProxyError::Template {
                 message: template_error_message(&error),
             })
     }
+}
+
+/// What `strftime_now` reads: the render's civil date and time.
+fn now_value(now: CivilDateTime) -> Value {
+    Value::from_pairs([
+        ("year", Value::from(i64::from(now.year))),
+        ("month", Value::from(now.month)),
+        ("day", Value::from(now.day)),
+        ("hour", Value::from(now.hour)),
+        ("minute", Value::from(now.minute)),
+        ("second", Value::from(now.second)),
+    ])
 }
 
 fn template_error_message(error: &Error) -> String {
