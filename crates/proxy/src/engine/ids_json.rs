@@ -64,9 +64,15 @@ impl IdsJson {
         }
     }
 
-    /// Room for `more` ids without growing.
+    /// Room for `more` ids without growing. When the text must grow it is copied into a new
+    /// allocation with a quarter of headroom (see the session's context buffers).
     pub fn reserve(&mut self, more: usize) {
-        self.text.reserve(more * 7);
+        let need = more * 7;
+        if self.text.capacity() - self.text.len() < need {
+            let mut grown = Vec::with_capacity(self.text.len() + need + self.text.len() / 4);
+            grown.extend_from_slice(&self.text);
+            self.text = grown;
+        }
         self.marks.reserve(more / MARK_EVERY + 1);
     }
 
