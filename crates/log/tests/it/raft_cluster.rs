@@ -363,8 +363,18 @@ async fn scenario(seed: Option<u64>) {
             .clear();
     }
 
-    // Stop the leader; it has snapshotted and purged by now.
+    // Stop the leader once it has built a snapshot (100+ entries with a snapshot every 20:
+    // openraft builds them in the background, so a loaded host may still be writing one).
     let victim = cluster.leader().await;
+    cluster.nodes[&victim]
+        .raft
+        .wait(Some(BOUND))
+        .metrics(
+            |metrics| metrics.snapshot.is_some(),
+            "the leader built a snapshot",
+        )
+        .await
+        .expect("the leader builds a snapshot in time");
     assert!(
         snapshot_count(&cluster, victim) >= 1,
         "node {victim} built a snapshot"
@@ -385,11 +395,20 @@ async fn scenario(seed: Option<u64>) {
         faults.delay_ms_max = 0;
     }
     check(&cluster, &acknowledged).await;
-    let purged: u64 = cluster
-        .nodes
-        .values()
-        .map(|node| node.log.stats().segments_deleted)
-        .sum();
+    // Purges follow snapshots in the background too: poll the stores' counters until one has
+    // deleted a whole segment, within the bound.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let purged = loop {
+        let purged: u64 = cluster
+            .nodes
+            .values()
+            .map(|node| node.log.stats().segments_deleted)
+            .sum();
+        if purged > 0 || tokio::time::Instant::now() >= deadline {
+            break purged;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert!(purged > 0, "purge deleted whole segments on some node");
     cluster.shutdown().await;
 }
