@@ -181,6 +181,14 @@ impl WriterSegment {
     }
 }
 
+/// A written record waiting for its chain hash: its index and term, and where its payload
+/// sits in the group's frame buffer.
+struct Unhashed {
+    index: u64,
+    term: u64,
+    payload: std::ops::Range<usize>,
+}
+
 /// Where one record not yet purged sits, and its chain value.
 #[derive(Clone, Copy)]
 struct RecordPosition {
@@ -204,7 +212,15 @@ pub(crate) struct Writer {
     base_hash: Option<ChainHash>,
     meta: Meta,
     last_meta_write: Instant,
-    frame: Vec<u8>,
+    /// This group's record frames, kept until their chain hashes are computed (cleared at the
+    /// end of each group; `settle_hashes` itself never drops them, so a settle in the middle of
+    /// `write_entry` keeps the frame being written).
+    frames: Vec<u8>,
+    /// Records written in this group whose chain hash is not computed yet, in log order. The
+    /// chain is not stored in the records, so it is computed after the group's `fdatasync`
+    /// has been acknowledged, off the commit path (SHA-256 of a multi-megabyte token entry
+    /// takes milliseconds); anything that reads a chain value settles these first.
+    unhashed: Vec<Unhashed>,
     callbacks: Vec<Completion>,
     written: Vec<(u64, Arc<Entry>, Arc<SegmentFile>, u64, u32)>,
     /// Entries whose slots keep a cached copy, oldest first, with their payload lengths.
@@ -458,7 +474,8 @@ impl Writer {
             base_hash,
             meta: meta.clone(),
             last_meta_write: Instant::now(),
-            frame: Vec::new(),
+            frames: Vec::new(),
+            unhashed: Vec::new(),
             callbacks: Vec::new(),
             written: Vec::new(),
             cached: VecDeque::new(),
@@ -579,7 +596,8 @@ impl Writer {
     }
 
     /// The chain value before `index`, if this writer knows it.
-    fn chain_before(&self, index: u64) -> Option<ChainHash> {
+    fn chain_before(&mut self, index: u64) -> Option<ChainHash> {
+        self.settle_hashes();
         let end = self.records_first + self.records.len() as u64;
         if index != end {
             return None;
@@ -593,8 +611,12 @@ impl Writer {
     fn write_entry(&mut self, entry: Arc<Entry>) -> Result<(), RaftStoreError> {
         let index = entry.log_id.index;
         let term = entry.log_id.leader_id.term;
-        self.frame.clear();
-        let payload_len = append_frame(&mut self.frame, index, term, |out| {
+        if self.unhashed.is_empty() {
+            // Nothing waits for these bytes (a settle ran mid-group).
+            self.frames.clear();
+        }
+        let frame_start = self.frames.len();
+        let payload_len = append_frame(&mut self.frames, index, term, |out| {
             encode_payload(&entry, out)
         })
         .map_err(|len| RaftStoreError::BadEntry {
@@ -604,11 +626,14 @@ impl Writer {
                 crate::file::PAYLOAD_MAX_BYTES
             ),
         })?;
-        let frame_len = self.frame.len() as u64;
+        let frame_len = (self.frames.len() - frame_start) as u64;
         let end = self.records_first + self.records.len() as u64;
         if index >= self.records_first && index < end {
             // An append over existing entries replaces them, as a conflict truncation would.
-            self.truncate(index)?;
+            if let Err(error) = self.truncate(index) {
+                self.frames.truncate(frame_start);
+                return Err(error);
+            }
         }
         let needs_new_segment = match self.segments.last() {
             None => true,
@@ -646,20 +671,22 @@ impl Writer {
             .write
             .as_ref()
             .expect("opened above")
-            .write_all_at(&self.frame, offset)
+            .write_all_at(&self.frames[frame_start..], offset)
             .map_err(RaftStoreError::io(&active.read.path, "append record"))?;
         active.len += frame_len;
         active.capacity = active.capacity.max(active.len);
         active.next_index = index + 1;
         active.dirty = true;
-        let previous = previous_hash.unwrap_or(GENESIS_HASH);
-        let hash = chain_hash(
-            &previous,
+        // The chain value is computed after the group is acknowledged (`settle_hashes`).
+        self.records.push_back(RecordPosition {
+            offset,
+            hash: GENESIS_HASH,
+        });
+        self.unhashed.push(Unhashed {
             index,
             term,
-            &self.frame[FRAME_HEADER_LEN as usize..],
-        );
-        self.records.push_back(RecordPosition { offset, hash });
+            payload: frame_start + FRAME_HEADER_LEN as usize..self.frames.len(),
+        });
         let segment = active.read.clone();
         self.written
             .push((index, entry, segment, offset, payload_len));
@@ -842,9 +869,38 @@ impl Writer {
                 Err(error) => callback.complete(Err(error.to_io_error())),
             }
         }
+        self.settle_hashes();
+        self.frames.clear();
+    }
+
+    /// Computes the chain hashes of the records written since the last settle, in order.
+    fn settle_hashes(&mut self) {
+        for pending in self.unhashed.drain(..) {
+            let Some(position) = pending
+                .index
+                .checked_sub(self.records_first)
+                .and_then(|position| usize::try_from(position).ok())
+                .filter(|position| *position < self.records.len())
+            else {
+                // Truncated or purged before its hash was needed (both settle first, so this
+                // does not happen; skipping keeps a later record's hash from shifting).
+                continue;
+            };
+            let previous = match position {
+                0 => self.base_hash.unwrap_or(GENESIS_HASH),
+                _ => self.records[position - 1].hash,
+            };
+            self.records[position].hash = chain_hash(
+                &previous,
+                pending.index,
+                pending.term,
+                &self.frames[pending.payload],
+            );
+        }
     }
 
     fn truncate(&mut self, index: u64) -> Result<(), RaftStoreError> {
+        self.settle_hashes();
         let end = self.records_first + self.records.len() as u64;
         if index >= end {
             return Ok(());
@@ -904,6 +960,7 @@ impl Writer {
     }
 
     fn purge(&mut self, upto: LogId) -> Result<(), RaftStoreError> {
+        self.settle_hashes();
         if self
             .meta
             .last_purged
