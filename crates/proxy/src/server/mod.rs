@@ -304,7 +304,7 @@ pub async fn serve(
     listen: SocketAddr,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let listener = gyre_control::bind_listener(listen)?;
     let address = listener.local_addr()?;
     let app = router(state);
     // SSE frames are small writes: without TCP_NODELAY, Nagle holds each one until the

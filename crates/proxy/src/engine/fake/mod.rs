@@ -159,7 +159,7 @@ impl FakeServer {
         let listen = options
             .address
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-        let listener = TcpListener::bind(listen).await?;
+        let listener = gyre_control::bind_listener(listen)?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             engine,
