@@ -29,6 +29,8 @@ fn main() {
 
     // The control API (gRPC services): tonic client and server stubs over prost messages.
     tonic_prost_build::configure()
+        // Reserves each message's length before encoding it (see `codec` in lib.rs).
+        .codec_path("crate::codec::ReservingCodec")
         .compile_protos(&[control], &[proto_dir])
         .expect("proto/control.proto compiles (see the protoc error above)");
 }
