@@ -31,6 +31,10 @@ fn main() {
     tonic_prost_build::configure()
         // Reserves each message's length before encoding it (see `codec` in lib.rs).
         .codec_path("crate::codec::ReservingCodec")
+        // The batch fields as `bytes::Bytes`: an entry's batch is handed to the encoder by
+        // reference count instead of copied into a Vec, and decoding slices the message buffer.
+        .bytes(".gyre.control.RaftEntry.batch")
+        .bytes(".gyre.control.AppendEventsRequest.batch")
         .compile_protos(&[control], &[proto_dir])
         .expect("proto/control.proto compiles (see the protoc error above)");
 }

@@ -121,6 +121,8 @@ impl ClusterClient {
         &mut self,
         batch: Vec<u8>,
     ) -> Result<(Vec<Sequence>, Vec<String>), ControlError> {
+        // Shared by every attempt (a retry does not copy a multi-megabyte batch).
+        let batch = bytes::Bytes::from(batch);
         let started = tokio::time::Instant::now();
         let mut attempt = 0usize;
         loop {

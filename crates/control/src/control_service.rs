@@ -70,11 +70,11 @@ impl ControlService {
 
     async fn append(
         &self,
-        batch: Vec<u8>,
+        batch: bytes::Bytes,
         forwarded: bool,
     ) -> Result<pb::AppendEventsReply, ControlError> {
-        // Decoded in place: record bodies and token arrays are slices of the request's bytes.
-        let batch = bytes::Bytes::from(batch);
+        // Decoded in place: record bodies and token arrays are slices of the request's bytes
+        // (which are themselves a slice of the gRPC message buffer).
         // Validated here (every record decodes); the proposer then only re-stamps `at`.
         let records = gyre_log::validated_records(&batch)?;
         if records.is_empty() {
@@ -105,7 +105,7 @@ impl ControlService {
             }),
             Err(ControlError::NotLeader { leader }) if !forwarded => {
                 let mut request = Request::new(pb::AppendEventsRequest {
-                    batch: batch.to_vec(),
+                    batch: batch.clone(),
                 });
                 request
                     .metadata_mut()

@@ -116,7 +116,7 @@ pub fn entries_to_proto(entries: &[Entry]) -> Vec<pb::RaftEntry> {
                 EntryPayload::Membership(membership) => {
                     pb::raft_entry::Payload::MembershipJson(to_json(membership))
                 }
-                EntryPayload::Normal(batch) => pb::raft_entry::Payload::Batch(batch.0.to_vec()),
+                EntryPayload::Normal(batch) => pb::raft_entry::Payload::Batch(batch.0.clone()),
             }),
         })
         .collect()
@@ -134,7 +134,7 @@ pub fn entries_from_proto(entries: Vec<pb::RaftEntry>) -> Result<Vec<Entry>, Str
                         .map_err(|error| format!("entry {}: membership: {error}", entry.index))?,
                 ),
                 Some(pb::raft_entry::Payload::Batch(bytes)) => {
-                    EntryPayload::Normal(EventBatchBytes(bytes::Bytes::from(bytes)))
+                    EntryPayload::Normal(EventBatchBytes(bytes))
                 }
                 None => return Err(format!("entry {} has no payload", entry.index)),
             };
