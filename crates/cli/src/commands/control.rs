@@ -19,6 +19,7 @@ use gyre_control::{parse_nodes, ClusterClient, ControlNode, NodeOptions};
 #[path = "control_bench.rs"]
 mod control_bench;
 pub use control_bench::BenchArgs as LogBenchArgs;
+pub(crate) use control_bench::Cluster as LoopbackCluster;
 
 #[derive(Args, Debug)]
 pub struct ControlArgs {

@@ -43,11 +43,13 @@ pub struct BenchArgs {
     only: Vec<String>,
 }
 
-struct Cluster {
+/// A 3-node control cluster on loopback in this process, in a temporary directory.
+pub(crate) struct Cluster {
     _dir: tempfile::TempDir,
     nodes: Vec<ControlNode>,
     options: Vec<NodeOptions>,
-    addresses: String,
+    /// The nodes' addresses, comma-separated (what `--cluster` takes).
+    pub(crate) addresses: String,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -57,7 +59,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Cluster {
-    async fn start(snapshot_every: u64) -> anyhow::Result<Cluster> {
+    pub(crate) async fn start(snapshot_every: u64) -> anyhow::Result<Cluster> {
         let dir = tempfile::tempdir().context("temp dir")?;
         let mut options = Vec::new();
         for id in 1..=3u64 {
@@ -104,7 +106,7 @@ impl Cluster {
         Ok(started.elapsed())
     }
 
-    async fn shutdown(self) -> anyhow::Result<tempfile::TempDir> {
+    pub(crate) async fn shutdown(self) -> anyhow::Result<tempfile::TempDir> {
         for node in self.nodes {
             node.shutdown().await?;
         }

@@ -25,7 +25,7 @@ use gyre_proxy::engine::{
 };
 use gyre_proxy::output::OutputFormat;
 use gyre_proxy::server::session::{Sampled, Session};
-use gyre_proxy::server::{self, AppState, FileSink, ServerConfig};
+use gyre_proxy::server::{self, AppState, ControlSink, FileSink, RecordSink, ServerConfig};
 use gyre_proxy::template::CivilDateTime;
 use gyre_proxy::{ChatModel, ChatRequest, Message, Role, ToolArgumentsForm};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,9 +68,22 @@ pub struct ProxyBenchArgs {
     /// percentiles more calls and spread the host's drift over both phases.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     passes: u32,
+    /// Where the proxy commits each TITO record before answering: `file`, a local event file
+    /// (one `fdatasync` per group of records), or `cluster`, a 3-node control quorum started
+    /// on loopback in this process (the record is committed on a Raft majority, every replica
+    /// folds it), as a deployment with `gyre proxy --cluster` does.
+    #[arg(long, value_enum, default_value_t = SinkKind::File)]
+    sink: SinkKind,
     /// Calls in the tokenization-work execution.
     #[arg(long, default_value_t = 636)]
     execution_calls: usize,
+}
+
+/// Where `gyre bench proxy` commits records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SinkKind {
+    File,
+    Cluster,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -288,7 +301,23 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     let fake = FakeServer::sglang(backing, FakeOptions::default()).await?;
     let direct = SglangEngine::new(&fake.url(), SglangConfig::default())?;
     let dir = tempfile::tempdir()?;
-    let sink = Arc::new(FileSink::open(&dir.path().join("tito.log")).map_err(anyhow::Error::msg)?);
+    let mut cluster = None;
+    let sink: Arc<dyn RecordSink> = match args.sink {
+        SinkKind::File => {
+            Arc::new(FileSink::open(&dir.path().join("tito.log")).map_err(anyhow::Error::msg)?)
+        }
+        SinkKind::Cluster => {
+            // The nodes' default snapshot interval (a deployment's).
+            let started = super::control::LoopbackCluster::start(20_000).await?;
+            let sink = ControlSink::new(&started.addresses).map_err(anyhow::Error::msg)?;
+            println!(
+                "records commit to a 3-node control cluster at {}",
+                started.addresses
+            );
+            cluster = Some(started);
+            Arc::new(sink)
+        }
+    };
     let proxied_engine: Arc<dyn TokenEngine> =
         Arc::new(SglangEngine::new(&fake.url(), SglangConfig::default())?);
     let state = AppState::new(
@@ -484,6 +513,9 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         .await?;
     }
     tokenization_work(&model, args.execution_calls)?;
+    if let Some(cluster) = cluster {
+        cluster.shutdown().await?;
+    }
     Ok(())
 }
 
