@@ -271,6 +271,25 @@ struct Phase {
     cpu: f64,
 }
 
+impl Phase {
+    /// Waits for one pass's client tasks and adds their calls, wall time and process CPU.
+    async fn add_pass(
+        &mut self,
+        tasks: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>>>,
+        started: Instant,
+        cpu_before: f64,
+    ) -> anyhow::Result<()> {
+        for task in tasks {
+            let latencies = task.await??;
+            self.calls += latencies.len();
+            self.latencies.extend(latencies);
+        }
+        self.seconds += started.elapsed().as_secs_f64();
+        self.cpu += cpu_seconds() - cpu_before;
+        Ok(())
+    }
+}
+
 pub fn run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -418,15 +437,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                     anyhow::Ok(latencies)
                 }));
             }
-            let mut calls = 0;
-            for task in tasks {
-                let latencies = task.await??;
-                calls += latencies.len();
-                direct_phase.latencies.extend(latencies);
-            }
-            direct_phase.calls += calls;
-            direct_phase.seconds += started.elapsed().as_secs_f64();
-            direct_phase.cpu += cpu_seconds() - cpu_before;
+            direct_phase.add_pass(tasks, started, cpu_before).await?;
 
             // Proxied: one execution per client task, its conversation growing call by call.
             let started = Instant::now();
@@ -448,15 +459,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                     anyhow::Ok(latencies)
                 }));
             }
-            let mut calls = 0;
-            for task in tasks {
-                let latencies = task.await??;
-                calls += latencies.len();
-                proxy_phase.latencies.extend(latencies);
-            }
-            proxy_phase.calls += calls;
-            proxy_phase.seconds += started.elapsed().as_secs_f64();
-            proxy_phase.cpu += cpu_seconds() - cpu_before;
+            proxy_phase.add_pass(tasks, started, cpu_before).await?;
         }
         direct_phase.calls_per_second = direct_phase.calls as f64 / direct_phase.seconds.max(1e-9);
         proxy_phase.calls_per_second = proxy_phase.calls as f64 / proxy_phase.seconds.max(1e-9);
