@@ -6,6 +6,8 @@
 //!   proxy (`POST /v1/messages` over loopback HTTP, non-streaming, TITO record committed to an
 //!   event file with fdatasync before the answer). C concurrent executions each make calls whose
 //!   contexts grow from 1K to 128K tokens (doubling). p50/p99 of both, and their differences.
+//!   Also per call: call i of the proxied phase minus call i of the direct phase (same
+//!   execution, same turn, same context), p50 and p99 of those differences.
 //! - **Throughput** at the highest concurrency: calls/s through the proxy over calls/s direct.
 //! - **CPU**: process CPU seconds of the proxied run minus the direct run, per call (the client
 //!   and the engine run in both, so the difference is the proxy's work), and calls/s per core.
@@ -464,6 +466,22 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         direct_phase.calls_per_second = direct_phase.calls as f64 / direct_phase.seconds.max(1e-9);
         proxy_phase.calls_per_second = proxy_phase.calls as f64 / proxy_phase.seconds.max(1e-9);
 
+        // Both phases hold their calls in the same order (pass, execution, turn): call i of one
+        // has the same context as call i of the other, so their difference is that call's
+        // added latency.
+        let mut per_call: Vec<f64> = proxy_phase
+            .latencies
+            .iter()
+            .zip(&direct_phase.latencies)
+            .map(|(proxied, direct)| (proxied.as_secs_f64() - direct.as_secs_f64()) * 1e3)
+            .collect();
+        per_call.sort_by(f64::total_cmp);
+        let per_call_at = |p: f64| {
+            per_call
+                .get(((per_call.len().max(1) - 1) as f64 * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
         direct_phase.latencies.sort();
         proxy_phase.latencies.sort();
         let (d50, d99) = (
@@ -479,6 +497,11 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             p50 - d50,
             p99 - d99,
             proxy_phase.calls_per_second / direct_phase.calls_per_second.max(1e-9)
+        );
+        println!(
+            "       added per call (proxied minus direct, same context): p50 {:.2} ms, p99 {:.2} ms",
+            per_call_at(0.5),
+            per_call_at(0.99)
         );
         let calls = proxy_phase.latencies.len().max(1) as f64;
         let proxy_cpu = (proxy_phase.cpu - direct_phase.cpu).max(0.0) / calls;
