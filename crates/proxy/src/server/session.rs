@@ -157,18 +157,10 @@ pub fn spans(provenance: &[Provenance]) -> Vec<ProvenanceSpan> {
     spans
 }
 
-/// `buffer` cut to `keep` items with room for `room` more. When it must grow it is copied
-/// into a new allocation with a quarter of headroom (a context grows a little every call, so
-/// most calls then fit); `Vec::reserve`'s in-place reallocation of multi-megabyte buffers cost
-/// more (measured at 384 executions: page faults and TLB shootdowns).
-fn with_room<T: Copy>(mut buffer: Vec<T>, keep: usize, room: usize) -> Vec<T> {
+/// `buffer` cut to `keep` items with room for `room` more.
+fn cut_with_room<T: Copy>(mut buffer: Vec<T>, keep: usize, room: usize) -> Vec<T> {
     buffer.truncate(keep);
-    if buffer.capacity() - buffer.len() >= room {
-        return buffer;
-    }
-    let mut grown = Vec::with_capacity(keep + room + keep / 4);
-    grown.extend_from_slice(&buffer);
-    grown
+    crate::engine::ids_json::with_room(buffer, room)
 }
 
 fn common_prefix_bytes(left: &str, right: &str) -> usize {
@@ -361,9 +353,9 @@ impl Session {
         context_json.truncate(&buffers.ids, keep);
         // Room for the prompt and an answer (`finish_call` appends the sampled tokens).
         let room = encoded_ids.len() + ANSWER_ROOM_TOKENS;
-        let mut context_ids = with_room(buffers.ids, keep, room);
-        let mut ends = with_room(buffers.ends, keep, room);
-        let mut provenance = with_room(buffers.provenance, keep, room);
+        let mut context_ids = cut_with_room(buffers.ids, keep, room);
+        let mut ends = cut_with_room(buffers.ends, keep, room);
+        let mut provenance = cut_with_room(buffers.provenance, keep, room);
         context_json.reserve(room);
         context_json.extend(&encoded_ids);
         let spans_of_content = self.content_spans(request, &text, tail_start);

@@ -283,9 +283,9 @@ impl ChatTemplate {
 
     /// Renders the prompt text.
     ///
-    /// The context is built straight as template values ([`Message::template_value`]); the
-    /// `serde_json` form ([`Message::template_view`], [`ChatTemplate::render_context`]) is the
-    /// reference the tests compare it with.
+    /// The context is built straight as template values ([`Message::template_value`]);
+    /// `tests/it/template_values.rs` checks it against the same dicts written as JSON through
+    /// [`ChatTemplate::render_context`].
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
         let mut context: Vec<(Value, Value)> = Vec::with_capacity(16);
         if let Some(extra) = input.extra {

@@ -1,8 +1,8 @@
 //! `ChatTemplate::render` builds its context straight as template values
-//! (`Message::template_value`); the `serde_json` views (`Message::template_view`,
-//! `Tool::template_view`) through `render_context` are the reference. Both must render the
-//! same bytes for any conversation, in both tool-argument forms, through a template that prints
-//! every message as JSON (key order, types) and as Python's `str()`.
+//! (`Message::template_value`). The reference here writes the HF-convention dicts as JSON
+//! (`view` below) and renders them through `render_context`. Both must render the same bytes
+//! for any conversation, in both tool-argument forms, through a template that prints every
+//! message as JSON (key order, types) and as Python's `str()`.
 
 use gyre_proxy::messages::Reasoning;
 use gyre_proxy::{
@@ -71,6 +71,42 @@ fn tool() -> impl Strategy<Value = Tool> {
     })
 }
 
+/// The dict HF templates expect for a message, written independently of the library.
+fn view(message: &Message, form: ToolArgumentsForm) -> Value {
+    let mut view = Map::new();
+    view.insert("role".into(), json!(message.role.as_str()));
+    view.insert("content".into(), json!(message.content));
+    if let Some(reasoning) = message.reasoning_content() {
+        view.insert("reasoning_content".into(), json!(reasoning));
+    }
+    if !message.tool_calls.is_empty() {
+        let calls: Vec<Value> = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments = match form {
+                    ToolArgumentsForm::RawText => json!(call.arguments),
+                    ToolArgumentsForm::Object => serde_json::from_str(&call.arguments)
+                        .unwrap_or_else(|_| json!(call.arguments)),
+                };
+                json!({
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                })
+            })
+            .collect();
+        view.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = &message.tool_call_id {
+        view.insert("tool_call_id".into(), json!(id));
+    }
+    if let Some(name) = &message.tool_name {
+        view.insert("name".into(), json!(name));
+    }
+    Value::Object(view)
+}
+
 fn reference(
     template: &ChatTemplate,
     messages: &[Message],
@@ -82,7 +118,7 @@ fn reference(
     context.insert("bos_token".into(), json!("<s>"));
     context.insert(
         "messages".into(),
-        Value::Array(messages.iter().map(|m| m.template_view(form)).collect()),
+        Value::Array(messages.iter().map(|m| view(m, form)).collect()),
     );
     context.insert(
         "tools".into(),
