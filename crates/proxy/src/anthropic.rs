@@ -163,6 +163,11 @@ pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
     read_request(Node::root(&value, API), true)
 }
 
+/// Reads a `/v1/messages` body already parsed into a JSON value.
+pub(crate) fn read_value(value: &Value) -> Result<MessagesRequest, ApiError> {
+    read_request(Node::root(value, API), true)
+}
+
 /// Parses a `/v1/messages/count_tokens` body (no `max_tokens`).
 pub fn parse_count_tokens(body: &[u8]) -> Result<MessagesRequest, ApiError> {
     let value = body_object(API, body)?;

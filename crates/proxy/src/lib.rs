@@ -17,6 +17,7 @@
 
 pub mod anthropic;
 pub mod api_error;
+pub mod body;
 pub mod engine;
 mod error;
 pub mod fast_bpe;
@@ -37,11 +38,22 @@ pub use messages::{Api, ChatRequest, Message, Role, Tool, ToolCall};
 pub use model_dir::{ChatModel, TextStream};
 pub use template::{ChatTemplate, CivilDateTime, RenderInput, SpecialTokens, ToolArgumentsForm};
 
-/// Parses a request body for `api` (the server's one entry point per route).
+/// Parses a request body for `api`.
 pub fn parse_request(api: Api, body: &[u8]) -> Result<ChatRequest, ApiError> {
     match api {
         Api::Anthropic => anthropic::parse(body),
         Api::OpenAiChat => openai_chat::parse(body),
         Api::OpenAiResponses => openai_responses::parse(body),
+    }
+}
+
+/// Reads a request for `api` from a body already parsed by [`body::parse_body`] (the server's
+/// path: it parses each body against the same agent's previous one).
+pub fn read_parsed_request(api: Api, body: &body::ParsedBody) -> Result<ChatRequest, ApiError> {
+    let value = body.value();
+    match api {
+        Api::Anthropic => anthropic::read_value(value)?.to_chat(),
+        Api::OpenAiChat => openai_chat::read_value(value)?.to_chat(),
+        Api::OpenAiResponses => openai_responses::read_value(value)?.to_chat(),
     }
 }

@@ -121,6 +121,11 @@ pub fn parse_request(body: &[u8]) -> Result<ChatCompletionRequest, ApiError> {
     read_request(Node::root(&value, API))
 }
 
+/// Reads a body already parsed into a JSON value.
+pub(crate) fn read_value(value: &Value) -> Result<ChatCompletionRequest, ApiError> {
+    read_request(Node::root(value, API))
+}
+
 fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
     let object = root.object()?;
     let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);

@@ -9,6 +9,7 @@
 //! `encrypted_content` as their handle.
 
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::api_error::ApiError;
 use crate::messages::{
@@ -129,6 +130,11 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
 pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
     let value = body_object(API, body)?;
     read_request(Node::root(&value, API))
+}
+
+/// Reads a body already parsed into a JSON value.
+pub(crate) fn read_value(value: &Value) -> Result<ResponsesRequest, ApiError> {
+    read_request(Node::root(value, API))
 }
 
 fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {

@@ -9,7 +9,7 @@
 //! instead of passing by.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -75,6 +75,34 @@ fn start_proxy(script: &Path, log: &Path) -> Proxy {
         token: text("token"),
         child,
     }
+}
+
+/// `gyre_proxy_body_elements_total` from the proxy's `/metrics`: conversation elements
+/// (parsed, taken over from the agent's previous body).
+fn body_elements(proxy: &Proxy) -> (u64, u64) {
+    let authority = proxy
+        .anthropic_base_url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&authority).expect("the proxy accepts");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request written");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("metrics read");
+    let counter = |how: &str| {
+        let name = format!("gyre_proxy_body_elements_total{{how=\"{how}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&name))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name}missing from /metrics:\n{text}"))
+    };
+    (counter("parsed"), counter("reused"))
 }
 
 fn records(log: &Path) -> Vec<ModelCallRecord> {
@@ -231,6 +259,14 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
             .iter()
             .all(|lp| lp.is_finite() && *lp <= 0.0));
     }
+    // Claude Code re-sends the conversation with `cache_control` moved, yet each body starts
+    // with the previous body's bytes: those messages are taken over, not parsed again (in a
+    // conversation this short, first bodies and moved markers are about half the messages).
+    let (parsed, reused) = body_elements(&proxy);
+    assert!(
+        reused > 0 && reused * 3 >= parsed,
+        "messages reused {reused}, parsed {parsed}: bodies are parsed incrementally"
+    );
     drop(proxy);
 }
 
@@ -300,5 +336,11 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
             "each turn reuses the whole previous context (reasoning restored from its handle)"
         );
     }
+    // Codex re-sends `input` with the previous items' bytes first.
+    let (parsed, reused) = body_elements(&proxy);
+    assert!(
+        reused > 0,
+        "input items reused {reused}, parsed {parsed}: bodies are parsed incrementally"
+    );
     drop(proxy);
 }

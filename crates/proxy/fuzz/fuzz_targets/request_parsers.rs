@@ -2,9 +2,13 @@
 //!
 //! A parser may reject, but never panic, and a rejection is always a 4xx whose body is the
 //! API's error JSON. The proptest `hostile_requests` checks the same property in `cargo test`.
+//! A body parsed incrementally against a previous one (`body::parse_body`, here the input and
+//! a splice of it that shares a prefix) must equal the whole-document parse
+//! (`tests/it/incremental_body.rs` is the proptest twin).
 
 #![no_main]
 
+use bytes::Bytes;
 use gyre_proxy::messages::Api;
 use gyre_proxy::output::{parse_output, OutputFormat};
 use libfuzzer_sys::fuzz_target;
@@ -16,6 +20,25 @@ fuzz_target!(|data: &[u8]| {
             let body: String = error.body();
             assert!(!body.is_empty());
         }
+    }
+    let half = data.len() / 2;
+    let spliced: Vec<u8> = data[..data.len() * 3 / 4]
+        .iter()
+        .chain(&data[half..])
+        .copied()
+        .collect();
+    let previous = gyre_proxy::body::parse_body(Api::Anthropic, Bytes::copy_from_slice(data), None);
+    let incremental =
+        gyre_proxy::body::parse_body(Api::Anthropic, Bytes::from(spliced.clone()), previous.ok());
+    match serde_json::from_slice::<serde_json::Value>(&spliced) {
+        Ok(whole) if whole.is_object() => {
+            let parsed = incremental.expect("a JSON object parses incrementally too");
+            assert_eq!(
+                serde_json::to_string(parsed.value()).unwrap(),
+                serde_json::to_string(&whole).unwrap()
+            );
+        }
+        _ => assert!(incremental.is_err()),
     }
     if let Ok(text) = std::str::from_utf8(data) {
         for format in [

@@ -90,6 +90,8 @@ pub struct Metrics {
     failovers: AtomicU64,
     harness_gone: AtomicU64,
     stream_errors: AtomicU64,
+    body_elements_parsed: AtomicU64,
+    body_elements_reused: AtomicU64,
     call_seconds: Mutex<Histogram>,
     commit_seconds: Mutex<Histogram>,
     stage_seconds: Mutex<[Histogram; STAGES.len()]>,
@@ -171,6 +173,15 @@ impl Metrics {
         self.stream_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A body's conversation elements: `reused` taken over from the agent's previous body,
+    /// the rest parsed.
+    pub fn body_elements(&self, total: usize, reused: usize) {
+        self.body_elements_reused
+            .fetch_add(reused as u64, Ordering::Relaxed);
+        self.body_elements_parsed
+            .fetch_add(total.saturating_sub(reused) as u64, Ordering::Relaxed);
+    }
+
     /// Calls recorded so far.
     pub fn recorded_count(&self) -> u64 {
         self.recorded.load(Ordering::Relaxed)
@@ -232,6 +243,17 @@ impl Metrics {
                 "gyre_proxy_stream_errors_total",
                 "Streams ended with an error event.",
                 &self.stream_errors,
+            ),
+            (
+                "gyre_proxy_body_elements_total{how=\"parsed\"}",
+                "Conversation elements (messages or input items) of request bodies, by whether \
+                 they were parsed or taken over from the agent's previous body (same bytes).",
+                &self.body_elements_parsed,
+            ),
+            (
+                "gyre_proxy_body_elements_total{how=\"reused\"}",
+                "",
+                &self.body_elements_reused,
             ),
         ];
         for (name, help, value) in counters {

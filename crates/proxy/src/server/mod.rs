@@ -35,6 +35,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::body::ParsedBody;
 use crate::engine::TokenEngine;
 use crate::messages::Api;
 use crate::model_dir::ChatModel;
@@ -76,13 +77,57 @@ impl Default for ServerConfig {
 
 /// One execution's session, shared by its concurrent calls (sub-agents run in parallel).
 #[derive(Clone)]
-pub struct ExecutionHandle(Arc<Mutex<Session>>);
+pub struct ExecutionHandle(Arc<Execution>);
+
+pub struct Execution {
+    session: Mutex<Session>,
+    /// Each agent's last request body, parsed: the next body of that agent parses only the
+    /// bytes after what the two share (see [`gyre_proxy::body`]).
+    bodies: Mutex<Vec<(Api, String, ParsedBody)>>,
+}
+
+/// Bodies kept per execution (agents beyond this parse their next body whole).
+const BODIES_KEPT: usize = 4;
 
 impl ExecutionHandle {
+    fn new(session: Session) -> Self {
+        ExecutionHandle(Arc::new(Execution {
+            session: Mutex::new(session),
+            bodies: Mutex::new(Vec::new()),
+        }))
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Session> {
         self.0
+            .session
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn bodies(&self) -> MutexGuard<'_, Vec<(Api, String, ParsedBody)>> {
+        self.0
+            .bodies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `agent`'s last body (a concurrent call of the same agent parses whole).
+    fn take_body(&self, api: Api, agent: &str) -> Option<ParsedBody> {
+        let mut bodies = self.bodies();
+        let at = bodies
+            .iter()
+            .position(|(known_api, known_agent, _)| *known_api == api && known_agent == agent)?;
+        Some(bodies.remove(at).2)
+    }
+
+    /// Keeps `body` as `agent`'s last one, dropping the least recently kept beyond the bound.
+    fn keep_body(&self, api: Api, agent: String, body: ParsedBody) {
+        let mut bodies = self.bodies();
+        bodies.retain(|(known_api, known_agent, _)| !(*known_api == api && *known_agent == agent));
+        if bodies.len() >= BODIES_KEPT {
+            bodies.remove(0);
+        }
+        bodies.push((api, agent, body));
     }
 }
 
@@ -169,8 +214,7 @@ impl AppState {
         self.executions()
             .entry(token.to_string())
             .or_insert_with(|| {
-                let session = Session::new(ExecutionId(id), &self.model, engine);
-                ExecutionHandle(Arc::new(Mutex::new(session)))
+                ExecutionHandle::new(Session::new(ExecutionId(id), &self.model, engine))
             })
             .clone()
     }
@@ -425,7 +469,13 @@ async fn model_call(
             app.metrics
                 .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
             let parsing = std::time::Instant::now();
-            let mut request = crate::parse_request(api, &bytes)?;
+            let agent_key = agent.as_deref().unwrap_or("main");
+            let previous = execution.take_body(api, agent_key);
+            let body = crate::body::parse_body(api, bytes, previous)?;
+            let mut request = crate::read_parsed_request(api, &body)?;
+            app.metrics
+                .body_elements(body.elements(), body.reused_elements());
+            execution.keep_body(api, agent_key.to_string(), body);
             app.metrics
                 .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
             let preparing = std::time::Instant::now();

@@ -9,6 +9,7 @@ mod engine_suite;
 mod engine_support;
 mod engine_vllm;
 mod hostile_requests;
+mod incremental_body;
 mod model_dir;
 mod openai_chat;
 mod openai_responses;
