@@ -67,6 +67,15 @@ impl ParsedBody {
         self.reused
     }
 
+    /// Bytes the body has.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     /// Conversation elements the body has (0 when it has no conversation array).
     pub fn elements(&self) -> usize {
         match &self.layout {

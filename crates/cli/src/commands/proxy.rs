@@ -78,6 +78,12 @@ pub struct ProxyArgs {
     /// Request bodies over this many bytes get 413.
     #[arg(long, default_value_t = 32 << 20)]
     body_limit: usize,
+    /// Memory, MiB over all executions, for each agent's last request body kept parsed:
+    /// harnesses re-send the whole conversation, and a kept body lets the next one parse only
+    /// the bytes after what the two share (a body costs about 3× its size). Beyond it, bodies
+    /// are parsed whole; 0 turns this off.
+    #[arg(long, default_value_t = 1024)]
+    body_cache_mib: usize,
     /// Cap on new tokens per call.
     #[arg(long, default_value_t = 4096)]
     max_new_tokens: u32,
@@ -130,6 +136,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         max_new_tokens: args.max_new_tokens,
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,
+        body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;

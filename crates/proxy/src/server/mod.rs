@@ -20,7 +20,7 @@ pub mod sink;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -61,6 +61,10 @@ pub struct ServerConfig {
     /// An unknown credential opens a new execution under that credential instead of getting
     /// 401 (for replaying captured harness traffic, or harnesses with a fixed key).
     pub auto_open: bool,
+    /// Memory, over all executions, for each agent's last request body kept parsed so that
+    /// the next body parses only its new part (counted as 3× the body's bytes: the bytes
+    /// and the parsed document). Beyond it, bodies parse whole. 0 turns reuse off.
+    pub body_cache_bytes_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +75,7 @@ impl Default for ServerConfig {
             engine_attempts_max: 4,
             public_url: String::new(),
             auto_open: false,
+            body_cache_bytes_max: 1 << 30,
         }
     }
 }
@@ -83,11 +88,51 @@ pub struct Execution {
     session: Mutex<Session>,
     /// Each agent's last request body, parsed: the next body of that agent parses only the
     /// bytes after what the two share (see [`gyre_proxy::body`]).
-    bodies: Mutex<Vec<(Api, String, ParsedBody)>>,
+    bodies: Mutex<Vec<KeptBody>>,
 }
 
 /// Bodies kept per execution (agents beyond this parse their next body whole).
 const BODIES_KEPT: usize = 4;
+
+struct KeptBody {
+    api: Api,
+    agent: String,
+    body: ParsedBody,
+    _charge: Charge,
+}
+
+/// The memory all kept bodies may use ([`ServerConfig::body_cache_bytes_max`]).
+struct BodyBudget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+/// A kept body's share of the [`BodyBudget`], returned when the body is dropped.
+struct Charge {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Charge {
+    fn take(budget: &Arc<BodyBudget>, bytes: usize) -> Option<Charge> {
+        budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used + bytes <= budget.max).then_some(used + bytes)
+            })
+            .ok()?;
+        Some(Charge {
+            budget: budget.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
 
 impl ExecutionHandle {
     fn new(session: Session) -> Self {
@@ -104,7 +149,7 @@ impl ExecutionHandle {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn bodies(&self) -> MutexGuard<'_, Vec<(Api, String, ParsedBody)>> {
+    fn bodies(&self) -> MutexGuard<'_, Vec<KeptBody>> {
         self.0
             .bodies
             .lock()
@@ -116,18 +161,26 @@ impl ExecutionHandle {
         let mut bodies = self.bodies();
         let at = bodies
             .iter()
-            .position(|(known_api, known_agent, _)| *known_api == api && known_agent == agent)?;
-        Some(bodies.remove(at).2)
+            .position(|kept| kept.api == api && kept.agent == agent)?;
+        Some(bodies.remove(at).body)
     }
 
-    /// Keeps `body` as `agent`'s last one, dropping the least recently kept beyond the bound.
-    fn keep_body(&self, api: Api, agent: String, body: ParsedBody) {
+    /// Keeps `body` as `agent`'s last one, dropping the least recently kept beyond the
+    /// per-execution bound; not kept when the budget is spent.
+    fn keep_body(&self, budget: &Arc<BodyBudget>, api: Api, agent: String, body: ParsedBody) {
         let mut bodies = self.bodies();
-        bodies.retain(|(known_api, known_agent, _)| !(*known_api == api && *known_agent == agent));
+        bodies.retain(|kept| !(kept.api == api && kept.agent == agent));
         if bodies.len() >= BODIES_KEPT {
             bodies.remove(0);
         }
-        bodies.push((api, agent, body));
+        if let Some(charge) = Charge::take(budget, body.len().saturating_mul(3)) {
+            bodies.push(KeptBody {
+                api,
+                agent,
+                body,
+                _charge: charge,
+            });
+        }
     }
 }
 
@@ -147,6 +200,7 @@ pub struct AppState {
     /// Bounds the calls being parsed, rendered and tokenized at once to the cores there are:
     /// more threads would only add switching, and the async workers must keep a core.
     preparing: tokio::sync::Semaphore,
+    bodies: Arc<BodyBudget>,
     pub metrics: Metrics,
 }
 
@@ -166,7 +220,12 @@ impl AppState {
             .iter()
             .filter_map(|token| model.token_id(token))
             .collect();
+        let bodies = Arc::new(BodyBudget {
+            used: AtomicUsize::new(0),
+            max: config.body_cache_bytes_max,
+        });
         Ok(Arc::new(AppState {
+            bodies,
             config,
             model,
             output_format,
@@ -475,7 +534,7 @@ async fn model_call(
             let mut request = crate::read_parsed_request(api, &body)?;
             app.metrics
                 .body_elements(body.elements(), body.reused_elements());
-            execution.keep_body(api, agent_key.to_string(), body);
+            execution.keep_body(&app.bodies, api, agent_key.to_string(), body);
             app.metrics
                 .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
             let preparing = std::time::Instant::now();
@@ -483,7 +542,13 @@ async fn model_call(
                 let mut session = execution.lock();
                 session.restore(&mut request);
                 session.prepare(&app.model, &request, agent.as_deref(), now_civil())
-            };
+            }
+            .map(|mut prepared| {
+                // Nothing after `prepare` reads the messages: they stay with the agent, whose
+                // next call reuses the template values of its equal leading messages.
+                prepared.keep_messages(std::mem::take(&mut request.messages));
+                prepared
+            });
             app.metrics
                 .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
             Ok::<_, ApiError>((request, prepared))
@@ -891,5 +956,31 @@ pub async fn follow_routes(
             tracing::warn!(%error, "following routes from the log; retrying in 1 s");
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_bodies_stay_within_their_budget_and_return_it_when_dropped() {
+        let budget = Arc::new(BodyBudget {
+            used: AtomicUsize::new(0),
+            max: 100,
+        });
+        let first = Charge::take(&budget, 60).expect("within the budget");
+        assert!(Charge::take(&budget, 60).is_none(), "beyond the budget");
+        let second = Charge::take(&budget, 40).expect("exactly the budget");
+        assert_eq!(budget.used.load(Ordering::Acquire), 100);
+        drop(first);
+        assert_eq!(budget.used.load(Ordering::Acquire), 40);
+        drop(second);
+        assert_eq!(budget.used.load(Ordering::Acquire), 0);
+        let off = Arc::new(BodyBudget {
+            used: AtomicUsize::new(0),
+            max: 0,
+        });
+        assert!(Charge::take(&off, 1).is_none(), "0 turns reuse off");
     }
 }

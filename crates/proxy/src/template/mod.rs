@@ -287,6 +287,18 @@ impl ChatTemplate {
     /// `tests/it/template_values.rs` checks it against the same dicts written as JSON through
     /// [`ChatTemplate::render_context`].
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
+        Ok(self.render_reusing(input, &[])?.0)
+    }
+
+    /// [`ChatTemplate::render`], taking the template values of the first `known.len()`
+    /// messages from `known` (values this template built for equal messages: values are
+    /// immutable and shared) and building the rest. Returns the text and every message's
+    /// value, for the next call to reuse.
+    pub fn render_reusing(
+        &self,
+        input: &RenderInput<'_>,
+        known: &[Value],
+    ) -> Result<(String, Vec<Value>), ProxyError> {
         let mut context: Vec<(Value, Value)> = Vec::with_capacity(16);
         if let Some(extra) = input.extra {
             for (key, value) in extra {
@@ -318,12 +330,17 @@ impl ChatTemplate {
                 .collect();
             context.push((Value::from("additional_special_tokens"), Value::from(list)));
         }
-        let messages: Vec<Value> = input
-            .messages
+        let known = &known[..known.len().min(input.messages.len())];
+        let messages: Vec<Value> = known
             .iter()
-            .map(|message| message.template_value(self.tool_arguments))
+            .cloned()
+            .chain(
+                input.messages[known.len()..]
+                    .iter()
+                    .map(|message| message.template_value(self.tool_arguments)),
+            )
             .collect();
-        context.push((Value::from("messages"), Value::from(messages)));
+        context.push((Value::from("messages"), Value::from(messages.clone())));
         let tools = if input.tools.is_empty() {
             Value::from(())
         } else {
@@ -341,7 +358,7 @@ impl ChatTemplate {
             Value::from(input.add_generation_prompt),
         ));
         context.push((Value::from(NOW_VARIABLE), now_value(input.now)));
-        self.render_value(Value::from_pairs(context))
+        Ok((self.render_value(Value::from_pairs(context))?, messages))
     }
 
     /// Renders with a raw context: every variable the template sees (the jinja2 comparison

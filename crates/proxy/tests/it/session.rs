@@ -91,9 +91,12 @@ proptest! {
             }
             let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
             request.messages.push(Message::new(Role::User, words));
-            let prepared = session
+            let mut prepared = session
                 .prepare(&model, request, Some(agents[agent]), reference_now())
                 .expect("prepares");
+            // As the server does: the messages stay with the agent, and its next call reuses
+            // the template values of the leading messages that are equal.
+            prepared.keep_messages(request.messages.clone());
             let text = model
                 .render(&RenderInput {
                     messages: &request.messages,
