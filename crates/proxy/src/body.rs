@@ -4,7 +4,9 @@
 //! ~0.5 MB of JSON of which only the last few messages are new. Parsing it whole costs about
 //! as much as rendering it. [`parse_body`] compares the new bytes with the previous body's
 //! (one `memcmp`) and takes over the previous document's conversation elements that lie wholly
-//! inside the common byte prefix; only the bytes after them are parsed.
+//! inside the common byte prefix, and the members after the conversation whose value bytes
+//! are unchanged (Claude Code sends `system` and ~30–60 KB of `tools` there); only the rest
+//! is parsed.
 //!
 //! **Exactness.** JSON is parsed left to right, so an element whose bytes are identical in both
 //! bodies, at the same offset, with identical bytes before it, has the identical value and
@@ -19,6 +21,8 @@
 //! `serde_json` bounds nesting at 128 levels per parse; a value parsed here on its own is
 //! refused (and so parsed whole, which gives the error) when it nests deeper than it could
 //! inside the whole document.
+
+use std::ops::Range;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -54,6 +58,9 @@ struct Layout {
     conversation_at: usize,
     /// End offset (exclusive) of each conversation element.
     element_ends: Vec<usize>,
+    /// Members after the conversation whose value is an object, array or string (values that
+    /// end at their own closing byte): name and the value's byte range.
+    trailing: Vec<(String, Range<usize>)>,
 }
 
 impl ParsedBody {
@@ -121,6 +128,26 @@ struct Reuse {
     conversation_at: usize,
     elements: Vec<Value>,
     element_ends: Vec<usize>,
+    /// The previous body's trailing members, each reused where the new body has the same
+    /// name with the same value bytes (Claude Code sends its ~30–60 KB `tools` and its
+    /// `system` after `messages`, unchanged from call to call).
+    trailing: Vec<(String, Value)>,
+    trailing_ranges: Vec<Range<usize>>,
+    bytes: Bytes,
+}
+
+impl Reuse {
+    /// The previous value of member `name` when the bytes at `at` start with its bytes.
+    fn trailing_at(&mut self, name: &str, bytes: &[u8], at: usize) -> Option<(Value, usize)> {
+        let index = self.trailing.iter().position(|(known, _)| known == name)?;
+        let range = self.trailing_ranges[index].clone();
+        let len = range.len();
+        if bytes.get(at..at + len)? != &self.bytes[range] {
+            return None;
+        }
+        self.trailing_ranges.swap_remove(index);
+        Some((self.trailing.swap_remove(index).1, len))
+    }
 }
 
 fn reuse_from(bytes: &[u8], key: &str, previous: ParsedBody) -> Option<Reuse> {
@@ -159,11 +186,21 @@ fn reuse_from(bytes: &[u8], key: &str, previous: ParsedBody) -> Option<Reuse> {
     all.truncate(elements);
     let mut element_ends = layout.element_ends;
     element_ends.truncate(elements);
+    let mut trailing = Vec::with_capacity(layout.trailing.len());
+    let mut trailing_ranges = Vec::with_capacity(layout.trailing.len());
+    for (name, range) in layout.trailing {
+        let value = map.remove(&name)?;
+        trailing.push((name, value));
+        trailing_ranges.push(range);
+    }
     Some(Reuse {
         prefix,
         conversation_at: layout.conversation_at,
         elements: all,
         element_ends,
+        trailing,
+        trailing_ranges,
+        bytes: previous.bytes,
     })
 }
 
@@ -186,22 +223,26 @@ type Elementwise = (Value, Option<Layout>, usize);
 /// The element-wise reader. `None` means "not accepted here": the caller parses the whole
 /// document, which either produces the same value or the canonical error.
 fn parse_elementwise(bytes: &[u8], key: &str, previous: Option<ParsedBody>) -> Option<Elementwise> {
-    let reuse = previous.and_then(|previous| reuse_from(bytes, key, previous));
+    let mut reuse = previous.and_then(|previous| reuse_from(bytes, key, previous));
     let mut reader = Cursor { bytes, at: 0 };
     let mut map = Map::new();
     let mut prefix_keys = Vec::new();
     let mut duplicated = false;
     let mut conversation: Option<(usize, Vec<usize>)> = None;
+    let mut trailing = Vec::new();
     let mut reused = 0;
     let mut resume = None;
-    if let Some(reuse) = reuse {
-        for (name, value) in reuse.prefix {
+    if let Some(reuse) = &mut reuse {
+        for (name, value) in reuse.prefix.drain(..) {
             prefix_keys.push(name.clone());
             map.insert(name, value);
         }
         reader.at = reuse.conversation_at;
         reused = reuse.elements.len();
-        resume = Some((reuse.elements, reuse.element_ends));
+        resume = Some((
+            std::mem::take(&mut reuse.elements),
+            std::mem::take(&mut reuse.element_ends),
+        ));
     } else {
         reader.skip_space();
         if !reader.eat(b'{') {
@@ -234,6 +275,22 @@ fn parse_elementwise(bytes: &[u8], key: &str, previous: Option<ParsedBody>) -> O
             };
             conversation = Some((at, ends));
             Value::Array(elements)
+        } else if conversation.is_some() {
+            let start = reader.at;
+            let known = reuse
+                .as_mut()
+                .and_then(|reuse| reuse.trailing_at(&name, bytes, start));
+            let value = match known {
+                Some((value, len)) => {
+                    reader.at += len;
+                    value
+                }
+                None => reader.value(1)?,
+            };
+            if matches!(value, Value::Object(_) | Value::Array(_) | Value::String(_)) {
+                trailing.push((name.clone(), start..reader.at));
+            }
+            value
         } else {
             reader.value(1)?
         };
@@ -259,6 +316,7 @@ fn parse_elementwise(bytes: &[u8], key: &str, previous: Option<ParsedBody>) -> O
             prefix_keys,
             conversation_at,
             element_ends,
+            trailing,
         }),
         _ => None,
     };
@@ -399,6 +457,34 @@ mod tests {
         let third = parse(body, Some(second));
         assert_eq!(third.reused_elements(), 0);
         assert_eq!(third.value(), &serde_json::from_str::<Value>(body).unwrap());
+    }
+
+    #[test]
+    fn unchanged_trailing_members_are_taken_over() {
+        let first = parse(
+            r#"{"messages":[{"a":1}],"system":"s","tools":[{"name":"Bash"}],"stream":true}"#,
+            None,
+        );
+        let body = r#"{"messages":[{"a":1},{"b":2}],"system":"s","tools":[{"name":"Bash"}],"stream":true}"#;
+        let second = parse(body, Some(first));
+        let layout = second.layout.as_ref().expect("a layout");
+        let names: Vec<&str> = layout
+            .trailing
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(names, ["system", "tools"], "literals are not kept");
+        assert_eq!(
+            second.value(),
+            &serde_json::from_str::<Value>(body).unwrap()
+        );
+        // A changed value, or one that only starts the same, is parsed.
+        let body = r#"{"messages":[{"a":1},{"b":2}],"system":"s2","tools":[{"name":"Bash"},1]}"#;
+        let third = parse(body, Some(second));
+        assert_eq!(
+            serde_json::to_string(third.value()).unwrap(),
+            serde_json::to_string(&serde_json::from_str::<Value>(body).unwrap()).unwrap()
+        );
     }
 
     #[test]

@@ -271,16 +271,17 @@ impl ChatModel {
         self.template_for(!input.tools.is_empty()).render(input)
     }
 
-    /// [`ChatModel::render`] reusing the message values of an earlier render of equal leading
-    /// messages ([`ChatTemplate::render_reusing`]). The values belong to the template that
+    /// [`ChatModel::render`] reusing the message and tool values of an earlier render of equal
+    /// leading messages and equal tools ([`ChatTemplate::render_reusing`]). The values belong to the template that
     /// built them: pass `known` only from a render with the same `tools.is_empty()`.
     pub fn render_reusing(
         &self,
         input: &RenderInput<'_>,
         known: &[minijinja::Value],
-    ) -> Result<(String, Vec<minijinja::Value>), ProxyError> {
+        known_tools: Option<&minijinja::Value>,
+    ) -> Result<crate::template::Rendered, ProxyError> {
         self.template_for(!input.tools.is_empty())
-            .render_reusing(input, known)
+            .render_reusing(input, known, known_tools)
     }
 
     /// Token ids and their (start, end) byte offsets in `text`, exactly as

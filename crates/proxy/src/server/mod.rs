@@ -544,9 +544,12 @@ async fn model_call(
                 session.prepare(&app.model, &request, agent.as_deref(), now_civil())
             }
             .map(|mut prepared| {
-                // Nothing after `prepare` reads the messages: they stay with the agent, whose
-                // next call reuses the template values of its equal leading messages.
-                prepared.keep_messages(std::mem::take(&mut request.messages));
+                // Nothing after `prepare` reads the messages and tools: they stay with the
+                // agent, whose next call reuses the template values of equal ones.
+                prepared.keep_conversation(
+                    std::mem::take(&mut request.messages),
+                    std::mem::take(&mut request.tools),
+                );
                 prepared
             });
             app.metrics

@@ -31,7 +31,7 @@ use gyre_event::{
 use gyre_trajectory::{match_context, Tree, TreeConfig};
 
 use crate::engine::IdsJson;
-use crate::messages::{ChatRequest, Message, Role};
+use crate::messages::{ChatRequest, Message, Role, Tool};
 use crate::model_dir::ChatModel;
 use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
@@ -64,16 +64,29 @@ struct AgentContext {
     messages: MessageValues,
 }
 
-/// Messages and the template values rendered for them, index for index.
+/// Messages and tools and the template values rendered for them.
 #[derive(Clone, Debug, Default)]
 struct MessageValues {
     messages: Vec<Message>,
     values: Vec<minijinja::Value>,
+    tools: Option<Vec<Tool>>,
+    tools_value: minijinja::Value,
     /// Which of the model's templates built the values (with or without tools).
     with_tools: bool,
 }
 
 impl MessageValues {
+    /// The tools' value, when `tools` are these (same template).
+    fn known_tools(&self, tools: &[Tool], with_tools: bool) -> Option<&minijinja::Value> {
+        let known = self.tools.as_deref()?;
+        let same = known.len() == tools.len()
+            && known
+                .iter()
+                .zip(tools)
+                .all(|(known, tool)| known.same_as(tool));
+        (self.with_tools == with_tools && same).then_some(&self.tools_value)
+    }
+
     /// The values of the leading messages of `messages` equal to these (same template).
     fn known_for(&self, messages: &[Message], with_tools: bool) -> &[minijinja::Value] {
         if self.with_tools != with_tools || self.messages.len() != self.values.len() {
@@ -141,10 +154,12 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Hands over the request's messages (after `prepare`, nothing reads them): kept with the
-    /// agent's context, they let its next call reuse the template values of equal messages.
-    pub fn keep_messages(&mut self, messages: Vec<Message>) {
+    /// Hands over the request's messages and tools (after `prepare`, nothing reads them):
+    /// kept with the agent's context, they let its next call reuse the template values of
+    /// equal messages and tools.
+    pub fn keep_conversation(&mut self, messages: Vec<Message>, tools: Vec<Tool>) {
         self.messages.messages = messages;
+        self.messages.tools = Some(tools);
     }
 }
 
@@ -352,7 +367,7 @@ impl Session {
             .get_mut(&agent)
             .map(|context| std::mem::take(&mut context.messages))
             .unwrap_or_default();
-        let (text, values) = model.render_reusing(
+        let rendered = model.render_reusing(
             &RenderInput {
                 messages: &request.messages,
                 tools: &request.tools,
@@ -361,8 +376,10 @@ impl Session {
                 extra: None,
             },
             earlier.known_for(&request.messages, with_tools),
+            earlier.known_tools(&request.tools, with_tools),
         )?;
         drop(earlier);
+        let text = rendered.text;
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
@@ -476,7 +493,9 @@ impl Session {
             provenance,
             messages: MessageValues {
                 messages: Vec::new(),
-                values,
+                values: rendered.messages,
+                tools: None,
+                tools_value: rendered.tools,
                 with_tools,
             },
             reused_by_text: keep,

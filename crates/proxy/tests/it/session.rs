@@ -7,7 +7,9 @@
 
 use gyre_event::ExecutionId;
 use gyre_proxy::server::session::{Sampled, Session};
-use gyre_proxy::{Api, ChatModel, ChatRequest, Message, RenderInput, Role, ToolArgumentsForm};
+use gyre_proxy::{
+    Api, ChatModel, ChatRequest, Message, RenderInput, Role, Tool, ToolArgumentsForm,
+};
 use proptest::prelude::*;
 
 use crate::support::reference_now;
@@ -49,6 +51,11 @@ enum Turn {
     Rewritten,
     /// The harness drops the last exchange before asking (an edit, a branch).
     Rewind,
+    /// The harness sends its tool list with the schema's keys in the other order (`==` on
+    /// JSON objects ignores order; the rendered text does not).
+    ToolsReordered,
+    /// The harness stops sending tools (the template without tools renders).
+    NoTools,
 }
 
 /// One step: which agent (0 main, 1 a sub-agent), how long its new user message is, and what
@@ -62,6 +69,8 @@ fn step() -> impl Strategy<Value = (usize, usize, Turn)> {
             1 => Just(Turn::Fails),
             1 => Just(Turn::Rewritten),
             1 => Just(Turn::Rewind),
+            1 => Just(Turn::ToolsReordered),
+            1 => Just(Turn::NoTools),
         ],
     )
 }
@@ -89,6 +98,18 @@ proptest! {
             if matches!(turn, Turn::Rewind) && request.messages.len() >= 3 {
                 request.messages.truncate(request.messages.len() - 2);
             }
+            let a = r#""a":{"type":"string"}"#;
+            let b = r#""b":{"type":"number","minimum":0}"#;
+            let (first, second) = if matches!(turn, Turn::ToolsReordered) { (b, a) } else { (a, b) };
+            request.tools = if matches!(turn, Turn::NoTools) {
+                Vec::new()
+            } else {
+                let parameters: serde_json::Value = serde_json::from_str(&format!(
+                    r#"{{"type":"object","properties":{{{first},{second}}}}}"#
+                ))
+                .expect("a schema");
+                vec![Tool { name: "probe".into(), description: Some("Probes.".into()), parameters }]
+            };
             let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
             request.messages.push(Message::new(Role::User, words));
             let mut prepared = session
@@ -96,7 +117,7 @@ proptest! {
                 .expect("prepares");
             // As the server does: the messages stay with the agent, and its next call reuses
             // the template values of the leading messages that are equal.
-            prepared.keep_messages(request.messages.clone());
+            prepared.keep_conversation(request.messages.clone(), request.tools.clone());
             let text = model
                 .render(&RenderInput {
                     messages: &request.messages,
