@@ -191,14 +191,6 @@ pub struct Tool {
 }
 
 impl Tool {
-    /// Equal as the template sees it: `==` on JSON objects ignores key order (and takes `-0.0`
-    /// for `0.0`), but key order and number form reach the rendered text.
-    pub fn same_as(&self, other: &Tool) -> bool {
-        self.name == other.name
-            && self.description == other.description
-            && identical_json(&self.parameters, &other.parameters)
-    }
-
     /// `{"type": "function", "function": {"name", "description", "parameters"}}`, the shape HF
     /// templates iterate over.
     pub fn template_view(&self) -> Value {
@@ -303,68 +295,5 @@ impl ChatRequest {
         self.messages
             .last()
             .is_some_and(|message| message.role == Role::Assistant)
-    }
-}
-
-/// JSON values equal member for member in order, numbers in the same form.
-fn identical_json(left: &Value, right: &Value) -> bool {
-    match (left, right) {
-        (Value::Object(left), Value::Object(right)) => {
-            left.len() == right.len()
-                && left
-                    .iter()
-                    .zip(right)
-                    .all(|((left_key, left), (right_key, right))| {
-                        left_key == right_key && identical_json(left, right)
-                    })
-        }
-        (Value::Array(left), Value::Array(right)) => {
-            left.len() == right.len()
-                && left
-                    .iter()
-                    .zip(right)
-                    .all(|(left, right)| identical_json(left, right))
-        }
-        (Value::Number(left), Value::Number(right)) => {
-            let form = |number: &serde_json::Number| {
-                (
-                    number.as_u64(),
-                    number.as_i64(),
-                    number.as_f64().map(f64::to_bits),
-                )
-            };
-            form(left) == form(right)
-        }
-        _ => left == right,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tool(parameters: &str) -> Tool {
-        Tool {
-            name: "t".into(),
-            description: None,
-            parameters: serde_json::from_str(parameters).unwrap(),
-        }
-    }
-
-    #[test]
-    fn tools_are_the_same_only_in_the_same_order_and_number_form() {
-        let same = tool(r#"{"a": 1, "b": [0.5, -0.0]}"#);
-        assert!(same.same_as(&tool(r#"{"a": 1, "b": [0.5, -0.0]}"#)));
-        for other in [
-            r#"{"b": [0.5, -0.0], "a": 1}"#,
-            r#"{"a": 1.0, "b": [0.5, -0.0]}"#,
-            r#"{"a": 1, "b": [0.5, 0.0]}"#,
-            r#"{"a": 1, "b": [0.5]}"#,
-        ] {
-            let other = tool(other);
-            assert!(!same.same_as(&other), "{other:?}");
-        }
-        // `==` would have taken the reordered schema for the same.
-        assert_eq!(same, tool(r#"{"b": [0.5, -0.0], "a": 1}"#));
     }
 }

@@ -271,19 +271,6 @@ impl ChatModel {
         self.template_for(!input.tools.is_empty()).render(input)
     }
 
-    /// [`ChatModel::render`] reusing the message and tool values of an earlier render of equal
-    /// leading messages and equal tools ([`ChatTemplate::render_reusing`]). The values belong to the template that
-    /// built them: pass `known` only from a render with the same `tools.is_empty()`.
-    pub fn render_reusing(
-        &self,
-        input: &RenderInput<'_>,
-        known: &[minijinja::Value],
-        known_tools: Option<&minijinja::Value>,
-    ) -> Result<crate::template::Rendered, ProxyError> {
-        self.template_for(!input.tools.is_empty())
-            .render_reusing(input, known, known_tools)
-    }
-
     /// Token ids and their (start, end) byte offsets in `text`, exactly as
     /// `tokenizer().encode(text, false)` gives them; through the fast path when the tokenizer
     /// and the text allow it.

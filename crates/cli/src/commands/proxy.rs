@@ -82,7 +82,7 @@ pub struct ProxyArgs {
     /// harnesses re-send the whole conversation, and a kept body lets the next one parse only
     /// the bytes after what the two share (a body costs about 3× its size). Beyond it, bodies
     /// are parsed whole; 0 turns this off.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 256)]
     body_cache_mib: usize,
     /// Cap on new tokens per call.
     #[arg(long, default_value_t = 4096)]

@@ -75,7 +75,7 @@ impl Default for ServerConfig {
             engine_attempts_max: 4,
             public_url: String::new(),
             auto_open: false,
-            body_cache_bytes_max: 1 << 30,
+            body_cache_bytes_max: 256 << 20,
         }
     }
 }
@@ -542,16 +542,7 @@ async fn model_call(
                 let mut session = execution.lock();
                 session.restore(&mut request);
                 session.prepare(&app.model, &request, agent.as_deref(), now_civil())
-            }
-            .map(|mut prepared| {
-                // Nothing after `prepare` reads the messages and tools: they stay with the
-                // agent, whose next call reuses the template values of equal ones.
-                prepared.keep_conversation(
-                    std::mem::take(&mut request.messages),
-                    std::mem::take(&mut request.tools),
-                );
-                prepared
-            });
+            };
             app.metrics
                 .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
             Ok::<_, ApiError>((request, prepared))

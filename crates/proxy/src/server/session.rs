@@ -31,7 +31,7 @@ use gyre_event::{
 use gyre_trajectory::{match_context, Tree, TreeConfig};
 
 use crate::engine::IdsJson;
-use crate::messages::{ChatRequest, Message, Role, Tool};
+use crate::messages::{ChatRequest, Role};
 use crate::model_dir::ChatModel;
 use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
@@ -58,48 +58,6 @@ struct AgentContext {
     provenance: Vec<Provenance>,
     /// Token index where the last call's sampled output starts (`ids.len()` if none).
     output_start: usize,
-    /// The last call's messages and their template values (empty when the caller did not
-    /// hand the messages back, [`Prepared::keep_messages`]): the next call reuses the values
-    /// of its leading messages that are equal.
-    messages: MessageValues,
-}
-
-/// Messages and tools and the template values rendered for them.
-#[derive(Clone, Debug, Default)]
-struct MessageValues {
-    messages: Vec<Message>,
-    values: Vec<minijinja::Value>,
-    tools: Option<Vec<Tool>>,
-    tools_value: minijinja::Value,
-    /// Which of the model's templates built the values (with or without tools).
-    with_tools: bool,
-}
-
-impl MessageValues {
-    /// The tools' value, when `tools` are these (same template).
-    fn known_tools(&self, tools: &[Tool], with_tools: bool) -> Option<&minijinja::Value> {
-        let known = self.tools.as_deref()?;
-        let same = known.len() == tools.len()
-            && known
-                .iter()
-                .zip(tools)
-                .all(|(known, tool)| known.same_as(tool));
-        (self.with_tools == with_tools && same).then_some(&self.tools_value)
-    }
-
-    /// The values of the leading messages of `messages` equal to these (same template).
-    fn known_for(&self, messages: &[Message], with_tools: bool) -> &[minijinja::Value] {
-        if self.with_tools != with_tools || self.messages.len() != self.values.len() {
-            return &[];
-        }
-        let same = self
-            .messages
-            .iter()
-            .zip(messages)
-            .take_while(|(old, new)| old == new)
-            .count();
-        &self.values[..same]
-    }
 }
 
 /// The token buffers of an agent context, handed from one call to the next.
@@ -141,9 +99,6 @@ pub struct Prepared {
     pub context_json: Arc<IdsJson>,
     ends: Vec<u32>,
     provenance: Vec<Provenance>,
-    /// The request's template values; with the messages ([`Prepared::keep_messages`]) they
-    /// become the agent's, for its next call.
-    messages: MessageValues,
     /// Tokens taken from the agent's previous context instead of being encoded.
     pub reused_by_text: usize,
     /// Tokens encoded for this request.
@@ -151,16 +106,6 @@ pub struct Prepared {
     /// Input tokens the tree already holds (reported as cached prompt tokens).
     pub tree_reused: u64,
     parent_call: Option<CallId>,
-}
-
-impl Prepared {
-    /// Hands over the request's messages and tools (after `prepare`, nothing reads them):
-    /// kept with the agent's context, they let its next call reuse the template values of
-    /// equal messages and tools.
-    pub fn keep_conversation(&mut self, messages: Vec<Message>, tools: Vec<Tool>) {
-        self.messages.messages = messages;
-        self.messages.tools = Some(tools);
-    }
 }
 
 /// What the engine produced for a call.
@@ -361,25 +306,13 @@ impl Session {
         now: CivilDateTime,
     ) -> Result<Prepared, ProxyError> {
         let agent = agent.unwrap_or("main").to_string();
-        let with_tools = !request.tools.is_empty();
-        let earlier = self
-            .agents
-            .get_mut(&agent)
-            .map(|context| std::mem::take(&mut context.messages))
-            .unwrap_or_default();
-        let rendered = model.render_reusing(
-            &RenderInput {
-                messages: &request.messages,
-                tools: &request.tools,
-                add_generation_prompt: true,
-                now,
-                extra: None,
-            },
-            earlier.known_for(&request.messages, with_tools),
-            earlier.known_tools(&request.tools, with_tools),
-        )?;
-        drop(earlier);
-        let text = rendered.text;
+        let text = model.render(&RenderInput {
+            messages: &request.messages,
+            tools: &request.tools,
+            add_generation_prompt: true,
+            now,
+            extra: None,
+        })?;
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
@@ -491,13 +424,6 @@ impl Session {
             context_json: Arc::new(context_json),
             ends,
             provenance,
-            messages: MessageValues {
-                messages: Vec::new(),
-                values: rendered.messages,
-                tools: None,
-                tools_value: rendered.tools,
-                with_tools,
-            },
             reused_by_text: keep,
             encoded,
             tree_reused: found.reused_tokens_count,
@@ -548,7 +474,6 @@ impl Session {
                 .unwrap_or_else(|shared| (*shared).clone()),
             ends: prepared.ends,
             provenance: prepared.provenance,
-            messages: prepared.messages,
         };
         let base = context.text.len() as u32;
         context.text.push_str(&sampled.output_text);

@@ -287,19 +287,6 @@ impl ChatTemplate {
     /// `tests/it/template_values.rs` checks it against the same dicts written as JSON through
     /// [`ChatTemplate::render_context`].
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
-        Ok(self.render_reusing(input, &[], None)?.text)
-    }
-
-    /// [`ChatTemplate::render`], taking the template values of the first `known.len()`
-    /// messages from `known`, and of the tools from `known_tools`, values this template built
-    /// for equal messages and tools (values are immutable and shared), and building the rest.
-    /// Returns the text and the values, for the next call to reuse.
-    pub fn render_reusing(
-        &self,
-        input: &RenderInput<'_>,
-        known: &[Value],
-        known_tools: Option<&Value>,
-    ) -> Result<Rendered, ProxyError> {
         let mut context: Vec<(Value, Value)> = Vec::with_capacity(16);
         if let Some(extra) = input.extra {
             for (key, value) in extra {
@@ -331,20 +318,13 @@ impl ChatTemplate {
                 .collect();
             context.push((Value::from("additional_special_tokens"), Value::from(list)));
         }
-        let known = &known[..known.len().min(input.messages.len())];
-        let messages: Vec<Value> = known
+        let messages: Vec<Value> = input
+            .messages
             .iter()
-            .cloned()
-            .chain(
-                input.messages[known.len()..]
-                    .iter()
-                    .map(|message| message.template_value(self.tool_arguments)),
-            )
+            .map(|message| message.template_value(self.tool_arguments))
             .collect();
-        context.push((Value::from("messages"), Value::from(messages.clone())));
-        let tools = if let Some(tools) = known_tools {
-            tools.clone()
-        } else if input.tools.is_empty() {
+        context.push((Value::from("messages"), Value::from(messages)));
+        let tools = if input.tools.is_empty() {
             Value::from(())
         } else {
             Value::from(
@@ -355,17 +335,13 @@ impl ChatTemplate {
                     .collect::<Vec<Value>>(),
             )
         };
-        context.push((Value::from("tools"), tools.clone()));
+        context.push((Value::from("tools"), tools));
         context.push((
             Value::from("add_generation_prompt"),
             Value::from(input.add_generation_prompt),
         ));
         context.push((Value::from(NOW_VARIABLE), now_value(input.now)));
-        Ok(Rendered {
-            text: self.render_value(Value::from_pairs(context))?,
-            messages,
-            tools,
-        })
+        self.render_value(Value::from_pairs(context))
     }
 
     /// Renders with a raw context: every variable the template sees (the jinja2 comparison
@@ -399,16 +375,6 @@ impl ChatTemplate {
                 message: template_error_message(&error),
             })
     }
-}
-
-/// A rendered prompt and the template values it was rendered from.
-#[derive(Clone, Debug)]
-pub struct Rendered {
-    pub text: String,
-    /// One value per message.
-    pub messages: Vec<Value>,
-    /// The `tools` variable (none: undefined-like `none`).
-    pub tools: Value,
 }
 
 /// What `strftime_now` reads: the render's civil date and time.

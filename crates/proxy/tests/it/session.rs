@@ -112,12 +112,9 @@ proptest! {
             };
             let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
             request.messages.push(Message::new(Role::User, words));
-            let mut prepared = session
+            let prepared = session
                 .prepare(&model, request, Some(agents[agent]), reference_now())
                 .expect("prepares");
-            // As the server does: the messages stay with the agent, and its next call reuses
-            // the template values of the leading messages that are equal.
-            prepared.keep_conversation(request.messages.clone(), request.tools.clone());
             let text = model
                 .render(&RenderInput {
                     messages: &request.messages,
