@@ -204,6 +204,17 @@ fn scenario(fault: Fault, partial: usize) {
                 .to_vec(),
         )
         .expect("utf-8");
+        // Every call's body was kept for its execution's next call, within the budget.
+        let gauge = text
+            .lines()
+            .find_map(|line| line.strip_prefix("gyre_proxy_body_cache_bytes "))
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("gyre_proxy_body_cache_bytes missing from:\n{text}"));
+        assert!(gauge > 0, "bodies are kept: {text}");
+        assert!(
+            text.contains("gyre_proxy_body_cache_bytes_max 268435456"),
+            "{text}"
+        );
         for stage in ["wait", "parse", "prepare", "engine"] {
             let line = format!(
                 "gyre_proxy_stage_seconds_count{{stage=\"{stage}\"}} {}",

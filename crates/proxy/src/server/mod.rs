@@ -785,7 +785,16 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
-    let mut response = app.metrics.render().into_response();
+    let mut text = app.metrics.render();
+    text.push_str(&format!(
+        "# HELP gyre_proxy_body_cache_bytes Memory charged to kept request bodies (3x their \
+         bytes), and its bound (--body-cache-mib).\n# TYPE gyre_proxy_body_cache_bytes gauge\n\
+         gyre_proxy_body_cache_bytes {}\n# TYPE gyre_proxy_body_cache_bytes_max gauge\n\
+         gyre_proxy_body_cache_bytes_max {}\n",
+        app.bodies.used.load(Ordering::Acquire),
+        app.bodies.max,
+    ));
+    let mut response = text.into_response();
     response.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("text/plain; version=0.0.4"),
