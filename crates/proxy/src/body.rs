@@ -173,9 +173,9 @@ fn reuse_from(bytes: &[u8], key: &str, previous: ParsedBody) -> Option<Reuse> {
         elements += 1;
     }
     let mut prefix = Vec::with_capacity(layout.prefix_keys.len());
-    for key in layout.prefix_keys {
-        let value = map.remove(&key)?;
-        prefix.push((key, value));
+    for name in layout.prefix_keys {
+        let value = map.remove(&name)?;
+        prefix.push((name, value));
     }
     let Some(Value::Array(mut all)) = map.remove(key) else {
         return None;

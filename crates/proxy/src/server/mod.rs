@@ -84,10 +84,10 @@ impl Default for ServerConfig {
 #[derive(Clone)]
 pub struct ExecutionHandle(Arc<Execution>);
 
-pub struct Execution {
+struct Execution {
     session: Mutex<Session>,
     /// Each agent's last request body, parsed: the next body of that agent parses only the
-    /// bytes after what the two share (see [`gyre_proxy::body`]).
+    /// bytes after what the two share (see [`crate::body`]).
     bodies: Mutex<Vec<KeptBody>>,
 }
 
