@@ -159,8 +159,7 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
 
 /// Parses a `/v1/messages` body (`max_tokens` required).
 pub fn parse_request(body: &[u8]) -> Result<MessagesRequest, ApiError> {
-    let value = body_object(API, body)?;
-    read_request(Node::root(&value, API), true)
+    read_value(&body_object(API, body)?)
 }
 
 /// Reads a `/v1/messages` body already parsed into a JSON value.

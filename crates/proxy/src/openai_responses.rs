@@ -128,8 +128,7 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
 }
 
 pub fn parse_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
-    let value = body_object(API, body)?;
-    read_request(Node::root(&value, API))
+    read_value(&body_object(API, body)?)
 }
 
 /// Reads a body already parsed into a JSON value.
