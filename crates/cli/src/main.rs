@@ -4,6 +4,7 @@
 //! dispatches. Errors are reported once, here, with their full cause chain.
 
 mod commands;
+mod config_file;
 
 /// mimalloc instead of glibc malloc: the proxy and the control node allocate and free
 /// megabyte-sized token buffers per call, which glibc serves with fresh mmap'd pages (a page
@@ -13,7 +14,7 @@ mod commands;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Gyre: an elastic RL framework for training xLong-horizon LLM agents.
 ///
@@ -66,7 +67,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // `--config FILE` of `gyre control run` / `gyre proxy` becomes flags before clap parses.
+    let argv = match config_file::expand(&Cli::command(), std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let result = match cli.command {
         Command::Quickstart(args) => commands::quickstart::run(args),
         Command::Simulate(args) => commands::simulate::run(args),

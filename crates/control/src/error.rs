@@ -25,10 +25,11 @@ pub enum ControlError {
     Rpc { address: String, detail: String },
     #[error("cannot reach {address}: {detail}")]
     Unreachable { address: String, detail: String },
-    #[error("{address}: listen: {source}")]
+    /// The error is shown in the message, not chained as a source, so it is printed once.
+    #[error("{address}: listen: {error}")]
     Listen {
         address: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

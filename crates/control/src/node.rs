@@ -89,12 +89,11 @@ impl ControlNode {
     /// is an uninitialised node; `Control.Initialize` on one node forms the cluster.
     pub async fn start(options: NodeOptions) -> Result<ControlNode, ControlError> {
         let config = options.raft_config()?;
-        let listener = crate::listen::bind_listener(options.listen).map_err(|source| {
-            ControlError::Listen {
+        let listener =
+            crate::listen::bind_listener(options.listen).map_err(|error| ControlError::Listen {
                 address: options.listen.to_string(),
-                source,
-            }
-        })?;
+                error,
+            })?;
         let address = listener.local_addr()?;
         let node = start_node::<ControlProjection, _>(
             options.id,

@@ -8,6 +8,7 @@
 //! - `status --cluster ADDRS`: leader, term, commit and applied index, digest per node.
 //! - `bench`: the replicated log benchmark (`control_bench`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,23 +35,17 @@ enum ControlCommand {
         /// Every voter, `1=host:port,2=host:port,3=host:port`.
         #[arg(long)]
         nodes: String,
+        /// Seconds to keep trying while nodes are still starting, and then to wait for a
+        /// leader.
+        #[arg(long, default_value_t = 60)]
+        timeout_secs: u64,
     },
     /// Run one control node.
-    Run {
-        #[arg(long)]
-        id: u64,
-        #[arg(long)]
-        data_dir: PathBuf,
-        /// Address to serve the Raft and Control gRPC services on (also the peers' view of it).
-        #[arg(long)]
-        listen: SocketAddr,
-        /// The cluster, `1=host:port,...`; must list this node at its listen address.
-        #[arg(long)]
-        peers: String,
-        /// Build a snapshot after this many entries.
-        #[arg(long, default_value_t = 20_000)]
-        snapshot_every: u64,
-    },
+    ///
+    /// Settings come from flags or from `--config FILE` (TOML; keys are the flags' names, e.g.
+    /// `id = 1`, `data_dir = "/var/lib/gyre/control"`, `[peers] 1 = "gyre-control-1:7000"`);
+    /// a flag on the command line replaces the file's value. `deploy/config/` has examples.
+    Run(RunArgs),
     /// Print every node's view: leader, term, commit / applied index, digest, membership.
     Status {
         #[arg(long)]
@@ -65,6 +60,50 @@ enum ControlCommand {
     /// restart in turn (leader included); then every acknowledged record must be on every node
     /// and the digests must agree. Exits non-zero otherwise.
     Soak(control_bench::SoakArgs),
+}
+
+/// Arguments of `gyre control run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// TOML file of settings (keys: the flags below, `_` or `-`); flags given here win.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This node's id: a positive integer, unique in the cluster and fixed for its data dir.
+    #[arg(long)]
+    id: u64,
+    /// Where this node keeps its log segments, metadata and snapshots (created if missing).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address to serve the Raft and Control gRPC services on: an IP and port, e.g.
+    /// `0.0.0.0:7000` for every interface.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// The cluster, `1=host:port,2=host:port,3=host:port`, as the nodes reach each other (host
+    /// names allowed). This node's entry must use the listen port, and its listen IP unless
+    /// that is unspecified (`0.0.0.0`).
+    #[arg(long)]
+    peers: String,
+    /// Build a snapshot after this many entries.
+    #[arg(long, default_value_t = 20_000)]
+    snapshot_every: u64,
+    /// Entries kept in the log behind a snapshot, so `gyre log tail --from` and
+    /// `gyre log export` reach that far back.
+    #[arg(long, default_value_t = 1_000_000)]
+    entries_kept_behind_snapshot: u64,
+    /// Leader heartbeat interval, ms.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time between these two bounds (ms)
+    /// starts an election. Keep the lower bound several heartbeats long.
+    #[arg(long, default_value_t = 600)]
+    election_timeout_min_ms: u64,
+    /// Upper bound of the election timeout, ms.
+    #[arg(long, default_value_t = 1200)]
+    election_timeout_max_ms: u64,
+    /// Check the settings and print them as the node would use them, then exit without
+    /// starting (for deployment scripts: `ExecStartPre`, CI).
+    #[arg(long)]
+    check: bool,
 }
 
 /// `gyre bench log`: the same benchmark as `gyre control bench`.
@@ -86,14 +125,11 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         match args.command {
-            ControlCommand::Init { nodes } => init(&nodes).await,
-            ControlCommand::Run {
-                id,
-                data_dir,
-                listen,
-                peers,
-                snapshot_every,
-            } => run_node(id, data_dir, listen, &peers, snapshot_every).await,
+            ControlCommand::Init {
+                nodes,
+                timeout_secs,
+            } => init(&nodes, Duration::from_secs(timeout_secs)).await,
+            ControlCommand::Run(args) => run_node(args).await,
             ControlCommand::Status { cluster, json } => status(&cluster, json).await,
             ControlCommand::Bench(args) => control_bench::run(args).await,
             ControlCommand::Soak(args) => control_bench::soak(args).await,
@@ -101,12 +137,12 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn init(nodes: &str) -> anyhow::Result<()> {
+async fn init(nodes: &str, timeout: Duration) -> anyhow::Result<()> {
     let nodes = parse_nodes(nodes)?;
     let (first, address) = nodes.iter().next().context("at least one node")?;
     let all: Vec<&str> = nodes.values().map(String::as_str).collect();
     let mut client = ClusterClient::new(&all.join(","))?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match client.initialize(address, &nodes).await {
             Ok(_) => break,
@@ -117,8 +153,35 @@ async fn init(nodes: &str) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(error) => {
+                // Forming the cluster twice (a re-run deployment script, a restarted init job)
+                // is fine when the membership is the one asked for.
+                if let Ok(status) = client.status_of(address).await {
+                    if !status.members.is_empty() {
+                        let current: BTreeMap<u64, String> = status
+                            .members
+                            .iter()
+                            .map(|member| (member.id, member.address.clone()))
+                            .collect();
+                        if current == nodes {
+                            println!(
+                                "cluster already initialised: {} voters, leader {}",
+                                nodes.len(),
+                                status.leader_id
+                            );
+                            return Ok(());
+                        }
+                        bail!(
+                            "node {first} at {address} already belongs to a cluster with other members: {}",
+                            current
+                                .iter()
+                                .map(|(id, address)| format!("{id}={address}"))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        );
+                    }
+                }
                 return Err(error)
-                    .with_context(|| format!("initialising through node {first} at {address}"))
+                    .with_context(|| format!("initialising through node {first} at {address}"));
             }
         }
     }
@@ -137,20 +200,15 @@ async fn init(nodes: &str) -> anyhow::Result<()> {
         }
         if tokio::time::Instant::now() > deadline {
             bail!(
-                "membership written but no leader was elected within 20 s (are all nodes running?)"
+                "membership written but no leader was elected within {} s (are all nodes running?)",
+                timeout.as_secs()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-async fn run_node(
-    id: u64,
-    data_dir: PathBuf,
-    listen: SocketAddr,
-    peers: &str,
-    snapshot_every: u64,
-) -> anyhow::Result<()> {
+async fn run_node(args: RunArgs) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -158,18 +216,28 @@ async fn run_node(
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let peers = parse_nodes(peers)?;
-    match peers.get(&id) {
-        None => bail!("--peers does not list this node (id {id})"),
-        Some(address) if address.parse::<SocketAddr>().ok() != Some(listen) => {
-            bail!("--peers lists node {id} at {address} but --listen is {listen}")
-        }
-        Some(_) => {}
+    let options = node_options(&args)?;
+    if args.check {
+        println!(
+            "{}",
+            serde_json::json!({
+                "id": options.id,
+                "data_dir": options.data_dir,
+                "listen": options.listen.to_string(),
+                "peers": parse_nodes(&args.peers)?,
+                "snapshot_every": options.snapshot_every_entries,
+                "entries_kept_behind_snapshot": options.entries_kept_behind_snapshot,
+                "heartbeat_ms": options.heartbeat_ms,
+                "election_timeout_min_ms": options.election_timeout_ms_min,
+                "election_timeout_max_ms": options.election_timeout_ms_max,
+            })
+        );
+        return Ok(());
     }
+    let id = options.id;
+    let data_dir = options.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    let mut options = NodeOptions::new(id, data_dir, listen);
-    options.snapshot_every_entries = snapshot_every.max(1);
     let node = ControlNode::start(options).await?;
     println!("serving node {id} on {}", node.address);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -184,6 +252,76 @@ async fn run_node(
         Some(reason) => bail!("node {id} halted: {reason}"),
         None => Ok(()),
     }
+}
+
+/// The node's options from its arguments, every cross-field rule checked with the fields named.
+fn node_options(args: &RunArgs) -> anyhow::Result<NodeOptions> {
+    if args.id == 0 {
+        bail!("field `id`: 0 is reserved; node ids start at 1");
+    }
+    let peers = parse_nodes(&args.peers).context("field `peers`")?;
+    check_own_address(args.id, args.listen, &peers)?;
+    if args.heartbeat_ms == 0 {
+        bail!("field `heartbeat_ms` must be at least 1");
+    }
+    if args.election_timeout_min_ms < 3 * args.heartbeat_ms {
+        bail!(
+            "field `election_timeout_min_ms` ({}) must be at least 3 heartbeats (`heartbeat_ms` {}): \
+             followers would start elections between a live leader's heartbeats",
+            args.election_timeout_min_ms,
+            args.heartbeat_ms
+        );
+    }
+    if args.election_timeout_max_ms <= args.election_timeout_min_ms {
+        bail!(
+            "field `election_timeout_max_ms` ({}) must exceed `election_timeout_min_ms` ({}): \
+             the spread is what keeps candidates from splitting the vote forever",
+            args.election_timeout_max_ms,
+            args.election_timeout_min_ms
+        );
+    }
+    if args.snapshot_every == 0 {
+        bail!("field `snapshot_every` must be at least 1");
+    }
+    let mut options = NodeOptions::new(args.id, args.data_dir.clone(), args.listen);
+    options.snapshot_every_entries = args.snapshot_every;
+    options.entries_kept_behind_snapshot = args.entries_kept_behind_snapshot;
+    options.heartbeat_ms = args.heartbeat_ms;
+    options.election_timeout_ms_min = args.election_timeout_min_ms;
+    options.election_timeout_ms_max = args.election_timeout_max_ms;
+    Ok(options)
+}
+
+/// This node's entry in `peers` must be where it listens: the same port, and the same IP
+/// unless it listens on every interface (then the entry may be any host name or IP).
+fn check_own_address(
+    id: u64,
+    listen: SocketAddr,
+    peers: &BTreeMap<u64, String>,
+) -> anyhow::Result<()> {
+    for (peer, address) in peers {
+        let port = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| (!host.is_empty()).then_some(port))
+            .and_then(|port| port.parse::<u16>().ok())
+            .filter(|port| *port != 0);
+        if port.is_none() {
+            bail!("field `peers`: node {peer}'s address {address:?} is not HOST:PORT");
+        }
+    }
+    let Some(address) = peers.get(&id) else {
+        bail!("field `peers` does not list this node (field `id` = {id})");
+    };
+    let port = address.rsplit_once(':').map(|(_, port)| port);
+    if port != Some(listen.port().to_string().as_str()) {
+        bail!("field `peers` lists node {id} at {address} but field `listen` is {listen}: the ports differ");
+    }
+    if let Ok(exact) = address.parse::<SocketAddr>() {
+        if !listen.ip().is_unspecified() && exact != listen {
+            bail!("field `peers` lists node {id} at {address} but field `listen` is {listen}");
+        }
+    }
+    Ok(())
 }
 
 async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
@@ -242,4 +380,50 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
         bail!("no node of {cluster} answered");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(text: &str) -> BTreeMap<u64, String> {
+        parse_nodes(text).unwrap()
+    }
+
+    #[test]
+    fn own_address_rules() {
+        let listen: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:7001".parse().unwrap();
+        let ok = |id, listen, text: &str| check_own_address(id, listen, &peers(text));
+        let error = |id, listen, text: &str| ok(id, listen, text).unwrap_err().to_string();
+        ok(1, listen, "1=127.0.0.1:7001,2=127.0.0.1:7002").unwrap();
+        ok(
+            1,
+            any,
+            "1=gyre-control-1.gyre:7001,2=gyre-control-2.gyre:7001",
+        )
+        .unwrap();
+        ok(1, any, "1=10.0.0.5:7001").unwrap();
+        ok(1, listen, "1=localhost:7001").unwrap();
+        assert_eq!(
+            error(3, listen, "1=127.0.0.1:7001"),
+            "field `peers` does not list this node (field `id` = 3)"
+        );
+        assert_eq!(
+            error(1, listen, "1=127.0.0.1:7002"),
+            "field `peers` lists node 1 at 127.0.0.1:7002 but field `listen` is 127.0.0.1:7001: the ports differ"
+        );
+        assert_eq!(
+            error(1, listen, "1=10.0.0.5:7001"),
+            "field `peers` lists node 1 at 10.0.0.5:7001 but field `listen` is 127.0.0.1:7001"
+        );
+        assert_eq!(
+            error(1, listen, "1=127.0.0.1:7001,2=gyre-2"),
+            "field `peers`: node 2's address \"gyre-2\" is not HOST:PORT"
+        );
+        assert_eq!(
+            error(1, listen, "1=127.0.0.1:7001,2=:7002"),
+            "field `peers`: node 2's address \":7002\" is not HOST:PORT"
+        );
+    }
 }

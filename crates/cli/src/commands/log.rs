@@ -35,6 +35,7 @@ enum LogCommand {
     },
     /// Print committed events as JSON lines.
     Tail {
+        /// Node addresses, `host:port,host:port,...` (any node that answers).
         #[arg(long)]
         cluster: String,
         /// First sequence, `INDEX` or `INDEX.POSITION`.

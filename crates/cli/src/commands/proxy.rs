@@ -44,6 +44,11 @@ enum Format {
 /// Arguments of `gyre proxy`.
 #[derive(Args, Debug)]
 pub struct ProxyArgs {
+    /// TOML file of settings (keys: the flags below, `_` or `-`, e.g. `engine = "sglang"`,
+    /// `engine_url = ["http://10.0.0.7:30000"]`); flags given here win. `deploy/config/` has
+    /// an example.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -94,11 +99,23 @@ pub struct ProxyArgs {
     /// Tokens per answer of `--engine deterministic`.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
+    /// Worker threads serving requests (parsing, templates, tokenizing). Default: one per core.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Load the model directory, script and engines' settings, print the settings, then exit
+    /// without serving (for deployment scripts: `ExecStartPre`, CI).
+    #[arg(long)]
+    check: bool,
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    let threads = match args.threads {
+        Some(0) => bail!("field `threads` must be at least 1"),
+        Some(threads) => threads,
+        None => std::thread::available_parallelism().map_or(2, usize::from),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
@@ -120,12 +137,37 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         Format::Chatml => OutputFormat::chatml_plain(),
     };
     let engines = engines(&args, &model, &format)?;
+    if args.log.is_none() && args.cluster.is_none() {
+        bail!("say where records go: --log FILE (a local event file) or --cluster ADDRS (the control quorum)");
+    }
+    if args.check {
+        if let Some(addresses) = &args.cluster {
+            gyre_control::ClusterClient::new(addresses).context("field `cluster`")?;
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "listen": args.listen.to_string(),
+                "model_dir": directory,
+                "vocabulary": model.tokenizer().get_vocab_size(true),
+                "engine": format!("{:?}", args.engine).to_lowercase(),
+                "engines": engines.iter().map(|engine| engine.name().to_string()).collect::<Vec<_>>(),
+                "log": args.log,
+                "cluster": args.cluster,
+                "body_limit": args.body_limit,
+                "body_cache_mib": args.body_cache_mib,
+                "max_new_tokens": args.max_new_tokens,
+                "auto_open": args.auto_open,
+            })
+        );
+        return Ok(());
+    }
     let sink: Arc<dyn RecordSink> = match (&args.log, &args.cluster) {
         (Some(path), None) => Arc::new(FileSink::open(path).map_err(anyhow::Error::msg)?),
         (None, Some(addresses)) => {
             Arc::new(ControlSink::new(addresses).map_err(anyhow::Error::msg)?)
         }
-        _ => bail!("say where records go: --log FILE (a local event file) or --cluster ADDRS (the control quorum)"),
+        _ => unreachable!("checked above: exactly one of --log and --cluster"),
     };
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
@@ -140,8 +182,14 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;
-    let (bound, task) = server::serve(state.clone(), address, async {
-        let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C or SIGTERM (systemd, Kubernetes): stop accepting, finish the calls in flight.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let (bound, task) = server::serve(state.clone(), address, async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
     })
     .await
     .with_context(|| format!("listening on {address}"))?;

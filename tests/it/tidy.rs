@@ -144,6 +144,7 @@ fn every_source_has_a_header_and_no_forbidden_markers() {
     let mut files = Vec::new();
     rust_files(&root.join("crates"), &mut files);
     rust_files(&root.join("simulator"), &mut files);
+    rust_files(&root.join("tests"), &mut files);
     assert!(files.len() > 20, "found only {} Rust files", files.len());
     let this_file = Path::new(file!()).file_name().expect("file name");
     let mut problems = Vec::new();

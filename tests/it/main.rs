@@ -2,6 +2,7 @@
 //! workspace's tidy test.
 
 mod control;
+mod deploy;
 mod forwarding;
 mod harness;
 mod proxy_cluster;

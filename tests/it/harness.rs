@@ -128,7 +128,7 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/claude_code_script.jsonl");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/claude_code_script.jsonl");
     let log = dir.path().join("tito.log");
     let proxy = start_proxy(&script, &log);
     let work = dir.path().join("work");
@@ -276,7 +276,8 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/data/codex_script.jsonl");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/codex_script.jsonl");
     let log = dir.path().join("tito.log");
     let proxy = start_proxy(&script, &log);
     let work = dir.path().join("work");

@@ -1,0 +1,385 @@
+//! `--config FILE` for the long-running services (`gyre control run`, `gyre proxy`).
+//!
+//! The file is TOML whose keys are the command's long flags, written with underscores or
+//! dashes (`data_dir` or `data-dir`); `peers` may also be a table `{1 = "host:port", ...}`.
+//! Every key is checked before the command runs: an unknown key, a value of the wrong TOML type
+//! or a value the flag's own parser refuses is an error naming the file and the field. The
+//! checked values become flags placed before the command line's own, and a flag given on the
+//! command line replaces the file's value for that field. So a deployment keeps one file per
+//! node and an operator can still override one field by hand.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use clap::{ArgAction, Command};
+
+/// Keys that are not settings.
+const NOT_SETTINGS: [&str; 4] = ["config", "check", "help", "version"];
+
+/// `argv` with the `--config` file's settings spliced in after the subcommand names, or `argv`
+/// unchanged when no subcommand with a `--config` flag is given one.
+pub fn expand(root: &Command, argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+    // Walk the subcommand names from the front (the binary name comes first).
+    let mut command = root;
+    let mut position = 1;
+    while let Some(name) = argv.get(position).and_then(|word| word.to_str()) {
+        match command.find_subcommand(name) {
+            Some(sub) => {
+                command = sub;
+                position += 1;
+            }
+            None => break,
+        }
+    }
+    if !command.get_arguments().any(|arg| arg.get_id() == "config") {
+        return Ok(argv);
+    }
+    let rest: Vec<String> = argv[position..]
+        .iter()
+        .map(|word| word.to_string_lossy().into_owned())
+        .collect();
+    let Some(path) = config_path(&rest) else {
+        return Ok(argv);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the config file {path}"))?;
+    let settings = settings(command, Path::new(&path), &text, &rest)?;
+    let mut expanded = argv[..position].to_vec();
+    expanded.extend(settings.into_iter().map(OsString::from));
+    expanded.extend(argv[position..].iter().cloned());
+    Ok(expanded)
+}
+
+/// The value of `--config` among a command's own words (the last one wins, as for any flag).
+fn config_path(words: &[String]) -> Option<String> {
+    let mut path = None;
+    let mut words = words.iter();
+    while let Some(word) = words.next() {
+        if word == "--" {
+            break;
+        }
+        if word == "--config" {
+            path = words.next().cloned();
+        } else if let Some(value) = word.strip_prefix("--config=") {
+            path = Some(value.to_string());
+        }
+    }
+    path
+}
+
+/// The flags a config file stands for, each value checked by the flag's own parser. Fields the
+/// command line sets itself (`given`) are checked but left out.
+pub fn settings(
+    command: &Command,
+    path: &Path,
+    text: &str,
+    given: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let file = path.display();
+    let table: toml::Table = text
+        .parse()
+        .map_err(|error: toml::de::Error| anyhow!("{file}: {}", error.to_string().trim_end()))?;
+    let mut flags = Vec::new();
+    for (key, value) in &table {
+        let long = key.replace('_', "-");
+        let arg = command
+            .get_arguments()
+            .find(|arg| arg.get_long() == Some(long.as_str()))
+            .filter(|_| !NOT_SETTINGS.contains(&long.as_str()))
+            .ok_or_else(|| {
+                let known: Vec<String> = command
+                    .get_arguments()
+                    .filter_map(|arg| arg.get_long())
+                    .filter(|long| !NOT_SETTINGS.contains(long))
+                    .map(|long| long.replace('-', "_"))
+                    .collect();
+                anyhow!(
+                    "{file}: unknown field `{key}`; the fields of `{}` are: {}",
+                    command.get_name(),
+                    known.join(", ")
+                )
+            })?;
+        let field_error = |why: String| anyhow!("{file}: field `{key}`: {why}");
+        let values: Vec<String> = match (arg.get_action(), value) {
+            (ArgAction::SetTrue, toml::Value::Boolean(on)) => {
+                if *on {
+                    flags_if_not_given(&mut flags, &long, None, given);
+                }
+                continue;
+            }
+            (ArgAction::SetTrue, other) => {
+                return Err(field_error(format!(
+                    "expected true or false, found {}",
+                    other.type_str()
+                )))
+            }
+            (ArgAction::Append, toml::Value::Array(items)) => items
+                .iter()
+                .map(|item| scalar(item).map_err(&field_error))
+                .collect::<anyhow::Result<_>>()?,
+            (_, toml::Value::Table(entries)) if long == "peers" || long == "nodes" => {
+                let pairs: Vec<String> = entries
+                    .iter()
+                    .map(|(id, address)| {
+                        scalar(address)
+                            .map(|address| format!("{id}={address}"))
+                            .map_err(|why| anyhow!("{file}: field `{key}.{id}`: {why}"))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                vec![pairs.join(",")]
+            }
+            (_, value) => vec![scalar(value).map_err(&field_error)?],
+        };
+        // The flag's own parser, alone on a throw-away command (the real one would also
+        // insist on its required flags).
+        let mut parser = clap::Arg::new(arg.get_id().clone())
+            .value_parser(arg.get_value_parser().clone())
+            .action(ArgAction::Set)
+            .allow_hyphen_values(true);
+        if let Some(names) = arg.get_value_names() {
+            parser = parser.value_names(names.to_vec());
+        }
+        let alone = Command::new("config").no_binary_name(true).arg(parser);
+        for value in &values {
+            alone
+                .clone()
+                .try_get_matches_from([value.clone()])
+                .map_err(|error| field_error(clap_reason(&error)))?;
+        }
+        for value in values {
+            flags_if_not_given(&mut flags, &long, Some(value), given);
+        }
+    }
+    Ok(flags)
+}
+
+fn flags_if_not_given(
+    flags: &mut Vec<String>,
+    long: &str,
+    value: Option<String>,
+    given: &[String],
+) {
+    let flag = format!("--{long}");
+    let prefix = format!("--{long}=");
+    if given
+        .iter()
+        .take_while(|word| *word != "--")
+        .any(|word| *word == flag || word.starts_with(&prefix))
+    {
+        return;
+    }
+    flags.push(flag);
+    flags.extend(value);
+}
+
+/// A TOML value that stands for one flag value.
+fn scalar(value: &toml::Value) -> Result<String, String> {
+    match value {
+        toml::Value::String(text) => Ok(text.clone()),
+        toml::Value::Integer(number) => Ok(number.to_string()),
+        toml::Value::Float(number) => Ok(number.to_string()),
+        toml::Value::Boolean(on) => Ok(on.to_string()),
+        other => Err(format!("expected one value, found {}", other.type_str())),
+    }
+}
+
+/// clap's message for a refused value, without its `error:` prefix, the throw-away argument's
+/// name and the usage footer; the possible values of an enum field are kept.
+fn clap_reason(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    let mut reason = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    if let Some(start) = reason.find(" for '") {
+        if let Some(length) = reason[start + 6..].find('\'') {
+            reason.replace_range(start..start + 6 + length + 1, "");
+        }
+    }
+    if let Some(possible) = lines.find(|line| line.trim_start().starts_with("[possible values:")) {
+        reason.push(' ');
+        reason.push_str(possible.trim());
+    }
+    reason
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Arg, ArgAction};
+
+    fn command() -> Command {
+        Command::new("run")
+            .arg(Arg::new("config").long("config"))
+            .arg(
+                Arg::new("id")
+                    .long("id")
+                    .value_parser(clap::value_parser!(u64)),
+            )
+            .arg(
+                Arg::new("listen")
+                    .long("listen")
+                    .value_parser(clap::value_parser!(std::net::SocketAddr)),
+            )
+            .arg(Arg::new("peers").long("peers"))
+            .arg(Arg::new("data_dir").long("data-dir"))
+            .arg(
+                Arg::new("engine_url")
+                    .long("engine-url")
+                    .action(ArgAction::Append),
+            )
+            .arg(
+                Arg::new("auto_open")
+                    .long("auto-open")
+                    .action(ArgAction::SetTrue),
+            )
+    }
+
+    fn flags(text: &str, given: &[&str]) -> anyhow::Result<Vec<String>> {
+        let given: Vec<String> = given.iter().map(|word| word.to_string()).collect();
+        settings(&command(), Path::new("node.toml"), text, &given)
+    }
+
+    #[test]
+    fn fields_become_flags() {
+        let text = r#"
+id = 3
+data_dir = "/var/lib/gyre"
+listen = "0.0.0.0:7000"
+engine_url = ["http://a:1", "http://b:2"]
+auto_open = true
+[peers]
+1 = "gyre-0:7000"
+2 = "gyre-1:7000"
+"#;
+        assert_eq!(
+            flags(text, &[]).unwrap(),
+            [
+                "--auto-open",
+                "--data-dir",
+                "/var/lib/gyre",
+                "--engine-url",
+                "http://a:1",
+                "--engine-url",
+                "http://b:2",
+                "--id",
+                "3",
+                "--listen",
+                "0.0.0.0:7000",
+                "--peers",
+                "1=gyre-0:7000,2=gyre-1:7000",
+            ]
+        );
+    }
+
+    #[test]
+    fn dashed_keys_and_false_switches() {
+        let text = "data-dir = \"d\"\nauto_open = false\n";
+        assert_eq!(flags(text, &[]).unwrap(), ["--data-dir", "d"]);
+    }
+
+    #[test]
+    fn the_command_line_replaces_a_field() {
+        let text = "id = 3\nlisten = \"127.0.0.1:1\"\nengine_url = [\"http://a:1\"]\n";
+        assert_eq!(
+            flags(text, &["--id", "4", "--engine-url=http://c:3"]).unwrap(),
+            ["--listen", "127.0.0.1:1"]
+        );
+        // Words after `--` are not flags.
+        assert_eq!(flags("id = 3\n", &["--", "--id"]).unwrap(), ["--id", "3"]);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field() {
+        let message = |text: &str| flags(text, &[]).unwrap_err().to_string();
+        assert_eq!(
+            message("lisen = \"x\"\n"),
+            "node.toml: unknown field `lisen`; the fields of `run` are: id, listen, peers, data_dir, engine_url, auto_open"
+        );
+        assert!(
+            message("listen = \"nowhere\"\n")
+                == "node.toml: field `listen`: invalid value 'nowhere': invalid socket address syntax",
+            "{}",
+            message("listen = \"nowhere\"\n")
+        );
+        assert!(
+            message("id = -1\n").starts_with("node.toml: field `id`: invalid value '-1': "),
+            "{}",
+            message("id = -1\n")
+        );
+        assert_eq!(
+            message("id = [1, 2]\n"),
+            "node.toml: field `id`: expected one value, found array"
+        );
+        assert_eq!(
+            message("auto_open = \"yes\"\n"),
+            "node.toml: field `auto_open`: expected true or false, found string"
+        );
+        assert_eq!(
+            message("[peers]\n1 = [\"a\"]\n"),
+            "node.toml: field `peers.1`: expected one value, found array"
+        );
+        assert_eq!(
+            message("config = \"other.toml\"\n"),
+            "node.toml: unknown field `config`; the fields of `run` are: id, listen, peers, data_dir, engine_url, auto_open"
+        );
+        let syntax = message("id = \n");
+        assert!(
+            syntax.starts_with("node.toml: TOML parse error at line 1"),
+            "{syntax}"
+        );
+    }
+
+    #[test]
+    fn expand_splices_after_the_subcommand() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "id = 3\nlisten = \"127.0.0.1:7000\"\n").unwrap();
+        let root = Command::new("gyre").subcommand(Command::new("control").subcommand(command()));
+        let argv: Vec<OsString> = ["gyre", "control", "run", "--config"]
+            .iter()
+            .map(OsString::from)
+            .chain([
+                file.clone().into_os_string(),
+                OsString::from("--id"),
+                OsString::from("5"),
+            ])
+            .collect();
+        let expanded = expand(&root, argv).unwrap();
+        let words: Vec<String> = expanded
+            .iter()
+            .map(|word| word.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            words,
+            [
+                "gyre",
+                "control",
+                "run",
+                "--listen",
+                "127.0.0.1:7000",
+                "--config",
+                &file.display().to_string(),
+                "--id",
+                "5"
+            ]
+        );
+        // No --config: unchanged.
+        let plain: Vec<OsString> = ["gyre", "control", "run", "--id", "1"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(expand(&root, plain.clone()).unwrap(), plain);
+        // A missing file names itself.
+        let missing: Vec<OsString> = ["gyre", "control", "run", "--config", "/nonexistent/x.toml"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(
+            format!("{:#}", expand(&root, missing).unwrap_err())
+                .split(':')
+                .next(),
+            Some("reading the config file /nonexistent/x.toml")
+        );
+    }
+}

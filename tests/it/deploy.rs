@@ -1,0 +1,254 @@
+//! `deploy/`: every TOML config there is a valid config of its command (checked by the binary
+//! itself, `--config FILE --check`), bad configs get errors naming the field, and the local
+//! quorum script starts three nodes and the proxy, records a call, and restarts on its data.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::gyre;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+fn toml_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("deploy/ is readable") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            toml_files(&path, found);
+        } else if path
+            .extension()
+            .is_some_and(|extension| extension == "toml")
+        {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_deploy_config_checks() {
+    let mut files = Vec::new();
+    toml_files(&deploy_dir(), &mut files);
+    files.sort();
+    assert!(files.len() >= 8, "deploy/ configs: {files:?}");
+    let test_model = gyre_proxy::test_model::directory();
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(file).unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let mut args: Vec<String> = if name.starts_with("control") {
+            vec!["control".into(), "run".into()]
+        } else if name.starts_with("proxy") {
+            vec!["proxy".into()]
+        } else {
+            panic!("{path}: a deploy config is named control*.toml or proxy*.toml");
+        };
+        args.extend(["--config".into(), path.clone(), "--check".into()]);
+        // Kubernetes pods pass their id on the command line.
+        if name.starts_with("control") && !text.lines().any(|line| line.starts_with("id =")) {
+            args.extend(["--id".into(), "2".into()]);
+        }
+        // Production model directories do not exist here; the command line replaces them.
+        if name.starts_with("proxy") {
+            args.extend([
+                "--model-dir".into(),
+                test_model.to_string_lossy().into_owned(),
+            ]);
+        }
+        let words: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stdout, stderr) = gyre(&words);
+        assert_eq!(code, 0, "{path}: {stderr}");
+        let settings: serde_json::Value =
+            serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("{path}: {stdout}"));
+        if name.starts_with("proxy") {
+            assert!(
+                settings["cluster"].is_string(),
+                "{path} records to a quorum"
+            );
+        } else {
+            assert_eq!(settings["peers"].as_object().unwrap().len(), 3, "{path}");
+        }
+    }
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let base =
+        "id = 1\ndata_dir = \"d\"\nlisten = \"127.0.0.1:7001\"\npeers = \"1=127.0.0.1:7001\"\n";
+    let cases = [
+        (
+            format!("{base}lisen = 3\n"),
+            "unknown field `lisen`; the fields of `run` are: id, data_dir, listen, peers, snapshot_every",
+        ),
+        (
+            base.replace("127.0.0.1:7001\"\npeers", "localhost\"\npeers"),
+            "field `listen`: invalid value 'localhost': invalid socket address syntax",
+        ),
+        (
+            base.replace("id = 1", "id = \"one\""),
+            "field `id`: invalid value 'one': invalid digit found in string",
+        ),
+        (
+            base.replace("peers = \"1=127.0.0.1:7001\"", "peers = \"2=127.0.0.1:7001\""),
+            "field `peers` does not list this node (field `id` = 1)",
+        ),
+        (
+            format!("{base}heartbeat_ms = 500\n"),
+            "field `election_timeout_min_ms` (600) must be at least 3 heartbeats",
+        ),
+        (format!("{base}[x\n"), "TOML parse error at line 5"),
+    ];
+    for (index, (text, expected)) in cases.iter().enumerate() {
+        let path = write(&format!("case-{index}.toml"), text);
+        let (code, _, stderr) = gyre(&["control", "run", "--config", &path, "--check"]);
+        assert_eq!(code, 2, "{text}: {stderr}");
+        assert!(
+            stderr.contains(expected)
+                && stderr.contains(if index < 3 || index == 5 {
+                    path.as_str()
+                } else {
+                    "field"
+                }),
+            "{text}\nexpected {expected:?} in:\n{stderr}"
+        );
+    }
+    // A flag on the command line replaces the file's value.
+    let path = write("good.toml", base);
+    let (code, stdout, stderr) = gyre(&[
+        "control",
+        "run",
+        "--config",
+        &path,
+        "--check",
+        "--snapshot-every",
+        "7",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let settings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(settings["snapshot_every"], 7);
+    assert_eq!(settings["listen"], "127.0.0.1:7001");
+}
+
+/// One HTTP/1.1 request, `Connection: close`; returns (status, body).
+fn http(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("proxy accepts");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP response: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_string();
+    (status, body)
+}
+
+fn script(dir: &Path, args: &[&str]) -> (bool, String) {
+    let output = Command::new("bash")
+        .arg(deploy_dir().join("local/quorum.sh"))
+        .args(args)
+        .arg(dir)
+        .env("GYRE", env!("CARGO_BIN_EXE_gyre"))
+        .output()
+        .expect("bash runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Stops whatever the script started, even when the test fails half-way.
+struct StopOnDrop(PathBuf);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = script(&self.0, &["stop"]);
+    }
+}
+
+#[test]
+fn local_quorum_script_records_a_call_and_restarts_on_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let _stop = StopOnDrop(run.clone());
+    let cluster = "127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003";
+
+    let (ok, text) = script(&run, &["start"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("cluster initialised: 3 voters"), "{text}");
+    let (ok, text) = script(&run, &["start"]);
+    assert!(!ok && text.contains("already running"), "{text}");
+
+    let (ok, text) = script(&run, &["proxy"]);
+    assert!(ok, "{text}");
+    let opened: serde_json::Value = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .find(|value: &serde_json::Value| value.get("token").is_some())
+        .unwrap_or_else(|| panic!("an execution line: {text}"));
+    let token = opened["token"].as_str().unwrap();
+    let (status, body) = http(
+        "127.0.0.1:18080",
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", token), ("content-type", "application/json")],
+        r#"{"model":"policy","max_tokens":16,"messages":[{"role":"user","content":"hello"}]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"stop_reason\""), "{body}");
+
+    let model_calls = || {
+        let (code, stdout, stderr) = gyre(&["log", "tail", "--cluster", cluster, "--from", "0"]);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+            .lines()
+            .filter(|line| line.contains("\"kind\":\"model_call\""))
+            .count()
+    };
+    assert_eq!(model_calls(), 1);
+
+    // Stop everything, start again on the same data: the cluster is formed already and the
+    // record is still there.
+    let (ok, text) = script(&run, &["stop"]);
+    assert!(ok, "{text}");
+    let (ok, text) = script(&run, &["start"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("cluster already initialised: 3 voters"),
+        "{text}"
+    );
+    assert_eq!(model_calls(), 1);
+}
