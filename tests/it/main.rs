@@ -8,6 +8,7 @@ mod harness;
 mod proxy_cluster;
 mod proxy_failover;
 mod replay;
+mod shutdown;
 mod simulate;
 mod support;
 mod tidy;

@@ -17,22 +17,30 @@ use clap::{ArgAction, Command};
 /// Keys that are not settings.
 const NOT_SETTINGS: [&str; 4] = ["config", "check", "help", "version"];
 
+/// The commands whose `--config` is a file of their own flags (`gyre simulate --config` is a
+/// simulation config with its own schema and is not expanded).
+const SERVICES: [&[&str]; 2] = [&["control", "run"], &["proxy"]];
+
 /// `argv` with the `--config` file's settings spliced in after the subcommand names, or `argv`
-/// unchanged when no subcommand with a `--config` flag is given one.
+/// unchanged unless a service command is given `--config`.
 pub fn expand(root: &Command, argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     // Walk the subcommand names from the front (the binary name comes first).
     let mut command = root;
     let mut position = 1;
+    let mut path: Vec<&str> = Vec::new();
     while let Some(name) = argv.get(position).and_then(|word| word.to_str()) {
         match command.find_subcommand(name) {
             Some(sub) => {
                 command = sub;
+                path.push(name);
                 position += 1;
             }
             None => break,
         }
     }
-    if !command.get_arguments().any(|arg| arg.get_id() == "config") {
+    if !SERVICES.contains(&path.as_slice())
+        || !command.get_arguments().any(|arg| arg.get_id() == "config")
+    {
         return Ok(argv);
     }
     let rest: Vec<String> = argv[position..]
@@ -364,6 +372,14 @@ auto_open = true
                 "5"
             ]
         );
+        // Another command's --config is its own business.
+        let simulate = Command::new("gyre")
+            .subcommand(Command::new("simulate").arg(Arg::new("config").long("config")));
+        let other: Vec<OsString> = ["gyre", "simulate", "--config", "/nonexistent/sim.toml"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(expand(&simulate, other.clone()).unwrap(), other);
         // No --config: unchanged.
         let plain: Vec<OsString> = ["gyre", "control", "run", "--id", "1"]
             .iter()

@@ -202,18 +202,32 @@ impl ControlNode {
         }
     }
 
-    /// Stops the server and every task, then Raft and the log writer.
+    /// Stops accepting requests, stops Raft and the log writer, then ends every task.
+    ///
+    /// Raft stops before the tasks are awaited: a write in flight may wait for a quorum that is
+    /// gone (the other nodes stopped first), and only Raft's shutdown fails it. Such a write
+    /// was never acknowledged, so nothing acknowledged is lost. The server gets
+    /// `SERVER_DRAIN` to finish its requests (a `Subscribe` stream follows the log forever),
+    /// then it is aborted.
     pub async fn shutdown(self) -> Result<(), ControlError> {
+        const SERVER_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
         let _ = self.shutdown.send(true);
-        for (name, task) in self.tasks {
-            if name == "proposer" {
+        let stopped = self.raft.shutdown().await;
+        for (name, mut task) in self.tasks {
+            if name == "grpc-server" {
+                if tokio::time::timeout(SERVER_DRAIN, &mut task).await.is_ok() {
+                    continue;
+                }
+                tracing::warn!("requests still open after {SERVER_DRAIN:?}; closing them");
+                task.abort();
+            } else if name == "proposer" {
                 // The proposer ends when its last sender (held by the services) is dropped; the
-                // server is down by now, so aborting loses no acknowledged write.
+                // server is stopping, so aborting loses no acknowledged write.
                 task.abort();
             }
             let _ = task.await;
         }
-        self.raft.shutdown().await?;
+        stopped?;
         Ok(())
     }
 }
