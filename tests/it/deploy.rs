@@ -2,13 +2,10 @@
 //! itself, `--config FILE --check`), bad configs get errors naming the field, and the local
 //! quorum script starts three nodes and the proxy, records a call, and restarts on its data.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
-use crate::support::gyre;
+use crate::support::{gyre, http};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
@@ -136,42 +133,6 @@ fn config_errors_name_the_field() {
     let settings: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(settings["snapshot_every"], 7);
     assert_eq!(settings["listen"], "127.0.0.1:7001");
-}
-
-/// One HTTP/1.1 request, `Connection: close`; returns (status, body).
-fn http(
-    address: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("proxy accepts");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("an HTTP response: {response}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, body)| body)
-        .to_string();
-    (status, body)
 }
 
 fn script(dir: &Path, args: &[&str]) -> (bool, String) {

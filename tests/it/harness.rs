@@ -4,6 +4,11 @@
 //! turn extending the previous one (no re-encoding of history), the sub-agent as its own root and
 //! the compaction as a branch followed by a new root.
 //!
+//! Each run's traffic is also captured (`gyre proxy --capture`) and replayed through a second
+//! proxy with another engine (`gyre capture replay`), so every history carries answers that
+//! proxy never gave, as with traffic captured elsewhere: every request must be answered in
+//! full and the trees must still extend.
+//!
 //! The CLIs come from npm: `GYRE_CLAUDE_BIN` (and `GYRE_CODEX_BIN`) point at them; `.ci/run`
 //! installs them and sets `GYRE_HARNESS_REQUIRED=1`, under which a missing CLI fails the test
 //! instead of passing by.
@@ -45,7 +50,7 @@ impl Drop for Proxy {
     }
 }
 
-fn start_proxy(script: &Path, log: &Path) -> Proxy {
+fn start_proxy(script: &Path, log: &Path, capture: &Path) -> Proxy {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
         .args([
             "proxy",
@@ -58,6 +63,8 @@ fn start_proxy(script: &Path, log: &Path) -> Proxy {
         .arg(script)
         .arg("--log")
         .arg(log)
+        .arg("--capture")
+        .arg(capture)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -117,6 +124,89 @@ fn records(log: &Path) -> Vec<ModelCallRecord> {
         .collect()
 }
 
+/// Replays a capture of proxy A through a fresh proxy B with a different engine (`gyre capture
+/// replay`): every assistant turn in B's histories is one B never produced (foreign thinking
+/// signatures, tool ids and text), as with traffic captured elsewhere. Every request must be
+/// answered in full; returns B's records.
+fn replay_through_another_proxy(capture: &Path, dir: &Path) -> Vec<ModelCallRecord> {
+    let log = dir.join("replayed.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "deterministic",
+            "--auto-open",
+            "--log",
+        ])
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the second proxy starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let listening: serde_json::Value =
+        serde_json::from_str(&lines.next().expect("a listening line").expect("utf-8"))
+            .expect("listening JSON");
+    let url = listening["listening"].as_str().expect("url").to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args(["capture", "replay"])
+        .arg(capture)
+        .args(["--url", &url])
+        .output()
+        .expect("gyre capture replay runs");
+    let _ = child.kill();
+    let _ = child.wait();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "replaying the capture failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let captured = std::fs::read_to_string(capture)
+        .expect("capture file")
+        .lines()
+        .count();
+    assert!(
+        captured >= 3,
+        "the capture holds the harness's requests ({captured})"
+    );
+    assert_eq!(
+        stdout.lines().count(),
+        captured,
+        "one report per captured request"
+    );
+    let replayed = records(&log);
+    assert_eq!(
+        replayed.len(),
+        captured,
+        "each replayed request recorded once"
+    );
+    replayed
+}
+
+/// In a replay through another engine, each turn's history carries an answer the replaying
+/// proxy did not give: the turn must still extend the previous one up to that one's prompt.
+fn assert_turns_extend_previous_prompts(records: &[&ModelCallRecord]) {
+    for pair in records.windows(2) {
+        let (previous, next) = (pair[0], pair[1]);
+        let prompt_end = previous.reused_prefix_tokens_count + previous.input_ids.len() as u64;
+        assert_eq!(
+            next.parent_call,
+            Some(previous.call),
+            "call {} hangs from the previous turn",
+            next.call
+        );
+        assert!(
+            next.reused_prefix_tokens_count + 4 >= prompt_end,
+            "call {} reuses the previous prompt (reused {}, prompt {prompt_end})",
+            next.call,
+            next.reused_prefix_tokens_count
+        );
+    }
+}
+
 fn path_end(record: &ModelCallRecord) -> u64 {
     record.reused_prefix_tokens_count + (record.input_ids.len() + record.output_ids.len()) as u64
 }
@@ -130,7 +220,8 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/claude_code_script.jsonl");
     let log = dir.path().join("tito.log");
-    let proxy = start_proxy(&script, &log);
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
     let work = dir.path().join("work");
     let home = dir.path().join("home");
     std::fs::create_dir_all(&work).expect("work dir");
@@ -268,6 +359,28 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
         "messages reused {reused}, parsed {parsed}: bodies are parsed incrementally"
     );
     drop(proxy);
+
+    // The same traffic through another proxy and engine, as captured elsewhere.
+    let replayed = replay_through_another_proxy(&capture, dir.path());
+    let main: Vec<&ModelCallRecord> = replayed.iter().filter(|r| r.agent == "main").collect();
+    let summary_at = main
+        .iter()
+        .position(|record| record.kind == CallKind::Summary)
+        .expect("the replayed compaction is a summary call");
+    assert_turns_extend_previous_prompts(&main[..=summary_at]);
+    assert_eq!(
+        main[summary_at + 1].parent_call,
+        None,
+        "a new root after the compaction"
+    );
+    let sub: Vec<&ModelCallRecord> = replayed
+        .iter()
+        .filter(|r| r.agent.starts_with("sub:"))
+        .collect();
+    assert_eq!(sub.len(), 2);
+    assert_eq!(sub[0].parent_call, None);
+    assert!(sub[0].spawned_by.is_some());
+    assert_turns_extend_previous_prompts(&sub);
 }
 
 #[test]
@@ -279,7 +392,8 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/codex_script.jsonl");
     let log = dir.path().join("tito.log");
-    let proxy = start_proxy(&script, &log);
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
     let work = dir.path().join("work");
     let codex_home = dir.path().join("codex-home");
     std::fs::create_dir_all(&work).expect("work dir");
@@ -344,4 +458,11 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
         "input items reused {reused}, parsed {parsed}: bodies are parsed incrementally"
     );
     drop(proxy);
+
+    // The same traffic through another proxy and engine: reasoning items whose
+    // `encrypted_content` that proxy never issued, and function calls it did not make.
+    let replayed = replay_through_another_proxy(&capture, dir.path());
+    assert_eq!(replayed[0].parent_call, None);
+    let all: Vec<&ModelCallRecord> = replayed.iter().collect();
+    assert_turns_extend_previous_prompts(&all);
 }

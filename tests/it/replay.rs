@@ -238,3 +238,79 @@ fn a_plain_directory_is_refused() {
     assert_ne!(code, 0);
     assert!(stderr.contains("no log/ directory"), "{stderr}");
 }
+
+/// A proxy's own event file (`gyre proxy --log`) holds model calls and no scheduler events:
+/// `gyre replay` verifies it and `gyre audit` bundles an execution's calls (`started: null`),
+/// and the bundle verifies against the file's head.
+#[test]
+fn a_proxy_event_file_replays_and_audits() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    let mut proxy = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "deterministic",
+            "--open",
+            "1",
+            "--log",
+        ])
+        .arg(&log)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gyre proxy starts");
+    let mut lines = std::io::BufReader::new(proxy.stdout.take().expect("stdout")).lines();
+    let listening: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let opened: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let address = listening["listening"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+    let token = opened["token"].as_str().unwrap();
+    for text in ["hello", "and again"] {
+        let body = serde_json::json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]});
+        let (status, answer) = crate::support::http(
+            &address,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", token), ("content-type", "application/json")],
+            &body.to_string(),
+        );
+        assert_eq!(status, 200, "{answer}");
+    }
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+
+    let path = log.to_str().expect("utf-8");
+    let (code, stdout, stderr) = gyre(&["replay", path]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("model_call                           2"),
+        "{stdout}"
+    );
+    let bundle = dir.path().join("bundle.json");
+    let bundle_path = bundle.to_str().expect("utf-8");
+    let (code, _, stderr) = gyre(&["audit", path, "--execution", "1", "--out", bundle_path]);
+    assert_eq!(code, 0, "{stderr}");
+    let value: Value = serde_json::from_str(&std::fs::read_to_string(&bundle).unwrap()).unwrap();
+    assert!(value["facts"]["started"].is_null());
+    assert_eq!(
+        value["facts"]["model_calls"].as_array().map(Vec::len),
+        Some(2)
+    );
+    let head = value["head"].as_str().unwrap().to_string();
+    let (code, stdout, stderr) = gyre(&["audit", "verify", bundle_path, "--head", &head]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("ok:"), "{stdout}");
+    // An execution with neither a start nor a call is still an error naming it.
+    let (code, _, stderr) = gyre(&["audit", path, "--execution", "9", "--out", bundle_path]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("execution e9 never started and made no model call"),
+        "{stderr}"
+    );
+}

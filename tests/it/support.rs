@@ -1,5 +1,6 @@
 //! Helpers shared by the process tests: run the `gyre` binary and capture its output.
 
+use std::io::{Read, Write};
 use std::process::Command;
 
 /// The runtime the in-process tests drive their clusters and proxies on: two workers, like
@@ -90,4 +91,40 @@ impl InProcessCluster {
             node.shutdown().await.expect("shutdown");
         }
     }
+}
+
+/// One HTTP/1.1 request, `Connection: close`; returns (status, body).
+pub fn http(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(address).expect("proxy accepts");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP response: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_string();
+    (status, body)
 }

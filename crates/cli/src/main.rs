@@ -64,6 +64,8 @@ enum Command {
     /// `ANTHROPIC_BASE_URL=<anthropic_base_url>` for Claude Code, a Responses provider with
     /// `base_url=<openai_base_url>` for Codex.
     Proxy(commands::proxy::ProxyArgs),
+    /// Harness traffic captured by `gyre proxy --capture FILE`: `replay` it against a proxy.
+    Capture(commands::capture::CaptureArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -87,6 +89,7 @@ fn main() -> std::process::ExitCode {
         Command::Control(args) => commands::control::run(args),
         Command::Log(args) => commands::log::run(args),
         Command::Proxy(args) => commands::proxy::run(args),
+        Command::Capture(args) => commands::capture::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

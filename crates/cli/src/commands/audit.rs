@@ -333,13 +333,14 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
         entries.push((record.index, events));
     }
     let (facts, cited) = extract(&entries, execution);
-    if facts["started"].is_null() {
-        bail!("execution {execution} never started in {}", log.display());
-    }
-    let first = *cited
-        .iter()
-        .next()
-        .expect("a started execution cites at least one entry");
+    // A proxy's own event file (`gyre proxy --log`) has model calls but no scheduler events:
+    // its bundle carries the calls and `started: null`.
+    let Some(&first) = cited.iter().next() else {
+        bail!(
+            "execution {execution} never started and made no model call in {}",
+            log.display()
+        );
+    };
     let position = links
         .iter()
         .position(|l| l.index == first)

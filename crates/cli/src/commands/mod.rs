@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod capture;
 pub mod control;
 pub mod log;
 pub mod model;

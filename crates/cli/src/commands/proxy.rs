@@ -99,6 +99,11 @@ pub struct ProxyArgs {
     /// Tokens per answer of `--engine deterministic`.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
+    /// Append every authenticated model-API request, exactly as the harness sent it (credentials
+    /// redacted), to this JSON-lines file; `gyre capture replay FILE --url URL` sends them to
+    /// another proxy. For debugging a harness, not for production runs (bodies are large).
+    #[arg(long)]
+    capture: Option<PathBuf>,
     /// Worker threads serving requests (parsing, templates, tokenizing). Default: one per core.
     #[arg(long)]
     threads: Option<usize>,
@@ -179,6 +184,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
+        capture: args.capture.clone(),
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;

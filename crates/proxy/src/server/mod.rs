@@ -13,6 +13,7 @@
 //! Bodies over `body_bytes_max` get 413 in the API's shape; nothing is recorded for a rejected
 //! call. A call's TITO record is committed to the sink before the end of its answer is sent.
 
+mod capture;
 mod generate;
 mod metrics;
 pub mod session;
@@ -26,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -65,6 +66,9 @@ pub struct ServerConfig {
     /// the next body parses only its new part (counted as 3× the body's bytes: the bytes
     /// and the parsed document). Beyond it, bodies parse whole. 0 turns reuse off.
     pub body_cache_bytes_max: usize,
+    /// Append every authenticated model-API request (exact body, secrets redacted) to this
+    /// JSON-lines file (`capture.rs`).
+    pub capture: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +80,7 @@ impl Default for ServerConfig {
             public_url: String::new(),
             auto_open: false,
             body_cache_bytes_max: 256 << 20,
+            capture: None,
         }
     }
 }
@@ -201,6 +206,7 @@ pub struct AppState {
     /// more threads would only add switching, and the async workers must keep a core.
     preparing: tokio::sync::Semaphore,
     bodies: Arc<BodyBudget>,
+    capture: Option<capture::Capture>,
     pub metrics: Metrics,
 }
 
@@ -224,8 +230,14 @@ impl AppState {
             used: AtomicUsize::new(0),
             max: config.body_cache_bytes_max,
         });
+        let capture = config
+            .capture
+            .as_deref()
+            .map(capture::Capture::open)
+            .transpose()?;
         Ok(Arc::new(AppState {
             bodies,
+            capture,
             config,
             model,
             output_format,
@@ -503,6 +515,7 @@ async fn model_call(
     app: Arc<AppState>,
     api: Api,
     path_token: Option<String>,
+    uri: &Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -516,6 +529,10 @@ async fn model_call(
         Err(error) => return rejected(&app, &error),
     };
     let agent = agent_of(&headers);
+    let capture_head = app.capture.as_ref().map(|_| {
+        let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+        capture::Capture::head(path, &headers)
+    });
     // Parsing, rendering and tokenizing are CPU work proportional to the body and the new
     // tail (milliseconds for a long context): they run on the blocking pool so the async
     // workers keep streaming other executions' answers meanwhile.
@@ -527,6 +544,10 @@ async fn model_call(
         tokio::task::spawn_blocking(move || {
             app.metrics
                 .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
+            if let (Some(capture), Some(head)) = (&app.capture, capture_head) {
+                let id = execution.lock().execution.get();
+                capture.write(head, api, id, agent.as_deref(), &bytes);
+            }
             let parsing = std::time::Instant::now();
             let agent_key = agent.as_deref().unwrap_or("main");
             let previous = execution.take_body(api, agent_key);
@@ -674,49 +695,59 @@ fn rejected(app: &AppState, error: &ApiError) -> Response {
 
 async fn anthropic_messages(
     State(app): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, None, headers, body).await
+    model_call(app, Api::Anthropic, None, &uri, headers, body).await
 }
 
 async fn anthropic_messages_at(
     State(app): State<Arc<AppState>>,
     Path(token): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, Some(token), headers, body).await
+    model_call(app, Api::Anthropic, Some(token), &uri, headers, body).await
 }
 
 async fn chat_completions(
     State(app): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiChat, None, headers, body).await
+    model_call(app, Api::OpenAiChat, None, &uri, headers, body).await
 }
 
 async fn chat_completions_at(
     State(app): State<Arc<AppState>>,
     Path(token): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiChat, Some(token), headers, body).await
+    model_call(app, Api::OpenAiChat, Some(token), &uri, headers, body).await
 }
 
-async fn responses(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    model_call(app, Api::OpenAiResponses, None, headers, body).await
+async fn responses(
+    State(app): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    model_call(app, Api::OpenAiResponses, None, &uri, headers, body).await
 }
 
 async fn responses_at(
     State(app): State<Arc<AppState>>,
     Path(token): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiResponses, Some(token), headers, body).await
+    model_call(app, Api::OpenAiResponses, Some(token), &uri, headers, body).await
 }
 
 async fn count_tokens_inner(

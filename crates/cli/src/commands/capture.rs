@@ -1,0 +1,323 @@
+//! `gyre capture replay FILE --url URL`: send the requests of a capture file
+//! (`gyre proxy --capture FILE`) to a proxy, in order, exactly as the harness sent them.
+//!
+//! Each captured execution gets its own credential (`<token>-e<execution>`), so the target
+//! proxy must run with `--auto-open`; sub-agent headers and every other header are sent as
+//! captured (credentials were never captured). Prints one JSON line per request (`seq`,
+//! `execution`, `status`, `complete`) and exits 1 if any request got an error status or a
+//! stream that did not finish with its API's end event. Use it to try a harness's traffic on
+//! another proxy build, model directory or engine.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+#[derive(Args, Debug)]
+pub struct CaptureArgs {
+    #[command(subcommand)]
+    command: CaptureCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum CaptureCommand {
+    /// Send a capture's requests to a proxy (started with `--auto-open`), one at a time.
+    Replay {
+        /// The capture file (JSON lines written by `gyre proxy --capture`).
+        file: PathBuf,
+        /// The proxy, `http://host:port`.
+        #[arg(long)]
+        url: String,
+        /// Credential prefix: execution E of the capture is sent as `<token>-eE`.
+        #[arg(long, default_value = "replay")]
+        token: String,
+        /// Seconds to wait for one answer.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+    },
+}
+
+/// Headers not replayed: the connection's own, and encodings this client does not decode.
+const HOP_HEADERS: [&str; 6] = [
+    "host",
+    "content-length",
+    "connection",
+    "transfer-encoding",
+    "accept-encoding",
+    "keep-alive",
+];
+
+pub fn run(args: CaptureArgs) -> anyhow::Result<()> {
+    match args.command {
+        CaptureCommand::Replay {
+            file,
+            url,
+            token,
+            timeout_secs,
+        } => replay(&file, &url, &token, Duration::from_secs(timeout_secs)),
+    }
+}
+
+fn replay(file: &std::path::Path, url: &str, token: &str, timeout: Duration) -> anyhow::Result<()> {
+    let authority = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--url {url:?}: expected http://host:port"))?
+        .trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        bail!("--url {url:?}: expected http://host:port");
+    }
+    let reader = BufReader::new(
+        std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?,
+    );
+    let (mut sent, mut failed) = (0usize, 0usize);
+    for (number, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", file.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let captured: Value = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}: not JSON", file.display(), number + 1))?;
+        let request = Captured::from_json(&captured)
+            .with_context(|| format!("{} line {}", file.display(), number + 1))?;
+        let credential = format!("{token}-e{}", request.execution);
+        let (status, body) = send(authority, &request, &credential, timeout)
+            .with_context(|| format!("request seq {} to {url}", request.seq))?;
+        let complete = finished(&request, status, &body);
+        sent += 1;
+        if !complete {
+            failed += 1;
+        }
+        let mut report = serde_json::json!({
+            "seq": request.seq,
+            "execution": request.execution,
+            "path": request.path,
+            "status": status,
+            "complete": complete,
+            "bytes": body.len(),
+        });
+        if !complete {
+            let text = String::from_utf8_lossy(&body);
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(400)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            report["answer_tail"] = Value::String(tail);
+        }
+        println!("{report}");
+    }
+    eprintln!(
+        "replayed {sent} requests: {} complete, {failed} failed",
+        sent - failed
+    );
+    if failed > 0 {
+        bail!("{failed} of {sent} replayed requests failed");
+    }
+    Ok(())
+}
+
+struct Captured {
+    seq: u64,
+    execution: u64,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    stream: bool,
+}
+
+impl Captured {
+    fn from_json(value: &Value) -> anyhow::Result<Captured> {
+        let field = |name: &str| value.get(name).with_context(|| format!("no `{name}`"));
+        let path = field("path")?.as_str().context("`path` is not a string")?;
+        let body = match (value.get("body"), value.get("body_base64")) {
+            (Some(Value::String(text)), _) => text.as_bytes().to_vec(),
+            (_, Some(Value::String(_))) => {
+                bail!("a body that is not UTF-8 (`body_base64`) cannot be a model-API request")
+            }
+            _ => bail!("no `body`"),
+        };
+        let stream = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|parsed| parsed.get("stream").and_then(Value::as_bool))
+            .unwrap_or(false);
+        let headers = field("headers")?
+            .as_object()
+            .context("`headers` is not an object")?
+            .iter()
+            .filter(|(name, _)| !HOP_HEADERS.contains(&name.as_str()))
+            .filter_map(|(name, value)| Some((name.clone(), value.as_str()?.to_string())))
+            .collect();
+        Ok(Captured {
+            seq: field("seq")?.as_u64().context("`seq` is not a number")?,
+            execution: field("execution")?
+                .as_u64()
+                .context("`execution` is not a number")?,
+            path: path.to_string(),
+            headers,
+            body,
+            stream,
+        })
+    }
+}
+
+/// One HTTP/1.1 request on its own connection; the answer's status and body (de-chunked).
+fn send(
+    authority: &str,
+    request: &Captured,
+    credential: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let path = match request.path.strip_prefix("/x/<redacted>") {
+        Some(tail) => format!("/x/{credential}{tail}"),
+        None => request.path.clone(),
+    };
+    let mut stream =
+        TcpStream::connect(authority).with_context(|| format!("connecting to {authority}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        request.body.len()
+    );
+    for (name, value) in &request.headers {
+        let value = match name.as_str() {
+            "x-api-key" => credential.to_string(),
+            "authorization" => format!("Bearer {credential}"),
+            _ => value.clone(),
+        };
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !request
+        .headers
+        .iter()
+        .any(|(name, _)| name == "x-api-key" || name == "authorization")
+    {
+        head.push_str(&format!("x-api-key: {credential}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(&request.body)?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .context("reading the answer")?;
+    let split = answer
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .context("an answer without a header end")?;
+    let header = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    let status: u16 = header
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("an answer without a status")?;
+    let body = answer[split + 4..].to_vec();
+    let body = if header.contains("transfer-encoding: chunked") {
+        dechunk(&body).context("a malformed chunked answer")?
+    } else {
+        body
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let end = bytes.windows(2).position(|window| window == b"\r\n")?;
+        let size_text = std::str::from_utf8(&bytes[..end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        bytes = &bytes[end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(bytes.get(..size)?);
+        bytes = bytes.get(size + 2..)?;
+    }
+}
+
+/// Whether an answer is a whole one: a 2xx status, and for a stream its API's end event with
+/// no error event before it.
+fn finished(request: &Captured, status: u16, body: &[u8]) -> bool {
+    if !(200..300).contains(&status) {
+        return false;
+    }
+    let text = String::from_utf8_lossy(body);
+    if !request.stream {
+        return serde_json::from_str::<Value>(&text).is_ok();
+    }
+    if text.contains("event: error") {
+        return false;
+    }
+    let path = request.path.split('?').next().unwrap_or_default();
+    if path.ends_with("/messages") {
+        text.contains("event: message_stop")
+    } else if path.ends_with("/chat/completions") {
+        text.contains("data: [DONE]")
+    } else if path.ends_with("/responses") {
+        text.contains("response.completed")
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dechunks_and_refuses_truncation() {
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").unwrap(),
+            b"abcde"
+        );
+        assert_eq!(dechunk(b"3\r\nab"), None);
+        assert_eq!(dechunk(b"zz\r\n"), None);
+    }
+
+    #[test]
+    fn a_stream_is_finished_only_by_its_end_event() {
+        let request = |path: &str, stream: bool| Captured {
+            seq: 0,
+            execution: 1,
+            path: path.to_string(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            stream,
+        };
+        let messages = request("/x/<redacted>/v1/messages?beta=true", true);
+        assert!(finished(
+            &messages,
+            200,
+            b"event: message_stop\ndata: {}\n\n"
+        ));
+        assert!(!finished(&messages, 200, b"event: content_block_delta\n"));
+        assert!(!finished(
+            &messages,
+            200,
+            b"event: error\n\nevent: message_stop\n"
+        ));
+        assert!(!finished(&messages, 529, b"event: message_stop\n"));
+        assert!(finished(
+            &request("/v1/chat/completions", true),
+            200,
+            b"data: [DONE]\n\n"
+        ));
+        assert!(finished(
+            &request("/v1/responses", true),
+            200,
+            b"event: response.completed\n"
+        ));
+        assert!(finished(
+            &request("/v1/messages", false),
+            200,
+            b"{\"id\":\"m\"}"
+        ));
+        assert!(!finished(&request("/v1/messages", false), 200, b"{\"id\""));
+    }
+}
