@@ -61,7 +61,8 @@ proxy)
     echo "the proxy of $dir is already running (pid $(cat "$dir/proxy.pid")); stop it first" >&2
     exit 1
   fi
-  "$gyre" proxy --config "$here/proxy.toml" > "$dir/proxy.out" 2> "$dir/proxy.log" &
+  "$gyre" proxy --config "$here/proxy.toml" --credentials "$dir/proxy.credentials" \
+    > "$dir/proxy.out" 2> "$dir/proxy.log" &
   echo $! > "$dir/proxy.pid"
   wait_for_line "$dir/proxy.out" '"anthropic_base_url"' "$(cat "$dir/proxy.pid")"
   cat "$dir/proxy.out"

@@ -51,7 +51,7 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         )
         .expect("state");
         let app = router(state.clone());
-        let (execution, token) = state.open_execution(Some(77), Some(0));
+        let (execution, token) = state.open_execution(Some(77), Some(0)).expect("open");
         let call = |text: &str| {
             let request = Request::post("/v1/messages")
                 .header("x-api-key", &token)

@@ -101,7 +101,7 @@ fn scenario(fault: Fault, partial: usize) {
         let mut tasks = Vec::new();
         for _ in 0..EXECUTIONS {
             // Every execution starts pinned to the engine that fails mid-answer.
-            let (_, token) = state.open_execution(None, Some(0));
+            let (_, token) = state.open_execution(None, Some(0)).expect("open");
             let app = app.clone();
             tasks.push(tokio::spawn(async move {
                 let mut answers = Vec::new();
@@ -262,7 +262,7 @@ fn route_events_from_the_log_move_executions() {
         )
         .expect("state");
         let app = router(state.clone());
-        let (execution, token) = state.open_execution(None, Some(0));
+        let (execution, token) = state.open_execution(None, Some(0)).expect("open");
         let call = |turn: usize| {
             let app = app.clone();
             let token = token.clone();
@@ -313,7 +313,7 @@ fn route_events_from_the_log_move_executions() {
         // New executions avoid the engine that is down.
         let pinned = |token: &str| state.execution(token).expect("open").lock().engine;
         for _ in 0..6 {
-            let (_, opened) = state.open_execution(None, None);
+            let (_, opened) = state.open_execution(None, None).expect("open");
             assert_ne!(
                 pinned(&opened),
                 2,
@@ -324,7 +324,7 @@ fn route_events_from_the_log_move_executions() {
             engine: EngineId(2),
         });
         let engines: Vec<usize> = (0..3)
-            .map(|_| pinned(&state.open_execution(None, None).1))
+            .map(|_| pinned(&state.open_execution(None, None).expect("open").1))
             .collect();
         assert!(
             engines.contains(&2),
@@ -409,7 +409,7 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
             sink.clone(),
         )
         .expect("state");
-        let (_, token) = state.open_execution(None, None);
+        let (_, token) = state.open_execution(None, None).expect("open");
         let request = || {
             Request::post("/v1/messages")
                 .header("x-api-key", &token)

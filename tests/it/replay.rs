@@ -292,6 +292,10 @@ fn a_proxy_event_file_replays_and_audits() {
         stdout.contains("model_call                           2"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("model calls: 2 in 1 executions (1 agents): 2 roots, 0 branches"),
+        "two separate conversations are two roots: {stdout}"
+    );
     let bundle = dir.path().join("bundle.json");
     let bundle_path = bundle.to_str().expect("utf-8");
     let (code, _, stderr) = gyre(&["audit", path, "--execution", "1", "--out", bundle_path]);

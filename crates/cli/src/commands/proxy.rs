@@ -80,6 +80,14 @@ pub struct ProxyArgs {
     /// Open this many executions at start and print their credentials.
     #[arg(long, default_value_t = 0)]
     open: usize,
+    /// Keep the credentials this proxy issues (their SHA-256, never the tokens) in this file,
+    /// fdatasync'd before each is handed out or closed. A restarted proxy then accepts them
+    /// again and rebuilds each open execution's session from the records in the log, so
+    /// harnesses continue where they were; closed ones stay closed. Default with `--log FILE`:
+    /// `FILE.credentials`; with `--cluster`, give one per proxy (without it, credentials end
+    /// with the process).
+    #[arg(long)]
+    credentials: Option<PathBuf>,
     /// Request bodies over this many bytes get 413.
     #[arg(long, default_value_t = 32 << 20)]
     body_limit: usize,
@@ -163,6 +171,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "auto_open": args.auto_open,
+                "credentials": credentials_path(&args),
             })
         );
         return Ok(());
@@ -174,6 +183,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         }
         _ => unreachable!("checked above: exactly one of --log and --cluster"),
     };
+    let credentials = credentials_path(&args);
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
     let address = listener.local_addr()?;
@@ -185,9 +195,12 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         auto_open: args.auto_open,
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
         capture: args.capture.clone(),
+        credentials: credentials.clone(),
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;
+    // Before serving: the sessions of executions issued before a restart, from the log.
+    let recovery = recover(&state, &args).await?;
     // Ctrl-C or SIGTERM (systemd, Kubernetes): stop accepting, finish the calls in flight.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -211,8 +224,19 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         "{}",
         serde_json::json!({ "listening": format!("http://{bound}") })
     );
+    if recovery.calls_recovered > 0 || recovery.credentials_open + recovery.credentials_closed > 0 {
+        for (execution, reason) in &recovery.executions_lost {
+            tracing::warn!(execution, %reason, "an execution cannot resume after the restart");
+        }
+        println!(
+            "{}",
+            serde_json::json!({ "recovered": recovery, "credentials": credentials })
+        );
+    }
     for _ in 0..args.open {
-        let (execution, token) = state.open_execution(None, None);
+        let (execution, token) = state
+            .open_execution(None, None)
+            .map_err(anyhow::Error::msg)?;
         println!(
             "{}",
             serde_json::json!({
@@ -225,6 +249,86 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     }
     task.await.context("server task")?.context("serving")?;
     Ok(())
+}
+
+/// `--credentials`, or `<log>.credentials` beside `--log`.
+fn credentials_path(args: &ProxyArgs) -> Option<PathBuf> {
+    args.credentials.clone().or_else(|| {
+        args.log.as_ref().map(|log| {
+            let mut name = log.as_os_str().to_owned();
+            name.push(".credentials");
+            PathBuf::from(name)
+        })
+    })
+}
+
+/// Reads the sink's history back into `state` (see `AppState::recover`): the event file, or
+/// the control log from its first entry. A control log that no longer holds its first entries
+/// (purged behind a snapshot) leaves the executions issued before the restart unable to
+/// resume; they are reported, and their credentials get 401 saying why.
+async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::Recovery> {
+    let mut recovering = state.begin_recovery();
+    if let Some(path) = &args.log {
+        let reader = gyre_log::EventFileReader::open(path)
+            .with_context(|| format!("reading {} back", path.display()))?;
+        for record in reader {
+            let events = record
+                .and_then(|record| record.decode_events_in(path))
+                .with_context(|| format!("reading {} back", path.display()))?;
+            for event in &events {
+                recovering.feed(event);
+            }
+        }
+    } else if let Some(addresses) = &args.cluster {
+        let read: anyhow::Result<()> = async {
+            // Every record a harness was answered for is committed; read from a node that
+            // has applied up to the highest commit index any node reports.
+            let mut client = gyre_control::ClusterClient::new(addresses)?;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            let (source, commit) = loop {
+                let status = client.status_all().await;
+                let replies: Vec<_> = status
+                    .iter()
+                    .filter_map(|(address, reply)| reply.as_ref().ok().map(|r| (address, r)))
+                    .collect();
+                let commit = replies.iter().map(|(_, r)| r.commit_index).max();
+                let caught_up = commit.and_then(|commit| {
+                    replies
+                        .iter()
+                        .find(|(_, r)| r.last_applied_index >= commit)
+                        .map(|(address, _)| ((*address).clone(), commit))
+                });
+                match caught_up {
+                    Some(found) => break found,
+                    None if std::time::Instant::now() > deadline => {
+                        anyhow::bail!("no control node has applied the committed log within 30 s")
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                }
+            };
+            if commit == 0 {
+                return Ok(());
+            }
+            let mut client = gyre_control::ClusterClient::new(&source)?;
+            let start = gyre_control::Sequence {
+                index: 1,
+                position: 0,
+            };
+            let mut stream = client.subscribe(start, true).await?;
+            while let Some(entry) = stream.message().await? {
+                for event in &gyre_log::decode_batch(&entry.batch)? {
+                    recovering.feed(event);
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(error) = read {
+            tracing::warn!(%error, "reading the control log back; executions issued before the restart cannot resume");
+            recovering.history_unreadable(&format!("{error:#}"));
+        }
+    }
+    Ok(recovering.finish())
 }
 
 fn engines(

@@ -446,7 +446,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             let cpu_before = cpu_seconds();
             let mut tasks = Vec::new();
             for bodies in &bodies {
-                let (_, token) = state.open_execution(None, None);
+                let (_, token) = state.open_execution(None, None).expect("open");
                 let bodies = bodies.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut latencies = Vec::new();

@@ -192,7 +192,7 @@ pub(super) async fn run(
         .map(KeepAlive::new)
         .collect();
     for repeat in 0..repeats {
-        let (_, token) = state.open_execution(None, None);
+        let (_, token) = state.open_execution(None, None).expect("open");
         for (turn, tokens) in contexts.iter().enumerate() {
             let salt = 10_000 + repeat;
             let messages = request_body(contexts, turn, salt, answer_tokens);

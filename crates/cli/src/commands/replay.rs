@@ -13,14 +13,14 @@
 //! newest snapshot, replay starts from that snapshot's state (checksummed, and its digest
 //! checked) and reports where it started.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 
-use gyre_event::{Event, EventBody, Role};
+use gyre_event::{CallKind, Event, EventBody, ModelCallRecord, Role};
 use gyre_log::file::{hex, ChainHash};
 use gyre_log::EventFileReader;
 use gyre_scheduler::run_decisions;
@@ -72,6 +72,65 @@ struct Rewards {
     excluded: u64,
 }
 
+/// The proxy's records: how many model calls, how they form trees, how much was reused.
+#[derive(Serialize, Default)]
+struct ModelCalls {
+    calls: u64,
+    executions: usize,
+    /// Distinct (execution, agent) pairs: main agents and sub-agents.
+    agents: usize,
+    /// Calls with no parent: first turns, sub-agents, the turn after a compaction.
+    roots: u64,
+    /// Calls hanging from a call that already had a child: retries, rewinds, compactions.
+    branches: u64,
+    summaries: u64,
+    /// Abandoned attempts (engine died or was switched mid-answer), kept for audit only.
+    aborted: u64,
+    input_tokens_new: u64,
+    input_tokens_reused: u64,
+    output_tokens: u64,
+    by_engine: BTreeMap<String, u64>,
+    by_policy_version: BTreeMap<u64, u64>,
+    #[serde(skip)]
+    seen_executions: BTreeSet<u64>,
+    #[serde(skip)]
+    seen_agents: BTreeSet<(u64, String)>,
+    #[serde(skip)]
+    parents: BTreeSet<(u64, u64)>,
+}
+
+impl ModelCalls {
+    fn observe(&mut self, record: &ModelCallRecord) {
+        let execution = record.execution.get();
+        self.calls += 1;
+        self.seen_agents.insert((execution, record.agent.clone()));
+        self.agents = self.seen_agents.len();
+        self.seen_executions.insert(execution);
+        self.executions = self.seen_executions.len();
+        match record.parent_call {
+            None => self.roots += 1,
+            Some(parent) => {
+                if !self.parents.insert((execution, parent.get())) {
+                    self.branches += 1;
+                }
+            }
+        }
+        match record.kind {
+            CallKind::Turn => {}
+            CallKind::Summary => self.summaries += 1,
+            CallKind::Aborted => self.aborted += 1,
+        }
+        self.input_tokens_new += record.input_ids.len() as u64;
+        self.input_tokens_reused += record.reused_prefix_tokens_count;
+        self.output_tokens += record.output_ids.len() as u64;
+        *self.by_engine.entry(record.engine.to_string()).or_insert(0) += 1;
+        *self
+            .by_policy_version
+            .entry(record.policy_version.get())
+            .or_insert(0) += 1;
+    }
+}
+
 #[derive(Serialize)]
 struct Problem {
     kind: &'static str,
@@ -117,6 +176,7 @@ struct PostMortem {
     rewards: Rewards,
     staleness_histogram: BTreeMap<u64, u64>,
     mean_staleness: f64,
+    model_calls: ModelCalls,
     final_state: StateDump,
     problem: Option<Problem>,
 }
@@ -482,6 +542,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         rewards: Rewards::default(),
         staleness_histogram: BTreeMap::new(),
         mean_staleness: 0.0,
+        model_calls: ModelCalls::default(),
         final_state: dump(&state, 0),
         problem: None,
     };
@@ -650,6 +711,7 @@ fn observe(event: &Event, report: &mut PostMortem, score_sum: &mut f64, stalenes
         EventBody::EvaluationFailed { .. } => report.rewards.evaluations_failed += 1,
         EventBody::DummyInserted { .. } => report.rewards.dummies += 1,
         EventBody::ExecutionExcluded { .. } => report.rewards.excluded += 1,
+        EventBody::ModelCall(record) => report.model_calls.observe(record),
         _ => {}
     }
 }
@@ -722,6 +784,36 @@ fn print_text(report: &PostMortem) {
         "staleness: {} groups consumed, mean {:.4}, histogram {:?}",
         report.groups_consumed, report.mean_staleness, report.staleness_histogram
     );
+    let calls = &report.model_calls;
+    if calls.calls > 0 {
+        let input = calls.input_tokens_new + calls.input_tokens_reused;
+        println!(
+            "\nmodel calls: {} in {} executions ({} agents): {} roots, {} branches, {} compactions, {} aborted attempts",
+            calls.calls, calls.executions, calls.agents, calls.roots, calls.branches, calls.summaries, calls.aborted
+        );
+        println!(
+            "  input tokens: {} new, {} reused ({:.1}% reused); output tokens: {}",
+            calls.input_tokens_new,
+            calls.input_tokens_reused,
+            100.0 * calls.input_tokens_reused as f64 / input.max(1) as f64,
+            calls.output_tokens
+        );
+        let engines: Vec<String> = calls
+            .by_engine
+            .iter()
+            .map(|(engine, n)| format!("{engine} {n}"))
+            .collect();
+        let versions: Vec<String> = calls
+            .by_policy_version
+            .iter()
+            .map(|(version, n)| format!("v{version} {n}"))
+            .collect();
+        println!(
+            "  engines: {}; policy versions: {}",
+            engines.join(", "),
+            versions.join(", ")
+        );
+    }
     let state = &report.final_state;
     println!(
         "\nstate after entry {} ({:.3} h): d={} p={} f={} w={} C_R={} v_t={} v_pub={} burst={}",

@@ -20,6 +20,7 @@ use crate::output::{
 };
 use crate::{ApiError, ApiErrorKind};
 
+use super::output_ids::OutputIds;
 use super::session::{Prepared, Sampled};
 use super::{wall_clock, AppState, ExecutionHandle, Stage};
 
@@ -95,13 +96,6 @@ pub fn random_token() -> String {
     random_id("gx-", 32)
 }
 
-fn tool_call_id(api: Api) -> String {
-    match api {
-        Api::Anthropic => random_id("toolu_", 24),
-        Api::OpenAiChat | Api::OpenAiResponses => random_id("call_", 24),
-    }
-}
-
 fn response_id(api: Api) -> String {
     match api {
         Api::Anthropic => random_id("msg_", 24),
@@ -159,6 +153,12 @@ pub async fn run(
     let mut reasoning_text = String::new();
     let mut reasoning_tokens = 0u64;
     let mut tool_calls = 0usize;
+    let mut output_ids = OutputIds::new(
+        execution.lock().execution,
+        &prepared.agent,
+        requested_at,
+        prepared.context_ids.len() as u64,
+    );
     let max_new = request
         .sampling
         .max_tokens
@@ -277,6 +277,7 @@ pub async fn run(
                                     events,
                                     &mut reasoning_text,
                                     &mut tool_calls,
+                                    &mut output_ids,
                                 );
                                 if !send_frames(frames).await {
                                     let _ = engine.abort(&rid).await;
@@ -356,6 +357,7 @@ pub async fn run(
         events,
         &mut reasoning_text,
         &mut tool_calls,
+        &mut output_ids,
     );
     if !send_frames(frames).await {
         app.metrics.harness_gone();
@@ -420,6 +422,7 @@ pub async fn run(
 }
 
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.
+#[allow(clippy::too_many_arguments)]
 fn emit(
     app: &AppState,
     execution: &ExecutionHandle,
@@ -428,6 +431,7 @@ fn emit(
     events: Vec<OutputEvent>,
     reasoning_text: &mut String,
     tool_calls: &mut usize,
+    output_ids: &mut OutputIds,
 ) -> Vec<SseEvent> {
     let mut frames = Vec::new();
     for event in events {
@@ -437,7 +441,7 @@ fn emit(
                 frames.extend(builder.push(StreamItem::ReasoningDelta(&text)));
             }
             OutputEvent::ReasoningEnd => {
-                let handle = random_id("gyre-r1-", 32);
+                let handle = output_ids.next_reasoning();
                 execution.lock().remember_reasoning(&handle, reasoning_text);
                 reasoning_text.clear();
                 frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
@@ -446,7 +450,7 @@ fn emit(
                 frames.extend(builder.push(StreamItem::TextDelta(&text)));
             }
             OutputEvent::ToolCall { name, arguments } => {
-                let id = tool_call_id(api);
+                let id = output_ids.next_tool_call(api);
                 execution.lock().remember_tool_call(&id, &arguments);
                 *tool_calls += 1;
                 frames.extend(builder.push(StreamItem::ToolCall {

@@ -14,8 +14,10 @@
 //! call. A call's TITO record is committed to the sink before the end of its answer is sent.
 
 mod capture;
+pub mod credentials;
 mod generate;
 mod metrics;
+pub mod output_ids;
 pub mod session;
 pub mod sink;
 
@@ -69,6 +71,9 @@ pub struct ServerConfig {
     /// Append every authenticated model-API request (exact body, secrets redacted) to this
     /// JSON-lines file (`capture.rs`).
     pub capture: Option<std::path::PathBuf>,
+    /// Keep issued credentials (their hashes) here, so executions resume after a restart
+    /// (`credentials.rs`). Without it credentials live as long as the process.
+    pub credentials: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +86,7 @@ impl Default for ServerConfig {
             auto_open: false,
             body_cache_bytes_max: 256 << 20,
             capture: None,
+            credentials: None,
         }
     }
 }
@@ -207,7 +213,122 @@ pub struct AppState {
     preparing: tokio::sync::Semaphore,
     bodies: Arc<BodyBudget>,
     capture: Option<capture::Capture>,
+    credentials: Option<credentials::CredentialFile>,
+    /// Credentials issued before this process started, and the sessions rebuilt for them.
+    issued: Mutex<Issued>,
     pub metrics: Metrics,
+}
+
+/// What a restarted proxy knows of the credentials and executions it had before.
+#[derive(Default)]
+struct Issued {
+    credentials: credentials::IssuedCredentials,
+    /// Sessions rebuilt from the log ([`AppState::recover`]), until their credential is used.
+    sessions: HashMap<u64, Session>,
+    /// Executions whose sessions could not be rebuilt, and why.
+    lost: HashMap<u64, String>,
+    /// Handles already given to an earlier credential of the same execution.
+    handles: HashMap<u64, ExecutionHandle>,
+}
+
+/// A recovery in progress ([`AppState::begin_recovery`]).
+pub struct Recovering<'a> {
+    state: &'a AppState,
+    /// Executions with an open credential, and their engines.
+    open: std::collections::BTreeMap<u64, usize>,
+    max_execution: u64,
+    sessions: HashMap<u64, Session>,
+    lost: HashMap<u64, String>,
+    calls: u64,
+}
+
+impl Recovering<'_> {
+    /// Folds one committed event of the sink's history.
+    pub fn feed(&mut self, event: &gyre_event::Event) {
+        let gyre_event::EventBody::ModelCall(record) = &event.body else {
+            return;
+        };
+        let id = record.execution.get();
+        self.max_execution = self.max_execution.max(id);
+        let Some(engine) = self.open.get(&id) else {
+            return;
+        };
+        if self.lost.contains_key(&id) {
+            return;
+        }
+        let state = self.state;
+        let session = self.sessions.entry(id).or_insert_with(|| {
+            Session::new(ExecutionId(id), &state.model, engine % state.engines.len())
+        });
+        match session.recover_record(record, &state.model, &state.output_format) {
+            Ok(()) => self.calls += 1,
+            Err(error) => {
+                self.sessions.remove(&id);
+                self.lost.insert(id, error);
+            }
+        }
+    }
+
+    /// The history could not be read to its end: no execution with an open credential can
+    /// be trusted to resume (its next call would reuse call ids the log holds).
+    pub fn history_unreadable(&mut self, reason: &str) {
+        for id in self.open.keys() {
+            self.lost
+                .insert(*id, format!("the log could not be read back: {reason}"));
+        }
+        self.sessions.clear();
+    }
+
+    /// Finishes the sessions and hands them to the proxy.
+    pub fn finish(mut self) -> Recovery {
+        let state = self.state;
+        for (id, session) in &mut self.sessions {
+            if let Err(error) = session.finish_recovery(&state.model) {
+                self.lost.insert(*id, error);
+            }
+        }
+        let lost = &self.lost;
+        self.sessions.retain(|id, _| !lost.contains_key(id));
+        let next = state
+            .next_execution
+            .fetch_max(self.max_execution + 1, Ordering::Relaxed)
+            .max(self.max_execution + 1);
+        let mut executions_lost: Vec<(u64, String)> = self
+            .lost
+            .iter()
+            .map(|(id, why)| (*id, why.clone()))
+            .collect();
+        executions_lost.sort();
+        let mut issued = state.issued();
+        let entries = issued.credentials.by_hash.values();
+        let closed = entries.filter(|entry| entry.closed).count();
+        let recovery = Recovery {
+            credentials_open: issued.credentials.by_hash.len() - closed,
+            credentials_closed: closed,
+            executions_resumed: self.sessions.len(),
+            calls_recovered: self.calls,
+            executions_lost,
+            next_execution: next,
+        };
+        issued.sessions = self.sessions;
+        issued.lost = self.lost;
+        recovery
+    }
+}
+
+/// What [`AppState::recover`] found in the log.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Recovery {
+    /// Open credentials from the credential file.
+    pub credentials_open: usize,
+    pub credentials_closed: usize,
+    /// Executions whose sessions were rebuilt, and their calls.
+    pub executions_resumed: usize,
+    pub calls_recovered: u64,
+    /// Executions that cannot resume (their records do not fold), with the reason.
+    pub executions_lost: Vec<(u64, String)>,
+    /// The id the next execution opened without one gets.
+    pub next_execution: u64,
 }
 
 impl AppState {
@@ -235,9 +356,22 @@ impl AppState {
             .as_deref()
             .map(capture::Capture::open)
             .transpose()?;
+        let (credentials, issued) = match config.credentials.as_deref() {
+            Some(path) => {
+                let (file, issued) = credentials::CredentialFile::open(path)?;
+                (Some(file), issued)
+            }
+            None => (None, credentials::IssuedCredentials::default()),
+        };
+        let next_execution = issued.max_execution + 1;
         Ok(Arc::new(AppState {
             bodies,
             capture,
+            credentials,
+            issued: Mutex::new(Issued {
+                credentials: issued,
+                ..Issued::default()
+            }),
             config,
             model,
             output_format,
@@ -245,7 +379,7 @@ impl AppState {
             stop_token_ids,
             sink,
             executions: Mutex::new(HashMap::new()),
-            next_execution: AtomicU64::new(1),
+            next_execution: AtomicU64::new(next_execution),
             next_engine: AtomicU64::new(0),
             preparing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |cores| cores.get()),
@@ -262,8 +396,54 @@ impl AppState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Opens an execution; returns its credential.
-    pub fn open_execution(&self, execution: Option<u64>, engine: Option<usize>) -> (u64, String) {
+    fn issued(&self) -> MutexGuard<'_, Issued> {
+        self.issued
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Rebuilds what this proxy held before a restart from the records it committed (the
+    /// sink's history, in log order): the session of every execution with an open credential
+    /// (its tree, call counter, agent contexts and tool-call and reasoning caches), so its
+    /// harness continues where it was; and the numbering, so a new execution never reuses an
+    /// id the log already holds. Call before serving.
+    pub fn recover(&self, history: impl IntoIterator<Item = gyre_event::Event>) -> Recovery {
+        let mut recovering = self.begin_recovery();
+        for event in history {
+            recovering.feed(&event);
+        }
+        recovering.finish()
+    }
+
+    /// [`AppState::recover`] fed piece by piece (a history streamed from the control log).
+    pub fn begin_recovery(&self) -> Recovering<'_> {
+        let issued = self.issued();
+        let open = issued
+            .credentials
+            .by_hash
+            .values()
+            .filter(|entry| !entry.closed)
+            .map(|entry| (entry.execution, entry.engine))
+            .collect();
+        let max_execution = issued.credentials.max_execution;
+        drop(issued);
+        Recovering {
+            state: self,
+            open,
+            max_execution,
+            sessions: HashMap::new(),
+            lost: HashMap::new(),
+            calls: 0,
+        }
+    }
+
+    /// Opens an execution; returns its credential (durable in the credential file, if there
+    /// is one, before it is returned).
+    pub fn open_execution(
+        &self,
+        execution: Option<u64>,
+        engine: Option<usize>,
+    ) -> Result<(u64, String), String> {
         let id = execution.unwrap_or_else(|| self.next_execution.fetch_add(1, Ordering::Relaxed));
         let engine = engine.unwrap_or_else(|| {
             let start = self.next_engine.fetch_add(1, Ordering::Relaxed) as usize;
@@ -275,8 +455,28 @@ impl AppState {
             }
         }) % self.engines.len();
         let token = generate::random_token();
+        if let Some(file) = &self.credentials {
+            file.record_open(&credentials::token_hash(&token), id, engine)?;
+        }
         self.open_execution_as(id, engine, &token);
-        (id, token)
+        Ok((id, token))
+    }
+
+    /// Records `token` as opening `id` (auto-open) in the credential file, if there is one.
+    fn record_auto_open(&self, token: &str, id: u64, engine: usize) -> Result<(), String> {
+        match &self.credentials {
+            Some(file) => file.record_open(&credentials::token_hash(token), id, engine),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the execution under `token` (durably, if there is a credential file).
+    fn close_execution(&self, token: &str, handle: &ExecutionHandle) -> Result<(), String> {
+        handle.lock().closed = true;
+        match &self.credentials {
+            Some(file) => file.record_close(&credentials::token_hash(token)),
+            None => Ok(()),
+        }
     }
 
     /// The execution under `token`, opened as `id` on `engine` if there is none yet (two
@@ -290,8 +490,48 @@ impl AppState {
             .clone()
     }
 
+    /// The execution under `token`: opened by this process, or issued before a restart (its
+    /// session rebuilt from the log, or new if it made no call yet).
     pub fn execution(&self, token: &str) -> Option<ExecutionHandle> {
-        self.executions().get(token).cloned()
+        if let Some(handle) = self.executions().get(token) {
+            return Some(handle.clone());
+        }
+        self.credentials.as_ref()?;
+        let mut issued = self.issued();
+        let entry = *issued
+            .credentials
+            .by_hash
+            .get(&credentials::token_hash(token))?;
+        let handle = match issued.handles.get(&entry.execution) {
+            Some(handle) => handle.clone(),
+            None => {
+                let session = issued.sessions.remove(&entry.execution).unwrap_or_else(|| {
+                    Session::new(
+                        ExecutionId(entry.execution),
+                        &self.model,
+                        entry.engine % self.engines.len(),
+                    )
+                });
+                let handle = ExecutionHandle::new(session);
+                if let Some(reason) = issued.lost.get(&entry.execution) {
+                    let mut session = handle.lock();
+                    session.closed = true;
+                    session.lost = Some(reason.clone());
+                }
+                issued.handles.insert(entry.execution, handle.clone());
+                handle
+            }
+        };
+        if entry.closed {
+            handle.lock().closed = true;
+        }
+        drop(issued);
+        Some(
+            self.executions()
+                .entry(token.to_string())
+                .or_insert(handle)
+                .clone(),
+        )
     }
 
     /// Follows the scheduler's routing facts from the log. Engine ids are the engines' indexes
@@ -478,15 +718,30 @@ fn authenticate(
     };
     match app.execution(&token) {
         Some(handle) if !handle.lock().closed => Ok(handle),
-        Some(_) => Err(ApiError::new(
-            api,
-            ApiErrorKind::Authentication,
-            "this execution is closed; its credential no longer accepts calls",
-        )),
+        Some(handle) => {
+            let lost = handle.lock().lost.clone();
+            Err(ApiError::new(
+                api,
+                ApiErrorKind::Authentication,
+                match lost {
+                    Some(reason) => format!(
+                        "this execution cannot resume after the proxy restarted: its records in the log do not rebuild its session ({reason})"
+                    ),
+                    None => "this execution is closed; its credential no longer accepts calls".into(),
+                },
+            ))
+        }
         None if app.config.auto_open => {
             let id = app.next_execution.fetch_add(1, Ordering::Relaxed);
             let engine =
                 app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
+            if let Err(error) = app.record_auto_open(&token, id, engine) {
+                return Err(ApiError::new(
+                    api,
+                    ApiErrorKind::Overloaded,
+                    format!("the new execution's credential could not be kept: {error}"),
+                ));
+            }
             Ok(app.open_execution_as(id, engine, &token))
         }
         None => Err(ApiError::new(
@@ -869,7 +1124,15 @@ async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
             );
         }
     }
-    let (execution, token) = app.open_execution(request.execution, request.engine);
+    let (execution, token) = match app.open_execution(request.execution, request.engine) {
+        Ok(opened) => opened,
+        Err(error) => {
+            return admin_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the credential could not be kept: {error}"),
+            )
+        }
+    };
     let base = &app.config.public_url;
     axum::Json(json!({
         "execution": execution,
@@ -883,8 +1146,13 @@ async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
 async fn admin_close(State(app): State<Arc<AppState>>, Path(token): Path<String>) -> Response {
     match app.execution(&token) {
         Some(handle) => {
-            let mut session = handle.lock();
-            session.closed = true;
+            if let Err(error) = app.close_execution(&token, &handle) {
+                return admin_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("closed in this process, but the close could not be kept: {error}"),
+                );
+            }
+            let session = handle.lock();
             axum::Json(json!({
                 "execution": session.execution.get(),
                 "calls": session.calls(),

@@ -28,11 +28,13 @@ use gyre_event::{
     CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, Provenance,
     ProvenanceSpan, Timestamp,
 };
-use gyre_trajectory::{match_context, Tree, TreeConfig};
+use gyre_trajectory::{match_context, NodeId, Tree, TreeConfig};
 
+use super::output_ids::{tool_call_prefix, OutputIds};
 use crate::engine::IdsJson;
-use crate::messages::{ChatRequest, Role};
+use crate::messages::{Api, ChatRequest, Role};
 use crate::model_dir::ChatModel;
+use crate::output::{OutputEvent, OutputFormat, OutputParser};
 use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
 
@@ -133,6 +135,8 @@ pub struct Session {
     special: HashSet<u32>,
     next_call: u64,
     pub closed: bool,
+    /// Why a session could not be rebuilt after a restart (it then stays closed).
+    pub lost: Option<String>,
     /// Index of the engine this execution is pinned to.
     pub engine: usize,
     pub tokens_encoded: u64,
@@ -194,6 +198,7 @@ impl Session {
             special,
             next_call: 0,
             closed: false,
+            lost: None,
             engine,
             tokens_encoded: 0,
             tokens_reused: 0,
@@ -548,5 +553,125 @@ impl Session {
     /// Calls recorded so far.
     pub fn calls(&self) -> u64 {
         self.next_call
+    }
+
+    /// Recovery after a proxy restart, step 1 (once per committed record of this execution,
+    /// in log order): folds the record into the tree, spends its call id, and refills the
+    /// tool-call and reasoning caches from its output under the ids the proxy minted when it
+    /// streamed that output ([`OutputIds`] derives them from the record). Aborted attempts
+    /// only join the tree: the call that continued them holds their output.
+    pub fn recover_record(
+        &mut self,
+        record: &ModelCallRecord,
+        model: &ChatModel,
+        format: &OutputFormat,
+    ) -> Result<(), String> {
+        self.tree
+            .apply(record)
+            .map_err(|error| format!("call {}: {error}", record.call.get()))?;
+        self.next_call = self.next_call.max(record.call.get() + 1);
+        if record.kind == CallKind::Aborted {
+            return Ok(());
+        }
+        let text = model
+            .decode(&record.output_ids)
+            .map_err(|error| format!("call {}: decoding its output: {error}", record.call.get()))?;
+        let mut ids = OutputIds::new(
+            self.execution,
+            &record.agent,
+            record.requested_at,
+            record.reused_prefix_tokens_count + record.input_ids.len() as u64,
+        );
+        let mut parser = OutputParser::new(format.clone());
+        let mut events = parser.push(&text);
+        events.extend(parser.finish());
+        let mut reasoning = String::new();
+        for event in events {
+            match event {
+                OutputEvent::ReasoningDelta(delta) => reasoning.push_str(&delta),
+                OutputEvent::ReasoningEnd => {
+                    let handle = ids.next_reasoning();
+                    self.reasoning
+                        .insert(handle, std::mem::take(&mut reasoning));
+                }
+                OutputEvent::TextDelta(_) => {}
+                OutputEvent::ToolCall { arguments, .. } => {
+                    // The record does not say which API answered: the id is kept in both forms.
+                    let suffix = ids.next_tool_call_suffix();
+                    for api in [Api::Anthropic, Api::OpenAiChat] {
+                        self.tool_calls.insert(
+                            format!("{}{suffix}", tool_call_prefix(api)),
+                            arguments.clone(),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recovery, step 2 (after every record): each agent's last context is the path of its
+    /// last answered call, as tokens (never re-encoded), with text and byte ends decoded from
+    /// them and provenance from the records. The next request of each agent then reuses that
+    /// context exactly as if the proxy had never stopped.
+    pub fn finish_recovery(&mut self, model: &ChatModel) -> Result<(), String> {
+        let mut last: BTreeMap<String, NodeId> = BTreeMap::new();
+        for id in self.tree.node_ids() {
+            let node = self.tree.node(id);
+            if node.kind == CallKind::Aborted {
+                continue;
+            }
+            let newer = last
+                .get(&node.agent)
+                .is_none_or(|kept| self.tree.node(*kept).call < node.call);
+            if newer {
+                last.insert(node.agent.clone(), id);
+            }
+        }
+        for (agent, id) in last {
+            let ids = self.tree.path_tokens(id);
+            let mut provenance = Vec::with_capacity(ids.len());
+            for piece in self.tree.path(id) {
+                let node = self.tree.node(piece.node);
+                let cut = piece.cut as usize;
+                let mut left = cut.min(node.input_ids.len());
+                for span in &node.input_provenance {
+                    let take = (span.tokens_count as usize).min(left);
+                    provenance.extend(std::iter::repeat_n(span.provenance, take));
+                    left -= take;
+                }
+                // Spans shorter than the input (never written so) read as template tokens.
+                provenance.extend(std::iter::repeat_n(Provenance::Template, left));
+                let outputs = cut.saturating_sub(node.input_ids.len());
+                provenance.extend(std::iter::repeat_n(Provenance::Sampled, outputs));
+            }
+            let mut stream = model.text_stream();
+            let mut text = String::new();
+            let mut ends = Vec::with_capacity(ids.len());
+            for token in &ids {
+                if let Some(delta) = stream
+                    .push(*token)
+                    .map_err(|error| format!("decoding agent {agent}'s context: {error}"))?
+                {
+                    text.push_str(&delta);
+                }
+                ends.push(text.len() as u32);
+            }
+            let node = self.tree.node(id);
+            let output_start = ids.len() - node.output_ids.len();
+            self.agents.insert(
+                agent,
+                AgentContext {
+                    call: Some(node.call),
+                    text,
+                    ids_json: IdsJson::of(&ids),
+                    ids,
+                    ends,
+                    provenance,
+                    output_start,
+                },
+            );
+        }
+        Ok(())
     }
 }

@@ -180,3 +180,108 @@ fn a_growing_conversation_encodes_only_its_new_tokens() {
     );
     assert!(second.encoded < 16, "encoded {}", second.encoded);
 }
+
+/// A session rebuilt from its records (a proxy restart) prepares the next request of every
+/// agent exactly as the session that recorded them: same tokens, same reuse, same parent, and
+/// the tool-call text and reasoning behind the ids the proxy minted are restored.
+#[test]
+fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
+    use gyre_proxy::messages::Reasoning;
+    use gyre_proxy::output::OutputFormat;
+    use gyre_proxy::server::output_ids::OutputIds;
+    use gyre_proxy::ToolCall;
+
+    let model = model();
+    let format = OutputFormat::test_model();
+    let mut live = Session::new(ExecutionId(11), &model, 0);
+    let mut records = Vec::new();
+    let mut histories: Vec<(Option<&str>, ChatRequest)> = [None, Some("sub:explorer")]
+        .into_iter()
+        .map(|agent| {
+            let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+            request
+                .messages
+                .push(Message::new(Role::System, "You are careful."));
+            (agent, request)
+        })
+        .collect();
+    let arguments = r#"{"zeta": 1, "alpha": "x\u00e9"}"#;
+    for round in 0..3u64 {
+        for (slot, (agent, request)) in histories.iter_mut().enumerate() {
+            request
+                .messages
+                .push(Message::new(Role::User, format!("step {round} of {slot}")));
+            let prepared = live
+                .prepare(&model, request, *agent, reference_now())
+                .expect("prepares");
+            let requested_at = gyre_event::Timestamp(1_000 + round * 10 + slot as u64);
+            let mut ids = OutputIds::new(
+                ExecutionId(11),
+                &prepared.agent,
+                requested_at,
+                prepared.context_ids.len() as u64,
+            );
+            let reasoning = format!("think {round}");
+            let answer = format!(
+                "<think>{reasoning}</think><tool_call>{{\"name\": \"probe\", \"arguments\": {arguments}}}</tool_call>"
+            );
+            let mut sampled = sampled(&model, &answer);
+            sampled.requested_at = requested_at;
+            // What the server does while streaming: mint the ids, fill the caches.
+            let handle = ids.next_reasoning();
+            let call_id = ids.next_tool_call(Api::Anthropic);
+            live.remember_reasoning(&handle, &reasoning);
+            live.remember_tool_call(&call_id, arguments);
+            records.push(live.finish_call(prepared, sampled).expect("finishes"));
+            // The harness re-sends the output with the arguments re-serialised.
+            let mut message = Message::new(Role::Assistant, "");
+            message.reasoning.push(Reasoning {
+                text: String::new(),
+                handle: Some(handle),
+                redacted: true,
+            });
+            message.tool_calls.push(ToolCall {
+                id: call_id.clone(),
+                name: "probe".into(),
+                arguments: r#"{"alpha":"xé","zeta":1}"#.into(),
+            });
+            request.messages.push(message);
+            let mut result = Message::new(Role::Tool, "ok");
+            result.tool_call_id = Some(call_id);
+            request.messages.push(result);
+        }
+    }
+    let mut rebuilt = Session::new(ExecutionId(11), &model, 0);
+    for record in &records {
+        rebuilt
+            .recover_record(record, &model, &format)
+            .expect("every record folds");
+    }
+    rebuilt.finish_recovery(&model).expect("contexts rebuild");
+    assert_eq!(rebuilt.tree, live.tree);
+    assert_eq!(rebuilt.calls(), live.calls());
+    for (agent, request) in &histories {
+        let mut for_live = request.clone();
+        let mut for_rebuilt = request.clone();
+        assert_eq!(live.restore(&mut for_live), 6);
+        assert_eq!(
+            rebuilt.restore(&mut for_rebuilt),
+            6,
+            "every tool call and reasoning block is restored after the rebuild"
+        );
+        assert_eq!(for_live, for_rebuilt);
+        let expected = live
+            .prepare(&model, &for_live, *agent, reference_now())
+            .expect("prepares");
+        let got = rebuilt
+            .prepare(&model, &for_rebuilt, *agent, reference_now())
+            .expect("prepares");
+        assert_eq!(got.context_ids, expected.context_ids);
+        assert_eq!(got.tree_reused, expected.tree_reused);
+        assert_eq!(got.reused_by_text, expected.reused_by_text, "{agent:?}");
+        assert_eq!(got.encoded, expected.encoded);
+        assert_eq!(got.spawned_by, expected.spawned_by);
+        assert_eq!(got.kind, expected.kind);
+    }
+    assert_eq!(rebuilt.sampled_divergences, 0);
+}

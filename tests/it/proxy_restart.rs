@@ -1,0 +1,213 @@
+//! A proxy killed with SIGKILL and started again on the same event file: its harnesses keep
+//! their credentials, and their next calls extend the trees recorded before the crash (the
+//! session is rebuilt from the log: tree, call numbering, each agent's last context as
+//! tokens, the exact tool-call text and reasoning behind the ids it handed out). Closed
+//! credentials stay closed, and new executions never reuse an id the log holds.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use serde_json::{json, Value};
+
+use crate::support::{gyre, http};
+
+struct Proxy {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    address: String,
+}
+
+impl Proxy {
+    fn start(log: &std::path::Path, script: &std::path::Path, open: usize) -> Proxy {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(["proxy", "--listen", "127.0.0.1:0", "--engine", "scripted"])
+            .arg("--script")
+            .arg(script)
+            .arg("--log")
+            .arg(log)
+            .args(["--open", &open.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("gyre proxy starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let listening = next_json(&mut lines);
+        let address = listening["listening"]
+            .as_str()
+            .expect("the first line says where it listens")
+            .trim_start_matches("http://")
+            .to_string();
+        Proxy {
+            child,
+            lines,
+            address,
+        }
+    }
+
+    fn next(&mut self) -> Value {
+        next_json(&mut self.lines)
+    }
+
+    fn post(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = http(
+            &self.address,
+            "POST",
+            path,
+            &[("x-api-key", token), ("content-type", "application/json")],
+            &body.to_string(),
+        );
+        let value = serde_json::from_str(&text).unwrap_or_else(|_| json!({ "raw": text }));
+        (status, value)
+    }
+
+    fn kill(mut self) {
+        // SIGKILL: no graceful stop, nothing flushed that was not already durable.
+        self.child.kill().expect("kill -9");
+        let _ = self.child.wait();
+    }
+}
+
+fn next_json(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
+    let line = lines
+        .next()
+        .expect("a line from gyre proxy")
+        .expect("stdout");
+    serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
+}
+
+#[test]
+fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    let before = dir.path().join("before.jsonl");
+    let after = dir.path().join("after.jsonl");
+    std::fs::write(
+        &before,
+        json!({"agent": "main", "blocks": [
+            {"type": "thinking", "thinking": "Probe first, then answer."},
+            {"type": "tool_use", "name": "probe", "input": {"zeta": 1, "alpha": "x\u{e9}"}}
+        ]})
+        .to_string()
+            + "\n",
+    )
+    .expect("script");
+    std::fs::write(
+        &after,
+        json!({"agent": "main", "blocks": [{"type": "text", "text": "The probe said ok."}]})
+            .to_string()
+            + "\n",
+    )
+    .expect("script");
+
+    let mut proxy = Proxy::start(&log, &before, 2);
+    let first = proxy.next();
+    let closed = proxy.next();
+    let token = first["token"].as_str().expect("token").to_string();
+    let closed_token = closed["token"].as_str().expect("token").to_string();
+    assert_eq!(
+        (first["execution"].as_u64(), closed["execution"].as_u64()),
+        (Some(1), Some(2))
+    );
+
+    let tools = json!([{"name": "probe", "description": "Probes.", "input_schema": {"type": "object", "properties": {"alpha": {"type": "string"}, "zeta": {"type": "number"}}}}]);
+    let question = json!({"role": "user", "content": "Probe, then tell me what it said."});
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 256, "tools": tools, "messages": [question]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let content = answer["content"]
+        .as_array()
+        .expect("content blocks")
+        .clone();
+    let thinking = content
+        .iter()
+        .find(|block| block["type"] == "thinking")
+        .expect("a thinking block");
+    let tool_use = content
+        .iter()
+        .find(|block| block["type"] == "tool_use")
+        .expect("a tool_use block");
+    let first_input_tokens = answer["usage"]["input_tokens"].as_u64().expect("usage");
+    let (status, body) = proxy.post(
+        &format!("/admin/executions/{closed_token}/close"),
+        "",
+        &json!({}),
+    );
+    assert_eq!(status, 200, "{body}");
+    proxy.kill();
+
+    let mut proxy = Proxy::start(&log, &after, 0);
+    let recovered = proxy.next();
+    assert_eq!(
+        recovered["recovered"]["executions_resumed"], 1,
+        "{recovered}"
+    );
+    assert_eq!(recovered["recovered"]["calls_recovered"], 1, "{recovered}");
+    assert_eq!(recovered["recovered"]["credentials_open"], 1, "{recovered}");
+    assert_eq!(
+        recovered["recovered"]["credentials_closed"], 1,
+        "{recovered}"
+    );
+    assert_eq!(recovered["recovered"]["next_execution"], 3, "{recovered}");
+
+    // The harness re-sends the history the way Claude Code does: the tool input's keys in
+    // another order and its escape normalised, the thinking block with its signature.
+    let id = tool_use["id"].as_str().expect("id");
+    let history = json!([
+        question,
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": thinking["thinking"], "signature": thinking["signature"]},
+            {"type": "tool_use", "id": id, "name": "probe", "input": {"alpha": "x\u{e9}", "zeta": 1}}
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "ok"}]}
+    ]);
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 256, "tools": tools, "messages": history}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let cached = answer["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached > first_input_tokens,
+        "the second call reuses the whole first call from the tree: {cached} cached, the first prompt was {first_input_tokens}: {answer}"
+    );
+
+    let (status, refused) = proxy.post(
+        "/v1/messages",
+        &closed_token,
+        &json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 401, "{refused}");
+    assert_eq!(
+        refused["error"]["type"], "authentication_error",
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("closed"), "{refused}");
+
+    let (status, opened) = proxy.post("/admin/executions", "", &json!({}));
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(
+        opened["execution"], 3,
+        "a new execution after every id issued: {opened}"
+    );
+
+    let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
+    assert_eq!(status, 200, "{closing}");
+    assert_eq!(closing["calls"], 2, "{closing}");
+    assert_eq!(
+        closing["sampled_divergences"], 0,
+        "the re-sent output matched the recorded tokens exactly: {closing}"
+    );
+    proxy.kill();
+
+    let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("model calls: 2 in 1 executions (1 agents): 1 roots, 0 branches"),
+        "the call after the restart extends the one before it: {stdout}"
+    );
+}
