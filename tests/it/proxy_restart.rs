@@ -18,13 +18,12 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn start(log: &std::path::Path, script: &std::path::Path, open: usize) -> Proxy {
+    fn start(sink: &[String], script: &std::path::Path, open: usize) -> Proxy {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
             .args(["proxy", "--listen", "127.0.0.1:0", "--engine", "scripted"])
             .arg("--script")
             .arg(script)
-            .arg("--log")
-            .arg(log)
+            .args(sink)
             .args(["--open", &open.to_string()])
             .stdout(Stdio::piped())
             .spawn()
@@ -74,12 +73,40 @@ fn next_json(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
 }
 
+/// Recording to a local event file (`--log`; credentials beside it by default).
 #[test]
 fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("proxy.log");
-    let before = dir.path().join("before.jsonl");
-    let after = dir.path().join("after.jsonl");
+    let sink = vec!["--log".to_string(), log.display().to_string()];
+    restart_scenario(dir.path(), &sink, &log);
+}
+
+/// Recording to a three-node control quorum (`--cluster`, `--credentials`): the restarted
+/// proxy reads the committed log back from a node that applied all of it.
+#[test]
+fn a_killed_proxy_on_a_quorum_restarts_and_its_executions_continue_their_trees() {
+    let runtime = crate::support::runtime();
+    let cluster = runtime.block_on(crate::support::InProcessCluster::start());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = dir.path().join("proxy.credentials");
+    let sink = vec![
+        "--cluster".to_string(),
+        cluster.addresses.join(","),
+        "--credentials".to_string(),
+        credentials.display().to_string(),
+    ];
+    let exported = dir.path().join("exported.log");
+    restart_scenario(dir.path(), &sink, &exported);
+    runtime.block_on(cluster.shutdown());
+}
+
+/// Two executions; one call, one close; SIGKILL; restart; the open execution's next call
+/// extends its tree, the closed one stays closed. `log` is the event file to replay at the
+/// end (exported from the quorum first when the sink is a cluster).
+fn restart_scenario(dir: &std::path::Path, sink: &[String], log: &std::path::Path) {
+    let before = dir.join("before.jsonl");
+    let after = dir.join("after.jsonl");
     std::fs::write(
         &before,
         json!({"agent": "main", "blocks": [
@@ -98,7 +125,7 @@ fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     )
     .expect("script");
 
-    let mut proxy = Proxy::start(&log, &before, 2);
+    let mut proxy = Proxy::start(sink, &before, 2);
     let first = proxy.next();
     let closed = proxy.next();
     let token = first["token"].as_str().expect("token").to_string();
@@ -137,7 +164,7 @@ fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     assert_eq!(status, 200, "{body}");
     proxy.kill();
 
-    let mut proxy = Proxy::start(&log, &after, 0);
+    let mut proxy = Proxy::start(sink, &after, 0);
     let recovered = proxy.next();
     assert_eq!(
         recovered["recovered"]["executions_resumed"], 1,
@@ -204,6 +231,12 @@ fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     );
     proxy.kill();
 
+    if sink[0] == "--cluster" {
+        let node = sink[1].split(',').next().expect("an address");
+        let out = log.to_str().expect("utf-8");
+        let (code, _, stderr) = gyre(&["log", "export", "--node", node, "--out", out]);
+        assert_eq!(code, 0, "{stderr}");
+    }
     let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8")]);
     assert_eq!(code, 0, "{stderr}");
     assert!(
