@@ -73,21 +73,40 @@ fn next_json(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
 }
 
-/// Recording to a local event file (`--log`; credentials beside it by default).
+/// Recording to a local event file (`--log`; credentials beside it by default). The tree is
+/// checked in the file with `gyre replay`.
 #[test]
 fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("proxy.log");
     let sink = vec!["--log".to_string(), log.display().to_string()];
-    restart_scenario(dir.path(), &sink, &log);
+    restart_scenario(
+        dir.path(),
+        &sink,
+        || {},
+        || {
+            let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8")]);
+            assert_eq!(code, 0, "{stderr}");
+            assert!(
+                stdout.contains("model calls: 2 in 1 executions (1 agents): 1 roots, 0 branches"),
+                "the call after the restart extends the one before it: {stdout}"
+            );
+        },
+    );
 }
 
-/// Recording to a three-node control quorum (`--cluster`, `--credentials`): the restarted
-/// proxy reads the committed log back from a node that applied all of it.
+/// Recording to a three-node control quorum (`--cluster`, `--credentials`) that snapshots
+/// every few entries and keeps none behind: while the proxy is down the log is purged past its
+/// execution's first call, and the restarted proxy rebuilds the session from the projection's
+/// tree (`ReadExecution`) on a node that applied everything committed.
 #[test]
-fn a_killed_proxy_on_a_quorum_restarts_and_its_executions_continue_their_trees() {
+fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
+    use gyre_event::{CallId, Event, EventBody, Timestamp};
     let runtime = crate::support::runtime();
-    let cluster = runtime.block_on(crate::support::InProcessCluster::start());
+    let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
+        options.snapshot_every_entries = 4;
+        options.entries_kept_behind_snapshot = 0;
+    }));
     let dir = tempfile::tempdir().expect("tempdir");
     let credentials = dir.path().join("proxy.credentials");
     let sink = vec![
@@ -96,15 +115,82 @@ fn a_killed_proxy_on_a_quorum_restarts_and_its_executions_continue_their_trees()
         "--credentials".to_string(),
         credentials.display().to_string(),
     ];
-    let exported = dir.path().join("exported.log");
-    restart_scenario(dir.path(), &sink, &exported);
+    let purge = || {
+        runtime.block_on(async {
+            let mut client = cluster.client.clone();
+            let commit = client
+                .status_all()
+                .await
+                .into_iter()
+                .filter_map(|(_, reply)| reply.ok())
+                .map(|reply| reply.commit_index)
+                .max()
+                .expect("a node answers");
+            for _ in 0..12 {
+                client
+                    .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+                    .await
+                    .expect("a tick commits");
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            loop {
+                let purged: Vec<u64> = client
+                    .status_all()
+                    .await
+                    .into_iter()
+                    .map(|(_, reply)| reply.map_or(0, |reply| reply.purged_index))
+                    .collect();
+                if purged.iter().all(|index| *index >= commit) {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the nodes did not purge past {commit}: {purged:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        });
+    };
+    let check = || {
+        runtime.block_on(async {
+            let mut client = cluster.client.clone();
+            let (_, events) = client
+                .read_execution(&cluster.addresses[0], 1)
+                .await
+                .expect("the tree reads");
+            let records: Vec<_> = events
+                .into_iter()
+                .map(|event| match event.body {
+                    EventBody::ModelCall(record) => record,
+                    other => panic!("a model call, not {other:?}"),
+                })
+                .collect();
+            assert_eq!(records.len(), 2);
+            assert_eq!(
+                records[1].parent_call,
+                Some(CallId(0)),
+                "the call after the restart extends the one before it"
+            );
+            let first = &records[0];
+            assert_eq!(
+                records[1].reused_prefix_tokens_count,
+                (first.input_ids.len() + first.output_ids.len()) as u64,
+                "the whole first call is reused"
+            );
+        });
+    };
+    restart_scenario(dir.path(), &sink, purge, check);
     runtime.block_on(cluster.shutdown());
 }
 
-/// Two executions; one call, one close; SIGKILL; restart; the open execution's next call
-/// extends its tree, the closed one stays closed. `log` is the event file to replay at the
-/// end (exported from the quorum first when the sink is a cluster).
-fn restart_scenario(dir: &std::path::Path, sink: &[String], log: &std::path::Path) {
+/// Two executions; one call, one close; SIGKILL; `between()`; restart; the open execution's
+/// next call extends its tree, the closed one stays closed; `check_tree()`.
+fn restart_scenario(
+    dir: &std::path::Path,
+    sink: &[String],
+    between: impl FnOnce(),
+    check_tree: impl FnOnce(),
+) {
     let before = dir.join("before.jsonl");
     let after = dir.join("after.jsonl");
     std::fs::write(
@@ -163,6 +249,7 @@ fn restart_scenario(dir: &std::path::Path, sink: &[String], log: &std::path::Pat
     );
     assert_eq!(status, 200, "{body}");
     proxy.kill();
+    between();
 
     let mut proxy = Proxy::start(sink, &after, 0);
     let recovered = proxy.next();
@@ -231,16 +318,5 @@ fn restart_scenario(dir: &std::path::Path, sink: &[String], log: &std::path::Pat
     );
     proxy.kill();
 
-    if sink[0] == "--cluster" {
-        let node = sink[1].split(',').next().expect("an address");
-        let out = log.to_str().expect("utf-8");
-        let (code, _, stderr) = gyre(&["log", "export", "--node", node, "--out", out]);
-        assert_eq!(code, 0, "{stderr}");
-    }
-    let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8")]);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(
-        stdout.contains("model calls: 2 in 1 executions (1 agents): 1 roots, 0 branches"),
-        "the call after the restart extends the one before it: {stdout}"
-    );
+    check_tree();
 }

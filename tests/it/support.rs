@@ -41,6 +41,13 @@ pub struct InProcessCluster {
 
 impl InProcessCluster {
     pub async fn start() -> InProcessCluster {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`InProcessCluster::start`] with each node's options adjusted by `configure`.
+    pub async fn start_with(
+        configure: impl Fn(&mut gyre_control::NodeOptions),
+    ) -> InProcessCluster {
         use gyre_control::{ClusterClient, ControlNode, NodeOptions};
         use gyre_event::{Event, EventBody, Timestamp};
         let free_port = || {
@@ -55,7 +62,10 @@ impl InProcessCluster {
                 let listen = format!("127.0.0.1:{}", free_port())
                     .parse()
                     .expect("address");
-                NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen)
+                let mut options =
+                    NodeOptions::new(id, dir.path().join(format!("node-{id}")), listen);
+                configure(&mut options);
+                options
             })
             .collect();
         let mut nodes = Vec::new();

@@ -177,6 +177,30 @@ impl ClusterClient {
             .map_err(|status| from_status(address, status))
     }
 
+    /// One execution's trajectory tree as `address`'s projection holds it, as the records that
+    /// rebuild it (in apply order), with the index the projection had applied.
+    pub async fn read_execution(
+        &mut self,
+        address: &str,
+        execution: u64,
+    ) -> Result<(u64, Vec<gyre_event::Event>), ControlError> {
+        let reply = self
+            .client(address)?
+            .read_execution(pb::ReadExecutionRequest { execution })
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| from_status(address, status))?;
+        if reply.batch.is_empty() {
+            return Ok((reply.applied_index, Vec::new()));
+        }
+        let events = gyre_log::decode_batch(&reply.batch).map_err(|error| {
+            ControlError::BadRequest(format!(
+                "{address} sent an undecodable tree of execution {execution}: {error}"
+            ))
+        })?;
+        Ok((reply.applied_index, events))
+    }
+
     /// Status of every node, in the order given (an unreachable node is an `Err` entry).
     pub async fn status_all(&mut self) -> Vec<(String, Result<pb::StatusReply, ControlError>)> {
         let mut all = Vec::new();

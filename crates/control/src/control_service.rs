@@ -171,6 +171,7 @@ impl ControlService {
             members,
             events_applied,
             fatal,
+            purged_index: metrics.purged.map_or(0, |log_id| log_id.index),
         }
     }
 
@@ -327,6 +328,41 @@ impl pb::control_server::Control for ControlService {
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusReply>, Status> {
         Ok(Response::new(self.status()))
+    }
+
+    async fn read_execution(
+        &self,
+        request: Request<pb::ReadExecutionRequest>,
+    ) -> Result<Response<pb::ReadExecutionReply>, Status> {
+        let execution = gyre_event::ExecutionId(request.into_inner().execution);
+        let (applied_index, records) = self.state_machine.with_projection(|projection, last| {
+            let records = projection
+                .state
+                .trajectories
+                .trees
+                .get(&execution)
+                .map(|tree| tree.records())
+                .unwrap_or_default();
+            (last.map_or(0, |log_id| log_id.index), records)
+        });
+        let events: Vec<gyre_event::Event> = records
+            .into_iter()
+            .map(|record| {
+                gyre_event::Event::new(
+                    gyre_event::Timestamp::ZERO,
+                    gyre_event::EventBody::ModelCall(Box::new(record)),
+                )
+            })
+            .collect();
+        let batch = if events.is_empty() {
+            Vec::new()
+        } else {
+            gyre_log::encode_batch(&events)
+        };
+        Ok(Response::new(pb::ReadExecutionReply {
+            applied_index,
+            batch,
+        }))
     }
 
     async fn initialize(

@@ -550,6 +550,33 @@ impl Tree {
         tokens
     }
 
+    /// Records that rebuild this tree when applied to an empty one, in the order the nodes
+    /// were applied (a proxy that restarts after the log was purged rebuilds an execution's
+    /// session from the projection's tree). The tree keeps no times: they read 0.
+    pub fn records(&self) -> Vec<ModelCallRecord> {
+        self.nodes
+            .iter()
+            .map(|node| ModelCallRecord {
+                execution: self.execution,
+                call: node.call,
+                agent: node.agent.clone(),
+                kind: node.kind,
+                parent_call: node.parent.map(|parent| self.node(parent).call),
+                reused_prefix_tokens_count: node.start,
+                spawned_by: node.spawned_by,
+                input_ids: node.input_ids.clone(),
+                input_provenance: node.input_provenance.clone(),
+                output_ids: node.output_ids.clone(),
+                output_logprobs: node.output_logprobs.clone(),
+                engine: node.engine,
+                policy_version: node.policy_version,
+                requested_at: gyre_event::Timestamp::ZERO,
+                first_token_after: gyre_event::Duration(0),
+                completed_after: gyre_event::Duration(0),
+            })
+            .collect()
+    }
+
     /// The context the engine saw for `id`'s call: its path without its own output.
     pub fn context_tokens(&self, id: NodeId) -> Vec<u32> {
         let mut tokens = self.path_tokens(id);

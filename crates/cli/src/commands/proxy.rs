@@ -262,10 +262,11 @@ fn credentials_path(args: &ProxyArgs) -> Option<PathBuf> {
     })
 }
 
-/// Reads the sink's history back into `state` (see `AppState::recover`): the event file, or
-/// the control log from its first entry. A control log that no longer holds its first entries
-/// (purged behind a snapshot) leaves the executions issued before the restart unable to
-/// resume; they are reported, and their credentials get 401 saying why.
+/// Reads the sink's history back into `state` (see `AppState::recover`): the event file, or,
+/// on a quorum, each open execution's trajectory tree from the projection of a node that has
+/// applied everything committed (the projection keeps every tree even after the log was
+/// purged behind a snapshot). If the quorum cannot be read, the executions issued before the
+/// restart cannot resume; they are reported, and their credentials get 401 saying why.
 async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::Recovery> {
     let mut recovering = state.begin_recovery();
     if let Some(path) = &args.log {
@@ -285,7 +286,7 @@ async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::R
             // has applied up to the highest commit index any node reports.
             let mut client = gyre_control::ClusterClient::new(addresses)?;
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            let (source, commit) = loop {
+            let source = loop {
                 let status = client.status_all().await;
                 let replies: Vec<_> = status
                     .iter()
@@ -296,7 +297,7 @@ async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::R
                     replies
                         .iter()
                         .find(|(_, r)| r.last_applied_index >= commit)
-                        .map(|(address, _)| ((*address).clone(), commit))
+                        .map(|(address, _)| (*address).clone())
                 });
                 match caught_up {
                     Some(found) => break found,
@@ -306,17 +307,10 @@ async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::R
                     None => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
                 }
             };
-            if commit == 0 {
-                return Ok(());
-            }
-            let mut client = gyre_control::ClusterClient::new(&source)?;
-            let start = gyre_control::Sequence {
-                index: 1,
-                position: 0,
-            };
-            let mut stream = client.subscribe(start, true).await?;
-            while let Some(entry) = stream.message().await? {
-                for event in &gyre_log::decode_batch(&entry.batch)? {
+            // Each open execution's tree from the projection (never purged, unlike the log).
+            for execution in recovering.open_executions() {
+                let (_, events) = client.read_execution(&source, execution).await?;
+                for event in &events {
                     recovering.feed(event);
                 }
             }

@@ -156,7 +156,6 @@ pub async fn run(
     let mut output_ids = OutputIds::new(
         execution.lock().execution,
         &prepared.agent,
-        requested_at,
         prepared.context_ids.len() as u64,
     );
     let max_new = request
@@ -278,6 +277,7 @@ pub async fn run(
                                     &mut reasoning_text,
                                     &mut tool_calls,
                                     &mut output_ids,
+                                    &sampled.output_ids,
                                 );
                                 if !send_frames(frames).await {
                                     let _ = engine.abort(&rid).await;
@@ -358,6 +358,7 @@ pub async fn run(
         &mut reasoning_text,
         &mut tool_calls,
         &mut output_ids,
+        &sampled.output_ids,
     );
     if !send_frames(frames).await {
         app.metrics.harness_gone();
@@ -432,6 +433,7 @@ fn emit(
     reasoning_text: &mut String,
     tool_calls: &mut usize,
     output_ids: &mut OutputIds,
+    sampled_so_far: &[u32],
 ) -> Vec<SseEvent> {
     let mut frames = Vec::new();
     for event in events {
@@ -441,7 +443,7 @@ fn emit(
                 frames.extend(builder.push(StreamItem::ReasoningDelta(&text)));
             }
             OutputEvent::ReasoningEnd => {
-                let handle = output_ids.next_reasoning();
+                let handle = output_ids.next_reasoning(sampled_so_far);
                 execution.lock().remember_reasoning(&handle, reasoning_text);
                 reasoning_text.clear();
                 frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
@@ -450,7 +452,7 @@ fn emit(
                 frames.extend(builder.push(StreamItem::TextDelta(&text)));
             }
             OutputEvent::ToolCall { name, arguments } => {
-                let id = output_ids.next_tool_call(api);
+                let id = output_ids.next_tool_call(api, sampled_so_far);
                 execution.lock().remember_tool_call(&id, &arguments);
                 *tool_calls += 1;
                 frames.extend(builder.push(StreamItem::ToolCall {

@@ -243,6 +243,11 @@ pub struct Recovering<'a> {
 }
 
 impl Recovering<'_> {
+    /// Executions with an open credential (the ones worth rebuilding).
+    pub fn open_executions(&self) -> Vec<u64> {
+        self.open.keys().copied().collect()
+    }
+
     /// Folds one committed event of the sink's history.
     pub fn feed(&mut self, event: &gyre_event::Event) {
         let gyre_event::EventBody::ModelCall(record) = &event.body else {

@@ -573,36 +573,48 @@ impl Session {
         if record.kind == CallKind::Aborted {
             return Ok(());
         }
-        let text = model
-            .decode(&record.output_ids)
-            .map_err(|error| format!("call {}: decoding its output: {error}", record.call.get()))?;
         let mut ids = OutputIds::new(
             self.execution,
             &record.agent,
-            record.requested_at,
             record.reused_prefix_tokens_count + record.input_ids.len() as u64,
         );
+        // Streamed as the server streamed it (one detokenized delta per token into the
+        // parser), so each event fires at the token it fired at then: the ids derive from the
+        // output up to that token.
+        let mut stream = model.text_stream();
         let mut parser = OutputParser::new(format.clone());
-        let mut events = parser.push(&text);
-        events.extend(parser.finish());
         let mut reasoning = String::new();
-        for event in events {
-            match event {
-                OutputEvent::ReasoningDelta(delta) => reasoning.push_str(&delta),
-                OutputEvent::ReasoningEnd => {
-                    let handle = ids.next_reasoning();
-                    self.reasoning
-                        .insert(handle, std::mem::take(&mut reasoning));
+        let output = &record.output_ids;
+        for at in 0..=output.len() {
+            let events = if at < output.len() {
+                match stream.push(output[at]).map_err(|error| {
+                    format!("call {}: decoding its output: {error}", record.call.get())
+                })? {
+                    Some(delta) => parser.push(&delta),
+                    None => continue,
                 }
-                OutputEvent::TextDelta(_) => {}
-                OutputEvent::ToolCall { arguments, .. } => {
-                    // The record does not say which API answered: the id is kept in both forms.
-                    let suffix = ids.next_tool_call_suffix();
-                    for api in [Api::Anthropic, Api::OpenAiChat] {
-                        self.tool_calls.insert(
-                            format!("{}{suffix}", tool_call_prefix(api)),
-                            arguments.clone(),
-                        );
+            } else {
+                parser.finish()
+            };
+            let so_far = &output[..(at + 1).min(output.len())];
+            for event in events {
+                match event {
+                    OutputEvent::ReasoningDelta(delta) => reasoning.push_str(&delta),
+                    OutputEvent::ReasoningEnd => {
+                        let handle = ids.next_reasoning(so_far);
+                        self.reasoning
+                            .insert(handle, std::mem::take(&mut reasoning));
+                    }
+                    OutputEvent::TextDelta(_) => {}
+                    OutputEvent::ToolCall { arguments, .. } => {
+                        // The record does not say which API answered: both forms are kept.
+                        let suffix = ids.next_tool_call_suffix(so_far);
+                        for api in [Api::Anthropic, Api::OpenAiChat] {
+                            self.tool_calls.insert(
+                                format!("{}{suffix}", tool_call_prefix(api)),
+                                arguments.clone(),
+                            );
+                        }
                     }
                 }
             }

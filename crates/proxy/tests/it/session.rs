@@ -214,22 +214,31 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
             let prepared = live
                 .prepare(&model, request, *agent, reference_now())
                 .expect("prepares");
-            let requested_at = gyre_event::Timestamp(1_000 + round * 10 + slot as u64);
             let mut ids = OutputIds::new(
                 ExecutionId(11),
                 &prepared.agent,
-                requested_at,
                 prepared.context_ids.len() as u64,
             );
             let reasoning = format!("think {round}");
             let answer = format!(
                 "<think>{reasoning}</think><tool_call>{{\"name\": \"probe\", \"arguments\": {arguments}}}</tool_call>"
             );
-            let mut sampled = sampled(&model, &answer);
-            sampled.requested_at = requested_at;
-            // What the server does while streaming: mint the ids, fill the caches.
-            let handle = ids.next_reasoning();
-            let call_id = ids.next_tool_call(Api::Anthropic);
+            let sampled = sampled(&model, &answer);
+            // What the server does while streaming: mint each id when its block ends (the
+            // output up to the closing tag's token), fill the caches.
+            let upto = |tag: &str| {
+                let tag = model
+                    .token_id(tag)
+                    .expect("the closing tags are single tokens");
+                let at = sampled
+                    .output_ids
+                    .iter()
+                    .position(|id| *id == tag)
+                    .expect("tag");
+                &sampled.output_ids[..=at]
+            };
+            let handle = ids.next_reasoning(upto("</think>"));
+            let call_id = ids.next_tool_call(Api::Anthropic, upto("</tool_call>"));
             live.remember_reasoning(&handle, &reasoning);
             live.remember_tool_call(&call_id, arguments);
             records.push(live.finish_call(prepared, sampled).expect("finishes"));

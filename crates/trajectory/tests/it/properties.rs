@@ -193,6 +193,19 @@ proptest! {
         prop_assert_eq!(&replayed, &tree);
     }
 
+    /// `Tree::records` gives back records that rebuild the same tree (a proxy restarting
+    /// after the log was purged rebuilds its sessions from the projection's trees).
+    #[test]
+    fn a_tree_rebuilds_from_its_own_records(seed in any::<u64>(), main_calls in 1u32..30, sub_agents in 0u32..4) {
+        let tree = random_execution(seed, main_calls, sub_agents);
+        let mut rebuilt = Tree::new(tree.execution(), TreeConfig::default());
+        for record in tree.records() {
+            rebuilt.apply(&record).expect("each record applies");
+        }
+        rebuilt.validate();
+        prop_assert_eq!(&rebuilt, &tree);
+    }
+
     #[test]
     fn loss_does_not_depend_on_which_path_carries_a_target(
         seed in any::<u64>(), main_calls in 1u32..20, sub_agents in 0u32..3, advantage in -3.0f64..3.0, drift in 0.0f64..0.2, rotate in 0usize..5,
