@@ -200,7 +200,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;
     // Before serving: the sessions of executions issued before a restart, from the log.
-    let recovery = recover(&state, &args).await?;
+    let recovery = recover(&state, args.log.as_deref(), args.cluster.as_deref()).await?;
     // Ctrl-C or SIGTERM (systemd, Kubernetes): stop accepting, finish the calls in flight.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -267,9 +267,13 @@ fn credentials_path(args: &ProxyArgs) -> Option<PathBuf> {
 /// applied everything committed (the projection keeps every tree even after the log was
 /// purged behind a snapshot). If the quorum cannot be read, the executions issued before the
 /// restart cannot resume; they are reported, and their credentials get 401 saying why.
-async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::Recovery> {
+pub(crate) async fn recover(
+    state: &AppState,
+    log: Option<&std::path::Path>,
+    cluster: Option<&str>,
+) -> anyhow::Result<server::Recovery> {
     let mut recovering = state.begin_recovery();
-    if let Some(path) = &args.log {
+    if let Some(path) = log {
         let reader = gyre_log::EventFileReader::open(path)
             .with_context(|| format!("reading {} back", path.display()))?;
         for record in reader {
@@ -280,7 +284,7 @@ async fn recover(state: &AppState, args: &ProxyArgs) -> anyhow::Result<server::R
                 recovering.feed(event);
             }
         }
-    } else if let Some(addresses) = &args.cluster {
+    } else if let Some(addresses) = cluster {
         let read: anyhow::Result<()> = async {
             // Every record a harness was answered for is committed; read from a node that
             // has applied up to the highest commit index any node reports.

@@ -322,11 +322,10 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     let fake = FakeServer::sglang(backing, FakeOptions::default()).await?;
     let direct = SglangEngine::new(&fake.url(), SglangConfig::default())?;
     let dir = tempfile::tempdir()?;
+    let log_path = dir.path().join("tito.log");
     let mut cluster = None;
     let sink: Arc<dyn RecordSink> = match args.sink {
-        SinkKind::File => {
-            Arc::new(FileSink::open(&dir.path().join("tito.log")).map_err(anyhow::Error::msg)?)
-        }
+        SinkKind::File => Arc::new(FileSink::open(&log_path).map_err(anyhow::Error::msg)?),
         SinkKind::Cluster => {
             // The nodes' default snapshot interval (a deployment's).
             let started = super::control::LoopbackCluster::start(20_000).await?;
@@ -341,12 +340,17 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     };
     let proxied_engine: Arc<dyn TokenEngine> =
         Arc::new(SglangEngine::new(&fake.url(), SglangConfig::default())?);
+    // Credentials are kept, so the end of the run can measure a restart.
+    let config = ServerConfig {
+        credentials: Some(dir.path().join("proxy.credentials")),
+        ..ServerConfig::default()
+    };
     let state = AppState::new(
-        ServerConfig::default(),
+        config.clone(),
         model.clone(),
         format.clone(),
-        vec![proxied_engine],
-        sink,
+        vec![proxied_engine.clone()],
+        sink.clone(),
     )
     .map_err(anyhow::Error::msg)?;
     let (address, _server) = server::serve(
@@ -538,6 +542,31 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
+    // A restart: a new proxy rebuilds every execution of the run from the sink (the event
+    // file, or each tree from a node's projection) before it serves.
+    let restarted = AppState::new(config, model.clone(), format, vec![proxied_engine], sink)
+        .map_err(anyhow::Error::msg)?;
+    let started = Instant::now();
+    let recovery = match &cluster {
+        None => super::proxy::recover(&restarted, Some(&log_path), None).await?,
+        Some(cluster) => {
+            super::proxy::recover(&restarted, None, Some(cluster.addresses.as_str())).await?
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        recovery.executions_lost.is_empty(),
+        "executions could not be rebuilt: {:?}",
+        recovery.executions_lost
+    );
+    println!(
+        "restart: {} executions ({} calls) rebuilt from the {} in {:.2} s before serving ({:.0} calls/s)",
+        recovery.executions_resumed,
+        recovery.calls_recovered,
+        if cluster.is_some() { "quorum's projection" } else { "event file" },
+        seconds,
+        recovery.calls_recovered as f64 / seconds.max(1e-9)
+    );
     tokenization_work(&model, args.execution_calls)?;
     if let Some(cluster) = cluster {
         cluster.shutdown().await?;

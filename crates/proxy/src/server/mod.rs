@@ -287,11 +287,8 @@ impl Recovering<'_> {
     /// Finishes the sessions and hands them to the proxy.
     pub fn finish(mut self) -> Recovery {
         let state = self.state;
-        for (id, session) in &mut self.sessions {
-            if let Err(error) = session.finish_recovery(&state.model) {
-                self.lost.insert(*id, error);
-            }
-        }
+        // Each session decodes its agents' contexts on its first call (`Session::prepare`),
+        // so the proxy serves as soon as the trees are folded.
         let lost = &self.lost;
         self.sessions.retain(|id, _| !lost.contains_key(id));
         let next = state
@@ -740,14 +737,20 @@ fn authenticate(
             let id = app.next_execution.fetch_add(1, Ordering::Relaxed);
             let engine =
                 app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
-            if let Err(error) = app.record_auto_open(&token, id, engine) {
-                return Err(ApiError::new(
-                    api,
-                    ApiErrorKind::Overloaded,
-                    format!("the new execution's credential could not be kept: {error}"),
-                ));
+            let handle = app.open_execution_as(id, engine, &token);
+            // Two first calls with one credential share one execution: only the one whose
+            // execution it is records the credential.
+            let won = handle.lock().execution == ExecutionId(id);
+            if won {
+                if let Err(error) = app.record_auto_open(&token, id, engine) {
+                    return Err(ApiError::new(
+                        api,
+                        ApiErrorKind::Overloaded,
+                        format!("the new execution's credential could not be kept: {error}"),
+                    ));
+                }
             }
-            Ok(app.open_execution_as(id, engine, &token))
+            Ok(handle)
         }
         None => Err(ApiError::new(
             api,

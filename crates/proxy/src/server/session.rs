@@ -137,6 +137,9 @@ pub struct Session {
     pub closed: bool,
     /// Why a session could not be rebuilt after a restart (it then stays closed).
     pub lost: Option<String>,
+    /// Rebuilt from records whose agent contexts are not decoded yet: the first `prepare`
+    /// does it ([`Session::finish_recovery`]), so a restarted proxy serves at once.
+    contexts_pending: bool,
     /// Index of the engine this execution is pinned to.
     pub engine: usize,
     pub tokens_encoded: u64,
@@ -199,6 +202,7 @@ impl Session {
             next_call: 0,
             closed: false,
             lost: None,
+            contexts_pending: false,
             engine,
             tokens_encoded: 0,
             tokens_reused: 0,
@@ -310,6 +314,10 @@ impl Session {
         agent: Option<&str>,
         now: CivilDateTime,
     ) -> Result<Prepared, ProxyError> {
+        if self.contexts_pending {
+            self.finish_recovery(model)
+                .map_err(|message| ProxyError::Tokenizer { message })?;
+        }
         let agent = agent.unwrap_or("main").to_string();
         let text = model.render(&RenderInput {
             messages: &request.messages,
@@ -570,6 +578,7 @@ impl Session {
             .apply(record)
             .map_err(|error| format!("call {}: {error}", record.call.get()))?;
         self.next_call = self.next_call.max(record.call.get() + 1);
+        self.contexts_pending = true;
         if record.kind == CallKind::Aborted {
             return Ok(());
         }
@@ -622,11 +631,14 @@ impl Session {
         Ok(())
     }
 
-    /// Recovery, step 2 (after every record): each agent's last context is the path of its
-    /// last answered call, as tokens (never re-encoded), with text and byte ends decoded from
-    /// them and provenance from the records. The next request of each agent then reuses that
-    /// context exactly as if the proxy had never stopped.
+    /// Recovery, step 2 (after every record; `prepare` calls it when it was not called): each
+    /// agent's last context is the path of its last answered call, as tokens (never
+    /// re-encoded), with text and byte ends decoded from them and provenance from the records.
+    /// The next request of each agent then reuses that context exactly as if the proxy had
+    /// never stopped. Decoding is ~0.7 µs per token here: a 128K context costs its execution's
+    /// first call after the restart ~90 ms, instead of every execution waiting for all.
     pub fn finish_recovery(&mut self, model: &ChatModel) -> Result<(), String> {
+        self.contexts_pending = false;
         let mut last: BTreeMap<String, NodeId> = BTreeMap::new();
         for id in self.tree.node_ids() {
             let node = self.tree.node(id);
