@@ -7,7 +7,8 @@
 //! Each run's traffic is also captured (`gyre proxy --capture`) and replayed through a second
 //! proxy with another engine (`gyre capture replay`), so every history carries answers that
 //! proxy never gave, as with traffic captured elsewhere: every request must be answered in
-//! full and the trees must still extend.
+//! full and the trees must still extend. And Claude Code continues a conversation after its
+//! proxy was killed and restarted (`claude --continue`), extending the tree.
 //!
 //! The CLIs come from npm: `GYRE_CLAUDE_BIN` (and `GYRE_CODEX_BIN`) point at them; `.ci/run`
 //! installs them and sets `GYRE_HARNESS_REQUIRED=1`, under which a missing CLI fails the test
@@ -82,6 +83,21 @@ fn start_proxy(script: &Path, log: &Path, capture: &Path) -> Proxy {
         token: text("token"),
         child,
     }
+}
+
+/// Claude Code in a scratch HOME, pointed at `proxy`'s first execution.
+fn claude_command(claude: &Path, work: &Path, home: &Path, proxy: &Proxy) -> Command {
+    let mut command = Command::new(claude);
+    command
+        .current_dir(work)
+        .env("HOME", home)
+        .env("IS_SANDBOX", "1")
+        .env("ANTHROPIC_BASE_URL", &proxy.anthropic_base_url)
+        .env("ANTHROPIC_API_KEY", &proxy.token)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("CLAUDE_CODE_ATTRIBUTION_HEADER", "0");
+    command
 }
 
 /// `gyre_proxy_body_elements_total` from the proxy's `/metrics`: conversation elements
@@ -226,15 +242,7 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     let home = dir.path().join("home");
     std::fs::create_dir_all(&work).expect("work dir");
     std::fs::create_dir_all(&home).expect("home dir");
-    let output = Command::new(&claude)
-        .current_dir(&work)
-        .env("HOME", &home)
-        .env("IS_SANDBOX", "1")
-        .env("ANTHROPIC_BASE_URL", &proxy.anthropic_base_url)
-        .env("ANTHROPIC_API_KEY", &proxy.token)
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("DISABLE_TELEMETRY", "1")
-        .env("CLAUDE_CODE_ATTRIBUTION_HEADER", "0")
+    let output = claude_command(&claude, &work, &home, &proxy)
         .args([
             "-p",
             "Create hello.txt, list the directory, then ask a sub-agent to check cwd",
@@ -465,4 +473,120 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     assert_eq!(replayed[0].parent_call, None);
     let all: Vec<&ModelCallRecord> = replayed.iter().collect();
     assert_turns_extend_previous_prompts(&all);
+}
+
+/// Claude Code finishes a task through proxy A, A is killed with SIGKILL, proxy B starts on the
+/// same port and event file, and `claude --continue` carries on the conversation: B accepts the
+/// credential A issued and resolves the thinking signature and tool-use id A minted to the
+/// exact tokens A sampled (Claude Code re-sends the tool input with its keys reordered), so the
+/// first call after the crash extends the tree recorded before it.
+#[test]
+fn claude_code_continues_its_conversation_after_the_proxy_is_killed() {
+    let Some(claude) = harness_bin("GYRE_CLAUDE_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let before = dir.path().join("before.jsonl");
+    let after = dir.path().join("after.jsonl");
+    let line = |blocks: serde_json::Value| {
+        serde_json::json!({"agent": "main", "blocks": blocks}).to_string() + "\n"
+    };
+    std::fs::write(
+        &before,
+        line(serde_json::json!([
+            {"type": "thinking", "thinking": "Write the file, then say so."},
+            {"type": "tool_use", "name": "Write", "input": {"file_path": "note.txt", "content": "über\n"}}
+        ])) + &line(serde_json::json!([{"type": "text", "text": "Wrote note.txt."}])),
+    )
+    .expect("script");
+    std::fs::write(
+        &after,
+        line(serde_json::json!([
+            {"type": "tool_use", "name": "Bash", "input": {"command": "cat note.txt", "description": "Show the note"}}
+        ])) + &line(serde_json::json!([{"type": "text", "text": "All done."}])),
+    )
+    .expect("script");
+    let log = dir.path().join("tito.log");
+    let work = dir.path().join("work");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&home).expect("home dir");
+    let run = |proxy: &Proxy, args: &[&str], result: &str| {
+        let output = claude_command(&claude, &work, &home, proxy)
+            .args(args)
+            .args([
+                "--dangerously-skip-permissions",
+                "--model",
+                "gyre-test",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+            ])
+            .output()
+            .expect("claude runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains(&format!("\"result\":\"{result}\"")),
+            "claude exited {:?}\nstdout tail: {}\nstderr: {}",
+            output.status,
+            &stdout[stdout.len().saturating_sub(3000)..],
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+
+    let capture = dir.path().join("capture.jsonl");
+    let mut proxy = start_proxy(&before, &log, &capture);
+    run(&proxy, &["-p", "Write note.txt"], "Wrote note.txt.");
+    let before_crash = records(&log);
+    assert_eq!(before_crash.len(), 2, "two calls before the crash");
+    proxy.child.kill().expect("kill -9");
+    let _ = proxy.child.wait();
+
+    let port = proxy
+        .anthropic_base_url
+        .trim_start_matches("http://")
+        .split(['/', ':'])
+        .nth(1)
+        .expect("a port")
+        .to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "proxy",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--script",
+        ])
+        .arg(&after)
+        .arg("--log")
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("gyre proxy restarts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let listening = lines.next().expect("a listening line").expect("utf-8");
+    assert!(listening.contains(&port), "{listening}");
+    let recovered = lines.next().expect("a recovery line").expect("utf-8");
+    assert!(
+        recovered.contains("\"executions_resumed\":1")
+            && recovered.contains("\"calls_recovered\":2"),
+        "{recovered}"
+    );
+    proxy.child = child;
+    run(&proxy, &["--continue", "-p", "Now show it"], "All done.");
+
+    let records = records(&log);
+    assert_eq!(records.len(), 4, "two calls after the restart");
+    let last_before = &before_crash[1];
+    let first_after = &records[2];
+    assert_eq!(
+        first_after.parent_call,
+        Some(last_before.call),
+        "the first call after the crash extends the last one before it"
+    );
+    assert_eq!(
+        first_after.reused_prefix_tokens_count,
+        path_end(last_before),
+        "it reuses the whole conversation before the crash, thinking and tool call included"
+    );
 }
