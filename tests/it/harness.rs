@@ -100,6 +100,20 @@ fn claude_command(claude: &Path, work: &Path, home: &Path, proxy: &Proxy) -> Com
     command
 }
 
+/// Runs Claude Code to its end; its stdout (a failed run fails the test, showing its output).
+fn claude_stdout(mut command: Command) -> String {
+    let output = command.output().expect("claude runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "claude exited {:?}\nstdout tail: {}\nstderr: {}",
+        output.status,
+        &stdout[stdout.len().saturating_sub(3000)..],
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 /// `gyre_proxy_body_elements_total` from the proxy's `/metrics`: conversation elements
 /// (parsed, taken over from the agent's previous body).
 fn body_elements(proxy: &Proxy) -> (u64, u64) {
@@ -242,29 +256,20 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     let home = dir.path().join("home");
     std::fs::create_dir_all(&work).expect("work dir");
     std::fs::create_dir_all(&home).expect("home dir");
-    let output = claude_command(&claude, &work, &home, &proxy)
-        .args([
-            "-p",
-            "Create hello.txt, list the directory, then ask a sub-agent to check cwd",
-            "--dangerously-skip-permissions",
-            "--model",
-            "gyre-test",
-            "--autocompact",
-            "100000",
-            "--output-format",
-            "stream-json",
-            "--verbose",
-        ])
-        .output()
-        .expect("claude runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "claude exited {:?}\nstdout tail: {}\nstderr: {}",
-        output.status,
-        &stdout[stdout.len().saturating_sub(3000)..],
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut command = claude_command(&claude, &work, &home, &proxy);
+    command.args([
+        "-p",
+        "Create hello.txt, list the directory, then ask a sub-agent to check cwd",
+        "--dangerously-skip-permissions",
+        "--model",
+        "gyre-test",
+        "--autocompact",
+        "100000",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]);
+    let stdout = claude_stdout(command);
     assert!(
         stdout.contains("\"compact_result\":\"success\""),
         "no successful auto-compaction"
@@ -512,25 +517,20 @@ fn claude_code_continues_its_conversation_after_the_proxy_is_killed() {
     std::fs::create_dir_all(&work).expect("work dir");
     std::fs::create_dir_all(&home).expect("home dir");
     let run = |proxy: &Proxy, args: &[&str], result: &str| {
-        let output = claude_command(&claude, &work, &home, proxy)
-            .args(args)
-            .args([
-                "--dangerously-skip-permissions",
-                "--model",
-                "gyre-test",
-                "--output-format",
-                "stream-json",
-                "--verbose",
-            ])
-            .output()
-            .expect("claude runs");
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut command = claude_command(&claude, &work, &home, proxy);
+        command.args(args).args([
+            "--dangerously-skip-permissions",
+            "--model",
+            "gyre-test",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+        ]);
+        let stdout = claude_stdout(command);
         assert!(
-            output.status.success() && stdout.contains(&format!("\"result\":\"{result}\"")),
-            "claude exited {:?}\nstdout tail: {}\nstderr: {}",
-            output.status,
-            &stdout[stdout.len().saturating_sub(3000)..],
-            String::from_utf8_lossy(&output.stderr)
+            stdout.contains(&format!("\"result\":\"{result}\"")),
+            "the task did not end with {result:?}: {}",
+            &stdout[stdout.len().saturating_sub(3000)..]
         );
     };
 

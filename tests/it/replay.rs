@@ -318,3 +318,81 @@ fn a_proxy_event_file_replays_and_audits() {
         "{stderr}"
     );
 }
+
+/// A directory captured by the research tools' fake servers (one `NNNN-METHOD-path.json` per
+/// request) replays through a proxy started with `--auto-open`: its model-API calls are sent
+/// in order as one execution, the rest skipped, and every answer is whole.
+#[test]
+fn a_research_capture_directory_replays_through_a_proxy() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let captured = dir.path().join("cc_log");
+    std::fs::create_dir(&captured).expect("capture dir");
+    let write = |name: &str, value: Value| {
+        std::fs::write(captured.join(name), value.to_string()).expect("write");
+    };
+    let question = serde_json::json!({"role": "user", "content": "Say hi."});
+    write(
+        "0001-HEAD-api_hello.json",
+        serde_json::json!({"n": 1, "method": "HEAD", "path": "/api/hello", "headers": {}, "body": null, "body_raw": ""}),
+    );
+    write(
+        "0002-POST-v1_messages.json",
+        serde_json::json!({"n": 2, "method": "POST", "path": "/v1/messages?beta=true",
+            "headers": {"Host": "127.0.0.1:9", "X-Api-Key": "<redacted>", "Anthropic-Version": "2023-06-01"},
+            "body": {"model": "claude-sonnet", "max_tokens": 16, "stream": true, "messages": [question]},
+            "body_raw": null}),
+    );
+    write(
+        "0003-POST-v1_messages.json",
+        serde_json::json!({"n": 3, "method": "POST", "path": "/v1/messages?beta=true",
+            "headers": {"X-Api-Key": "<redacted>"},
+            "body": {"model": "claude-sonnet", "max_tokens": 16, "messages": [
+                question, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."}]},
+            "body_raw": null}),
+    );
+    let mut proxy = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "deterministic",
+            "--auto-open",
+            "--log",
+        ])
+        .arg(dir.path().join("proxy.log"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gyre proxy starts");
+    let mut lines = std::io::BufReader::new(proxy.stdout.take().expect("stdout")).lines();
+    let listening: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let url = listening["listening"].as_str().expect("url").to_string();
+    let (code, stdout, stderr) = gyre(&[
+        "capture",
+        "replay",
+        captured.to_str().expect("utf-8"),
+        "--url",
+        &url,
+    ]);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let answers: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(
+        answers.len(),
+        2,
+        "the two model calls, not the preflight: {stdout}"
+    );
+    for answer in &answers {
+        assert_eq!(answer["status"], 200, "{answer}");
+        assert_eq!(answer["complete"], true, "{answer}");
+    }
+    assert_eq!(
+        (answers[0]["seq"].as_u64(), answers[1]["seq"].as_u64()),
+        (Some(2), Some(3))
+    );
+}

@@ -1,5 +1,9 @@
 //! `gyre capture replay FILE --url URL`: send the requests of a capture file
 //! (`gyre proxy --capture FILE`) to a proxy, in order, exactly as the harness sent them.
+//! `FILE` may also be a directory of one harness run captured by the research tools' fake
+//! servers (`../shared/research/harness-tools`: one `NNNN-METHOD-path.json` per request with
+//! `n`, `method`, `path`, `headers`, `body` / `body_raw`): its model-API POSTs are replayed in
+//! `n` order as one execution (the body as recorded, re-serialised in its key order).
 //!
 //! Each captured execution gets its own credential (`<token>-e<execution>`), so the target
 //! proxy must run with `--auto-open`; sub-agent headers and every other header are sent as
@@ -27,7 +31,8 @@ pub struct CaptureArgs {
 enum CaptureCommand {
     /// Send a capture's requests to a proxy (started with `--auto-open`), one at a time.
     Replay {
-        /// The capture file (JSON lines written by `gyre proxy --capture`).
+        /// The capture file (JSON lines written by `gyre proxy --capture`), or a directory of
+        /// one run captured by the research tools' fake servers (`NNNN-METHOD-path.json`).
         file: PathBuf,
         /// The proxy, `http://host:port`.
         #[arg(long)]
@@ -70,19 +75,16 @@ fn replay(file: &std::path::Path, url: &str, token: &str, timeout: Duration) -> 
     if authority.is_empty() || authority.contains('/') {
         bail!("--url {url:?}: expected http://host:port");
     }
-    let reader = BufReader::new(
-        std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?,
-    );
+    let requests = if file.is_dir() {
+        read_directory(file)?
+    } else {
+        read_lines(file)?
+    };
+    if requests.is_empty() {
+        bail!("{}: no model-API requests to replay", file.display());
+    }
     let (mut sent, mut failed) = (0usize, 0usize);
-    for (number, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", file.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let captured: Value = serde_json::from_str(&line)
-            .with_context(|| format!("{} line {}: not JSON", file.display(), number + 1))?;
-        let request = Captured::from_json(&captured)
-            .with_context(|| format!("{} line {}", file.display(), number + 1))?;
+    for request in requests {
         let credential = format!("{token}-e{}", request.execution);
         let (status, body) = send(authority, &request, &credential, timeout)
             .with_context(|| format!("request seq {} to {url}", request.seq))?;
@@ -123,6 +125,73 @@ fn replay(file: &std::path::Path, url: &str, token: &str, timeout: Duration) -> 
     Ok(())
 }
 
+/// The requests of a `gyre proxy --capture` file, in order.
+fn read_lines(file: &std::path::Path) -> anyhow::Result<Vec<Captured>> {
+    let reader = BufReader::new(
+        std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?,
+    );
+    let mut requests = Vec::new();
+    for (number, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", file.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let captured: Value = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}: not JSON", file.display(), number + 1))?;
+        requests.push(
+            Captured::from_json(&captured)
+                .with_context(|| format!("{} line {}", file.display(), number + 1))?,
+        );
+    }
+    Ok(requests)
+}
+
+/// The model-API POSTs of a research-tools capture directory (`NNNN-METHOD-path.json`), in
+/// `n` order, as execution 1. Other requests (`HEAD /api/hello`, telemetry) are skipped.
+fn read_directory(directory: &std::path::Path) -> anyhow::Result<Vec<Captured>> {
+    let mut requests = Vec::new();
+    let entries =
+        std::fs::read_dir(directory).with_context(|| format!("listing {}", directory.display()))?;
+    for entry in entries {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let numbered = name
+            .split('-')
+            .next()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !numbered || !name.ends_with(".json") || name.ends_with(".response.json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let value: Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        if let Some(request) =
+            Captured::from_research_json(&value).with_context(|| format!("{}", path.display()))?
+        {
+            requests.push(request);
+        }
+    }
+    requests.sort_by_key(|request| request.seq);
+    Ok(requests)
+}
+
+/// Whether `path` is one of the model APIs the proxy serves.
+fn model_api(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    [
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/chat/completions",
+        "/v1/responses",
+    ]
+    .iter()
+    .any(|api| path.ends_with(api))
+}
+
 struct Captured {
     seq: u64,
     execution: u64,
@@ -151,8 +220,10 @@ impl Captured {
             .as_object()
             .context("`headers` is not an object")?
             .iter()
+            .filter_map(|(name, value)| {
+                Some((name.to_ascii_lowercase(), value.as_str()?.to_string()))
+            })
             .filter(|(name, _)| !HOP_HEADERS.contains(&name.as_str()))
-            .filter_map(|(name, value)| Some((name.clone(), value.as_str()?.to_string())))
             .collect();
         Ok(Captured {
             seq: field("seq")?.as_u64().context("`seq` is not a number")?,
@@ -164,6 +235,34 @@ impl Captured {
             body,
             stream,
         })
+    }
+}
+
+impl Captured {
+    /// A research-tools record (`n`, `method`, `path`, `headers`, `body` or `body_raw`);
+    /// `None` for what is not a model-API POST.
+    fn from_research_json(value: &Value) -> anyhow::Result<Option<Captured>> {
+        let field = |name: &str| value.get(name).with_context(|| format!("no `{name}`"));
+        let method = field("method")?
+            .as_str()
+            .context("`method` is not a string")?;
+        let path = field("path")?.as_str().context("`path` is not a string")?;
+        if method != "POST" || !model_api(path) {
+            return Ok(None);
+        }
+        let body = match (value.get("body"), value.get("body_raw")) {
+            (Some(body), _) if !body.is_null() => serde_json::to_vec(body)?,
+            (_, Some(Value::String(raw))) => raw.as_bytes().to_vec(),
+            _ => bail!("no `body` and no `body_raw`"),
+        };
+        let record = serde_json::json!({
+            "seq": field("n")?.as_u64().context("`n` is not a number")?,
+            "execution": 1,
+            "path": path,
+            "headers": field("headers")?,
+            "body": String::from_utf8(body).context("a body that is not UTF-8")?,
+        });
+        Captured::from_json(&record).map(Some)
     }
 }
 
@@ -269,6 +368,55 @@ fn finished(request: &Captured, status: u16, body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_research_capture_directory_reads_its_model_calls_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, value: Value| {
+            std::fs::write(dir.path().join(name), value.to_string()).expect("write");
+        };
+        write(
+            "0002-POST-v1_messages.json",
+            serde_json::json!({"n": 2, "method": "POST", "path": "/v1/messages?beta=true",
+                "headers": {"Host": "h", "X-Api-Key": "<redacted>", "X-Claude-Code-Agent-Id": "a1"},
+                "body": {"model": "m", "stream": true, "messages": []}, "body_raw": null}),
+        );
+        write(
+            "0001-HEAD-api_hello.json",
+            serde_json::json!({"n": 1, "method": "HEAD", "path": "/api/hello", "headers": {}, "body": null, "body_raw": ""}),
+        );
+        write(
+            "0003-POST-v1_messages.json",
+            serde_json::json!({"n": 3, "method": "POST", "path": "/v1/messages", "headers": {},
+                "body": null, "body_raw": "{not json"}),
+        );
+        write(
+            "0002-POST-v1_messages.response.json",
+            serde_json::json!({"blocks": []}),
+        );
+        write("index.jsonl", serde_json::json!({"n": 1}));
+        let requests = read_directory(dir.path()).expect("reads");
+        let seqs: Vec<u64> = requests.iter().map(|request| request.seq).collect();
+        assert_eq!(seqs, [2, 3], "only the model-API POSTs, in order");
+        assert!(requests[0].stream);
+        assert_eq!(
+            String::from_utf8_lossy(&requests[0].body),
+            r#"{"model":"m","stream":true,"messages":[]}"#,
+            "the body in its recorded key order"
+        );
+        assert_eq!(
+            requests[0].headers,
+            [
+                ("x-api-key".to_string(), "<redacted>".to_string()),
+                ("x-claude-code-agent-id".to_string(), "a1".to_string())
+            ],
+            "names lowercased, hop headers dropped"
+        );
+        assert_eq!(
+            requests[1].body, b"{not json",
+            "a body that did not parse is sent raw"
+        );
+    }
 
     #[test]
     fn dechunks_and_refuses_truncation() {
