@@ -15,11 +15,13 @@
 //! instead of passing by.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use gyre_event::{CallKind, EventBody, ModelCallRecord};
+
+use crate::support::ProxyProcess;
 
 fn harness_bin(variable: &str) -> Option<PathBuf> {
     let required = std::env::var("GYRE_HARNESS_REQUIRED").is_ok_and(|value| value == "1");
@@ -38,50 +40,36 @@ fn harness_bin(variable: &str) -> Option<PathBuf> {
 
 /// A running `gyre proxy` and the first execution's credential.
 struct Proxy {
-    child: Child,
+    process: ProxyProcess,
     anthropic_base_url: String,
     openai_base_url: String,
     token: String,
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn utf8(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
 }
 
 fn start_proxy(script: &Path, log: &Path, capture: &Path) -> Proxy {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--open",
-            "1",
-            "--script",
-        ])
-        .arg(script)
-        .arg("--log")
-        .arg(log)
-        .arg("--capture")
-        .arg(capture)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("gyre proxy starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let listening = lines.next().expect("a listening line").expect("utf-8");
-    assert!(listening.contains("listening"), "{listening}");
-    let credential: serde_json::Value =
-        serde_json::from_str(&lines.next().expect("a credential line").expect("utf-8"))
-            .expect("credential JSON");
+    let mut process = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--open",
+        "1",
+        "--script",
+        utf8(script),
+        "--log",
+        utf8(log),
+        "--capture",
+        utf8(capture),
+    ]);
+    let credential = process.next_json();
     let text = |key: &str| credential[key].as_str().expect(key).to_string();
     Proxy {
         anthropic_base_url: text("anthropic_base_url"),
         openai_base_url: text("openai_base_url"),
         token: text("token"),
-        child,
+        process,
     }
 }
 
@@ -160,34 +148,23 @@ fn records(log: &Path) -> Vec<ModelCallRecord> {
 /// answered in full; returns B's records.
 fn replay_through_another_proxy(capture: &Path, dir: &Path) -> Vec<ModelCallRecord> {
     let log = dir.join("replayed.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--engine",
-            "deterministic",
-            "--auto-open",
-            "--log",
-        ])
-        .arg(&log)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the second proxy starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let listening: serde_json::Value =
-        serde_json::from_str(&lines.next().expect("a listening line").expect("utf-8"))
-            .expect("listening JSON");
-    let url = listening["listening"].as_str().expect("url").to_string();
+    let mut second = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--auto-open",
+        "--log",
+        utf8(&log),
+    ]);
+    let url = second.url();
     let output = Command::new(env!("CARGO_BIN_EXE_gyre"))
         .args(["capture", "replay"])
         .arg(capture)
         .args(["--url", &url])
         .output()
         .expect("gyre capture replay runs");
-    let _ = child.kill();
-    let _ = child.wait();
+    second.kill();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -539,40 +516,35 @@ fn claude_code_continues_its_conversation_after_the_proxy_is_killed() {
     run(&proxy, &["-p", "Write note.txt"], "Wrote note.txt.");
     let before_crash = records(&log);
     assert_eq!(before_crash.len(), 2, "two calls before the crash");
-    proxy.child.kill().expect("kill -9");
-    let _ = proxy.child.wait();
+    proxy.process.kill();
 
     let port = proxy
-        .anthropic_base_url
-        .trim_start_matches("http://")
-        .split(['/', ':'])
-        .nth(1)
+        .process
+        .address
+        .rsplit(':')
+        .next()
         .expect("a port")
         .to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([
-            "proxy",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--script",
-        ])
-        .arg(&after)
-        .arg("--log")
-        .arg(&log)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("gyre proxy restarts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let listening = lines.next().expect("a listening line").expect("utf-8");
-    assert!(listening.contains(&port), "{listening}");
-    let recovered = lines.next().expect("a recovery line").expect("utf-8");
-    assert!(
-        recovered.contains("\"executions_resumed\":1")
-            && recovered.contains("\"calls_recovered\":2"),
+    let listen = format!("127.0.0.1:{port}");
+    let mut restarted = ProxyProcess::start(&[
+        "--listen",
+        &listen,
+        "--script",
+        utf8(&after),
+        "--log",
+        utf8(&log),
+    ]);
+    assert_eq!(
+        restarted.address, listen,
+        "the same port as before the crash"
+    );
+    let recovered = restarted.next_json();
+    assert_eq!(
+        recovered["recovered"]["executions_resumed"], 1,
         "{recovered}"
     );
-    proxy.child = child;
+    assert_eq!(recovered["recovered"]["calls_recovered"], 2, "{recovered}");
+    proxy.process = restarted;
     run(&proxy, &["--continue", "-p", "Now show it"], "All done.");
 
     let records = records(&log);

@@ -4,51 +4,37 @@
 //! tokens, the exact tool-call text and reasoning behind the ids it handed out). Closed
 //! credentials stay closed, and new executions never reuse an id the log holds.
 
-use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
-
 use serde_json::{json, Value};
 
-use crate::support::{gyre, http};
+use crate::support::{gyre, http, ProxyProcess};
 
-struct Proxy {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-    address: String,
-}
+/// `gyre proxy` with the scripted engine, recording to `sink`, opening `open` executions.
+struct Proxy(ProxyProcess);
 
 impl Proxy {
     fn start(sink: &[String], script: &std::path::Path, open: usize) -> Proxy {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
-            .args(["proxy", "--listen", "127.0.0.1:0", "--engine", "scripted"])
-            .arg("--script")
-            .arg(script)
-            .args(sink)
-            .args(["--open", &open.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("gyre proxy starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let listening = next_json(&mut lines);
-        let address = listening["listening"]
-            .as_str()
-            .expect("the first line says where it listens")
-            .trim_start_matches("http://")
-            .to_string();
-        Proxy {
-            child,
-            lines,
-            address,
-        }
+        let open = open.to_string();
+        let mut args = vec![
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "scripted",
+            "--script",
+            script.to_str().expect("utf-8"),
+            "--open",
+            &open,
+        ];
+        args.extend(sink.iter().map(String::as_str));
+        Proxy(ProxyProcess::start(&args))
     }
 
     fn next(&mut self) -> Value {
-        next_json(&mut self.lines)
+        self.0.next_json()
     }
 
     fn post(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
         let (status, text) = http(
-            &self.address,
+            &self.0.address,
             "POST",
             path,
             &[("x-api-key", token), ("content-type", "application/json")],
@@ -59,22 +45,10 @@ impl Proxy {
     }
 
     fn kill(mut self) {
-        // SIGKILL: no graceful stop, nothing flushed that was not already durable.
-        self.child.kill().expect("kill -9");
-        let _ = self.child.wait();
+        self.0.kill();
     }
 }
 
-fn next_json(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
-    let line = lines
-        .next()
-        .expect("a line from gyre proxy")
-        .expect("stdout");
-    serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
-}
-
-/// Recording to a local event file (`--log`; credentials beside it by default). The tree is
-/// checked in the file with `gyre replay`.
 #[test]
 fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
     let dir = tempfile::tempdir().expect("tempdir");

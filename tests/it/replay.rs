@@ -244,32 +244,21 @@ fn a_plain_directory_is_refused() {
 /// and the bundle verifies against the file's head.
 #[test]
 fn a_proxy_event_file_replays_and_audits() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("proxy.log");
-    let mut proxy = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--engine",
-            "deterministic",
-            "--open",
-            "1",
-            "--log",
-        ])
-        .arg(&log)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("gyre proxy starts");
-    let mut lines = std::io::BufReader::new(proxy.stdout.take().expect("stdout")).lines();
-    let listening: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let opened: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let address = listening["listening"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("http://")
-        .to_string();
+    let log_arg = log.to_str().expect("utf-8");
+    let mut proxy = crate::support::ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--open",
+        "1",
+        "--log",
+        log_arg,
+    ]);
+    let opened = proxy.next_json();
+    let address = proxy.address.clone();
     let token = opened["token"].as_str().unwrap();
     for text in ["hello", "and again"] {
         let body = serde_json::json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]});
@@ -282,8 +271,7 @@ fn a_proxy_event_file_replays_and_audits() {
         );
         assert_eq!(status, 200, "{answer}");
     }
-    let _ = proxy.kill();
-    let _ = proxy.wait();
+    proxy.kill();
 
     let path = log.to_str().expect("utf-8");
     let (code, stdout, stderr) = gyre(&["replay", path]);
@@ -324,7 +312,6 @@ fn a_proxy_event_file_replays_and_audits() {
 /// in order as one execution, the rest skipped, and every answer is whole.
 #[test]
 fn a_research_capture_directory_replays_through_a_proxy() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().expect("tempdir");
     let captured = dir.path().join("cc_log");
     std::fs::create_dir(&captured).expect("capture dir");
@@ -351,23 +338,17 @@ fn a_research_capture_directory_replays_through_a_proxy() {
                 question, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."}]},
             "body_raw": null}),
     );
-    let mut proxy = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--engine",
-            "deterministic",
-            "--auto-open",
-            "--log",
-        ])
-        .arg(dir.path().join("proxy.log"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("gyre proxy starts");
-    let mut lines = std::io::BufReader::new(proxy.stdout.take().expect("stdout")).lines();
-    let listening: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let url = listening["listening"].as_str().expect("url").to_string();
+    let log = dir.path().join("proxy.log");
+    let mut proxy = crate::support::ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--auto-open",
+        "--log",
+        log.to_str().expect("utf-8"),
+    ]);
+    let url = proxy.url();
     let (code, stdout, stderr) = gyre(&[
         "capture",
         "replay",
@@ -375,8 +356,7 @@ fn a_research_capture_directory_replays_through_a_proxy() {
         "--url",
         &url,
     ]);
-    let _ = proxy.kill();
-    let _ = proxy.wait();
+    proxy.kill();
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let answers: Vec<Value> = stdout
         .lines()

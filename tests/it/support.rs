@@ -138,3 +138,68 @@ pub fn http(
         .to_string();
     (status, body)
 }
+
+/// A `gyre proxy` process: the child, its stdout lines after the `listening` one, and the
+/// address it listens on (`host:port`).
+pub struct ProxyProcess {
+    pub child: std::process::Child,
+    pub lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    pub address: String,
+}
+
+impl ProxyProcess {
+    /// Starts `gyre proxy ARGS` (stdout piped, stderr inherited) and reads its first line.
+    pub fn start(args: &[&str]) -> ProxyProcess {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .arg("proxy")
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("gyre proxy starts");
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let line = lines
+            .next()
+            .expect("a line from gyre proxy")
+            .expect("stdout");
+        let listening: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"));
+        let address = listening["listening"]
+            .as_str()
+            .unwrap_or_else(|| panic!("the first line says where it listens: {line}"))
+            .trim_start_matches("http://")
+            .to_string();
+        ProxyProcess {
+            child,
+            lines,
+            address,
+        }
+    }
+
+    /// The next stdout line, as JSON.
+    pub fn next_json(&mut self) -> serde_json::Value {
+        let line = self
+            .lines
+            .next()
+            .expect("a line from gyre proxy")
+            .expect("stdout");
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// SIGKILL: no graceful stop, nothing flushed that was not already durable.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
