@@ -462,3 +462,66 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
         );
     });
 }
+
+/// Closing an execution leaves its credential answering "closed" from an empty session: the
+/// tree and contexts (already in the log) are not kept for the rest of the run.
+#[test]
+fn a_closed_execution_frees_its_session_and_stays_closed() {
+    runtime().block_on(async {
+        let model = test_model();
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let sink = Arc::new(MemorySink::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![engine("e", None, end)],
+            sink.clone(),
+        )
+        .expect("state");
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let send = |path: String, body: String| {
+            let request = Request::post(path)
+                .header("x-api-key", &token)
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .expect("request");
+            let app = router(state.clone());
+            async move {
+                let response = app.oneshot(request).await.expect("infallible");
+                let status = response.status().as_u16();
+                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                (status, String::from_utf8_lossy(&bytes).to_string())
+            }
+        };
+        let (status, text) = send("/v1/messages".into(), body(0)).await;
+        assert_eq!(status, 200, "{text}");
+        let before = state.execution(&token).expect("open");
+        assert_eq!(before.lock().tree.len(), 1);
+        let (status, text) = send(format!("/admin/executions/{token}/close"), "{}".into()).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("\"calls\":1"), "{text}");
+        let after = state.execution(&token).expect("still known");
+        assert!(after.lock().closed);
+        assert!(
+            after.lock().tree.is_empty(),
+            "the credential keeps only a closed stub"
+        );
+        assert_eq!(
+            before.lock().tree.len(),
+            1,
+            "a holder of the old session still sees it"
+        );
+        drop(before);
+        let (status, text) = send("/v1/messages".into(), body(1)).await;
+        assert_eq!(status, 401, "{text}");
+        assert!(text.contains("closed"), "{text}");
+        assert_eq!(
+            sink.events.lock().expect("sink").len(),
+            1,
+            "nothing recorded after close"
+        );
+    });
+}

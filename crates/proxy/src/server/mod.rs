@@ -472,9 +472,26 @@ impl AppState {
         }
     }
 
-    /// Closes the execution under `token` (durably, if there is a credential file).
+    /// Closes the execution under `token` (durably, if there is a credential file). The
+    /// credential then maps to an empty closed session: the execution's tree, contexts, caches
+    /// and kept bodies (its records are in the log) are freed once the calls still in flight
+    /// on it finish, so a long run's memory does not grow with every execution it closed.
     fn close_execution(&self, token: &str, handle: &ExecutionHandle) -> Result<(), String> {
-        handle.lock().closed = true;
+        let (execution, engine) = {
+            let mut session = handle.lock();
+            session.closed = true;
+            (session.execution, session.engine)
+        };
+        let mut tombstone = Session::new(execution, &self.model, engine);
+        tombstone.closed = true;
+        let tombstone = ExecutionHandle::new(tombstone);
+        self.executions()
+            .insert(token.to_string(), tombstone.clone());
+        let mut issued = self.issued();
+        if issued.handles.contains_key(&execution.get()) {
+            issued.handles.insert(execution.get(), tombstone);
+        }
+        drop(issued);
         match &self.credentials {
             Some(file) => file.record_close(&credentials::token_hash(token)),
             None => Ok(()),
