@@ -330,6 +330,23 @@ fn route_events_from_the_log_move_executions() {
             engines.contains(&2),
             "the engine is back in rotation: {engines:?}"
         );
+        // The scheduler cancels the execution: its credential closes.
+        let closed = state.apply_route_event(&EventBody::ExecutionClosed {
+            execution: ExecutionId(execution),
+            status: gyre_event::CloseStatus::Cancelled,
+        });
+        assert_eq!(closed, 1);
+        let request = Request::post("/v1/messages")
+            .header("x-api-key", &token)
+            .header("content-type", "application/json")
+            .body(Body::from(body(3)))
+            .expect("request");
+        let response = app.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(
+            response.status().as_u16(),
+            401,
+            "a closed execution takes no calls"
+        );
     });
 }
 
@@ -522,6 +539,61 @@ fn a_closed_execution_frees_its_session_and_stays_closed() {
             sink.events.lock().expect("sink").len(),
             1,
             "nothing recorded after close"
+        );
+    });
+}
+
+/// A restarted proxy keeps the credential of an execution the scheduler closed while it was
+/// down closed (the `ExecutionClosed` it reads back), and says why.
+#[test]
+fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = test_model();
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let config = ServerConfig {
+            credentials: Some(dir.path().join("credentials")),
+            ..ServerConfig::default()
+        };
+        let start = || {
+            AppState::new(
+                config.clone(),
+                model.clone(),
+                OutputFormat::test_model(),
+                vec![engine("e", None, end)],
+                Arc::new(MemorySink::default()),
+            )
+            .expect("state")
+        };
+        let (execution, token) = start().open_execution(None, None).expect("open");
+        let restarted = start();
+        let recovery = restarted.recover([Event::new(
+            gyre_event::Timestamp::ZERO,
+            EventBody::ExecutionClosed {
+                execution: gyre_event::ExecutionId(execution),
+                status: gyre_event::CloseStatus::Cancelled,
+            },
+        )]);
+        assert_eq!(recovery.credentials_open, 1);
+        assert_eq!(recovery.executions_lost.len(), 1, "{recovery:?}");
+        let request = Request::post("/v1/messages")
+            .header("x-api-key", &token)
+            .header("content-type", "application/json")
+            .body(Body::from(body(0)))
+            .expect("request");
+        let response = router(restarted)
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let text = String::from_utf8_lossy(&bytes);
+        assert_eq!(status, 401, "{text}");
+        assert!(
+            text.contains("the scheduler closed this execution"),
+            "{text}"
         );
     });
 }

@@ -128,10 +128,11 @@ fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
     let check = || {
         runtime.block_on(async {
             let mut client = cluster.client.clone();
-            let (_, events) = client
+            let (events, closed) = client
                 .read_execution(&cluster.addresses[0], 1)
                 .await
                 .expect("the tree reads");
+            assert!(!closed, "the scheduler never closed it");
             let records: Vec<_> = events
                 .into_iter()
                 .map(|event| match event.body {

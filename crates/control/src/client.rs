@@ -178,12 +178,12 @@ impl ClusterClient {
     }
 
     /// One execution's trajectory tree as `address`'s projection holds it, as the records that
-    /// rebuild it (in apply order), with the index the projection had applied.
+    /// rebuild it (in apply order), and whether the scheduler closed the execution.
     pub async fn read_execution(
         &mut self,
         address: &str,
         execution: u64,
-    ) -> Result<(u64, Vec<gyre_event::Event>), ControlError> {
+    ) -> Result<(Vec<gyre_event::Event>, bool), ControlError> {
         let reply = self
             .client(address)?
             .read_execution(pb::ReadExecutionRequest { execution })
@@ -191,14 +191,14 @@ impl ClusterClient {
             .map(tonic::Response::into_inner)
             .map_err(|status| from_status(address, status))?;
         if reply.batch.is_empty() {
-            return Ok((reply.applied_index, Vec::new()));
+            return Ok((Vec::new(), reply.closed));
         }
         let events = gyre_log::decode_batch(&reply.batch).map_err(|error| {
             ControlError::BadRequest(format!(
                 "{address} sent an undecodable tree of execution {execution}: {error}"
             ))
         })?;
-        Ok((reply.applied_index, events))
+        Ok((events, reply.closed))
     }
 
     /// Status of every node, in the order given (an unreachable node is an `Err` entry).

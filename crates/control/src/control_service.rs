@@ -335,16 +335,23 @@ impl pb::control_server::Control for ControlService {
         request: Request<pb::ReadExecutionRequest>,
     ) -> Result<Response<pb::ReadExecutionReply>, Status> {
         let execution = gyre_event::ExecutionId(request.into_inner().execution);
-        let (applied_index, records) = self.state_machine.with_projection(|projection, last| {
-            let records = projection
-                .state
-                .trajectories
-                .trees
-                .get(&execution)
-                .map(|tree| tree.records())
-                .unwrap_or_default();
-            (last.map_or(0, |log_id| log_id.index), records)
-        });
+        let (applied_index, records, closed) =
+            self.state_machine.with_projection(|projection, last| {
+                let records = projection
+                    .state
+                    .trajectories
+                    .trees
+                    .get(&execution)
+                    .map(|tree| tree.records())
+                    .unwrap_or_default();
+                let closed = projection
+                    .state
+                    .scheduler
+                    .executions
+                    .get(&execution)
+                    .is_some_and(|state| state.closed.is_some());
+                (last.map_or(0, |log_id| log_id.index), records, closed)
+            });
         let events: Vec<gyre_event::Event> = records
             .into_iter()
             .map(|record| {
@@ -362,6 +369,7 @@ impl pb::control_server::Control for ControlService {
         Ok(Response::new(pb::ReadExecutionReply {
             applied_index,
             batch,
+            closed,
         }))
     }
 

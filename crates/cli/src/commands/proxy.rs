@@ -313,7 +313,11 @@ pub(crate) async fn recover(
             };
             // Each open execution's tree from the projection (never purged, unlike the log).
             for execution in recovering.open_executions() {
-                let (_, events) = client.read_execution(&source, execution).await?;
+                let (events, closed) = client.read_execution(&source, execution).await?;
+                if closed {
+                    recovering.closed_by_scheduler(execution);
+                    continue;
+                }
                 for event in &events {
                     recovering.feed(event);
                 }

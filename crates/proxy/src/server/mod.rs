@@ -250,8 +250,15 @@ impl Recovering<'_> {
 
     /// Folds one committed event of the sink's history.
     pub fn feed(&mut self, event: &gyre_event::Event) {
-        let gyre_event::EventBody::ModelCall(record) = &event.body else {
-            return;
+        let record = match &event.body {
+            gyre_event::EventBody::ModelCall(record) => record,
+            gyre_event::EventBody::ExecutionClosed { execution, .. } => {
+                if self.open.contains_key(&execution.get()) {
+                    self.closed_by_scheduler(execution.get());
+                }
+                return;
+            }
+            _ => return,
         };
         let id = record.execution.get();
         self.max_execution = self.max_execution.max(id);
@@ -269,9 +276,21 @@ impl Recovering<'_> {
             Ok(()) => self.calls += 1,
             Err(error) => {
                 self.sessions.remove(&id);
-                self.lost.insert(id, error);
+                self.lost.insert(
+                    id,
+                    format!("its records in the log do not rebuild its session: {error}"),
+                );
             }
         }
+    }
+
+    /// The scheduler closed `execution` while this proxy was down: its credential stays closed.
+    pub fn closed_by_scheduler(&mut self, execution: u64) {
+        self.sessions.remove(&execution);
+        self.lost.insert(
+            execution,
+            "the scheduler closed this execution (ExecutionClosed in the log)".into(),
+        );
     }
 
     /// The history could not be read to its end: no execution with an open credential can
@@ -558,7 +577,9 @@ impl AppState {
     /// call goes to the destination; a call in flight on the source is aborted by the source
     /// and continues on the destination through failover); `EngineDown` moves every execution
     /// pinned to that engine to the next engine that is up and keeps new executions off it;
-    /// `EngineReady` brings it back. Returns how many executions moved.
+    /// `EngineReady` brings it back; `ExecutionClosed` (the scheduler finished, cancelled or
+    /// dropped it) closes its credentials, so its harness's next call gets 401 and its session
+    /// is freed. Returns how many executions moved or closed.
     pub fn apply_route_event(&self, body: &gyre_event::EventBody) -> usize {
         use gyre_event::EventBody;
         let moved = self.apply_route_body(body);
@@ -569,6 +590,7 @@ impl AppState {
             EventBody::RoutesUpdated { .. }
                 | EventBody::EngineDown { .. }
                 | EventBody::EngineReady { .. }
+                | EventBody::ExecutionClosed { .. }
         ) {
             self.routes_applied.send_modify(|count| *count += 1);
         }
@@ -612,6 +634,23 @@ impl AppState {
             EventBody::EngineReady { engine } => {
                 self.down().remove(&(engine.get() as usize));
                 0
+            }
+            EventBody::ExecutionClosed { execution, status } => {
+                let open: Vec<(String, ExecutionHandle)> = self
+                    .executions()
+                    .iter()
+                    .filter(|(_, handle)| {
+                        let session = handle.lock();
+                        session.execution == *execution && !session.closed
+                    })
+                    .map(|(token, handle)| (token.clone(), handle.clone()))
+                    .collect();
+                for (token, handle) in &open {
+                    if let Err(error) = self.close_execution(token, handle) {
+                        tracing::warn!(%error, execution = execution.get(), ?status, "closed, but not durably");
+                    }
+                }
+                open.len()
             }
             _ => 0,
         }
@@ -743,10 +782,12 @@ fn authenticate(
                 api,
                 ApiErrorKind::Authentication,
                 match lost {
-                    Some(reason) => format!(
-                        "this execution cannot resume after the proxy restarted: its records in the log do not rebuild its session ({reason})"
-                    ),
-                    None => "this execution is closed; its credential no longer accepts calls".into(),
+                    Some(reason) => {
+                        format!("this execution cannot resume after the proxy restarted: {reason}")
+                    }
+                    None => {
+                        "this execution is closed; its credential no longer accepts calls".into()
+                    }
                 },
             ))
         }
