@@ -295,3 +295,173 @@ fn restart_scenario(
 
     check_tree();
 }
+
+/// One HTTP/1.1 request that may fail (the proxy may be down): (status, body) or the error.
+fn try_http(address: &str, path: &str, token: &str, body: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\nx-api-key: {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {response:?}")))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_string();
+    Ok((status, body))
+}
+
+/// Eight harnesses hold growing conversations while the proxy is killed with SIGKILL three
+/// times and restarted on the same port and event file. A harness retries a call whose
+/// connection failed with the identical body, as Claude Code does. Every call a harness got an
+/// answer for is in the log, the log replays (hash chain, trees), and each restart resumes
+/// every execution.
+#[test]
+fn a_proxy_killed_repeatedly_under_load_loses_no_answered_call() {
+    use std::sync::{Arc, Condvar, Mutex};
+    const HARNESSES: usize = 8;
+    const TURNS: usize = 12;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    let log_arg = log.to_str().expect("utf-8").to_string();
+    let mut proxy = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--answer-tokens",
+        "24",
+        "--open",
+        &HARNESSES.to_string(),
+        "--log",
+        &log_arg,
+    ]);
+    let address = proxy.address.clone();
+    let tokens: Vec<(u64, String)> = (0..HARNESSES)
+        .map(|_| {
+            let opened = proxy.next_json();
+            (
+                opened["execution"].as_u64().expect("execution"),
+                opened["token"].as_str().expect("token").to_string(),
+            )
+        })
+        .collect();
+    // Answers received so far, and a signal for the killer.
+    let answered = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let harnesses: Vec<_> = tokens
+        .iter()
+        .map(|(execution, token)| {
+            let (address, token, answered) = (address.clone(), token.clone(), answered.clone());
+            let execution = *execution;
+            std::thread::spawn(move || {
+                let mut messages: Vec<Value> = Vec::new();
+                let mut retries = 0usize;
+                for turn in 0..TURNS {
+                    messages.push(
+                        json!({"role": "user", "content": format!("turn {turn} of {execution}")}),
+                    );
+                    let body =
+                        json!({"model": "m", "max_tokens": 24, "messages": messages}).to_string();
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+                    let answer = loop {
+                        match try_http(&address, "/v1/messages", &token, &body) {
+                            Ok((200, text)) => break text,
+                            Ok((status, text)) if status >= 500 => {
+                                assert!(std::time::Instant::now() < deadline, "{status}: {text}");
+                            }
+                            Ok((status, text)) => panic!("execution {execution}: {status}: {text}"),
+                            Err(error) => {
+                                assert!(std::time::Instant::now() < deadline, "{error}");
+                            }
+                        }
+                        retries += 1;
+                        // Pacing between retries while the proxy restarts, as harnesses back off.
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    };
+                    let answer: Value = serde_json::from_str(&answer).expect("a JSON answer");
+                    let text = answer["content"][0]["text"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    messages.push(json!({"role": "assistant", "content": text}));
+                    let (count, signal) = &*answered;
+                    *count.lock().expect("count") += 1;
+                    signal.notify_all();
+                }
+                (execution, retries)
+            })
+        })
+        .collect();
+    let total = HARNESSES * TURNS;
+    for kill_after in [total / 8, total / 2, total * 3 / 4] {
+        let (count, signal) = &*answered;
+        let guard = signal
+            .wait_while(count.lock().expect("count"), |count| *count < kill_after)
+            .expect("count");
+        drop(guard);
+        proxy.kill();
+        let before = records_by_execution(&log);
+        proxy = ProxyProcess::start(&[
+            "--listen",
+            &address,
+            "--engine",
+            "deterministic",
+            "--answer-tokens",
+            "24",
+            "--log",
+            &log_arg,
+        ]);
+        let recovered = proxy.next_json();
+        let calls: usize = before.values().sum();
+        assert_eq!(
+            recovered["recovered"]["calls_recovered"].as_u64(),
+            Some(calls as u64),
+            "every record in the file is folded back: {recovered}"
+        );
+    }
+    let mut retried = 0;
+    for harness in harnesses {
+        let (_, retries) = harness.join().expect("a harness finished its conversation");
+        retried += retries;
+    }
+    proxy.kill();
+    let recorded = records_by_execution(&log);
+    for (execution, _) in &tokens {
+        let calls = recorded.get(execution).copied().unwrap_or(0);
+        assert!(
+            calls >= TURNS,
+            "execution {execution}: {TURNS} answers, {calls} records"
+        );
+    }
+    let (code, stdout, stderr) = gyre(&["replay", &log_arg]);
+    assert_eq!(code, 0, "the log replays after three crashes: {stderr}");
+    assert!(
+        stdout.contains(&format!("in {HARNESSES} executions")),
+        "{stdout}"
+    );
+    eprintln!("{retried} calls were retried across the three crashes");
+}
+
+/// Model-call records per execution in an event file.
+fn records_by_execution(log: &std::path::Path) -> std::collections::BTreeMap<u64, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (_, events) in gyre_log::EventFileReader::read_all_events(log).expect("the log reads") {
+        for event in events {
+            if let gyre_event::EventBody::ModelCall(record) = event.body {
+                if record.kind != gyre_event::CallKind::Aborted {
+                    *counts.entry(record.execution.get()).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    counts
+}
