@@ -60,6 +60,38 @@ fn engine(name: &str, fault: Option<Fault>, end: u32) -> Arc<dyn TokenEngine> {
     }))
 }
 
+/// A proxy state over one healthy engine, recording to `sink`.
+fn one_engine_state(config: ServerConfig, sink: Arc<MemorySink>) -> Arc<AppState> {
+    let model = test_model();
+    let end = model.token_id("<|im_end|>").expect("end token");
+    AppState::new(
+        config,
+        model,
+        OutputFormat::test_model(),
+        vec![engine("e", None, end)],
+        sink,
+    )
+    .expect("state")
+}
+
+/// POSTs `body` to `path` with `token` as the API key; the status and the body's text.
+async fn post(state: &Arc<AppState>, path: &str, token: &str, body: String) -> (u16, String) {
+    let request = Request::post(path)
+        .header("x-api-key", token)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("request");
+    let response = router(state.clone())
+        .oneshot(request)
+        .await
+        .expect("infallible");
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    (status, String::from_utf8_lossy(&bytes).to_string())
+}
+
 fn body(turn: usize) -> String {
     let mut messages = Vec::new();
     for earlier in 0..turn {
@@ -336,17 +368,8 @@ fn route_events_from_the_log_move_executions() {
             status: gyre_event::CloseStatus::Cancelled,
         });
         assert_eq!(closed, 1);
-        let request = Request::post("/v1/messages")
-            .header("x-api-key", &token)
-            .header("content-type", "application/json")
-            .body(Body::from(body(3)))
-            .expect("request");
-        let response = app.clone().oneshot(request).await.expect("infallible");
-        assert_eq!(
-            response.status().as_u16(),
-            401,
-            "a closed execution takes no calls"
-        );
+        let (status, text) = post(&state, "/v1/messages", &token, body(3)).await;
+        assert_eq!(status, 401, "a closed execution takes no calls: {text}");
     });
 }
 
@@ -356,35 +379,13 @@ fn route_events_from_the_log_move_executions() {
 fn unknown_credentials_are_refused_unless_auto_open() {
     runtime().block_on(async {
         for auto_open in [false, true] {
-            let model = test_model();
-            let end = model.token_id("<|im_end|>").expect("end token");
             let sink = Arc::new(MemorySink::default());
             let config = ServerConfig {
                 auto_open,
                 ..ServerConfig::default()
             };
-            let state = AppState::new(
-                config,
-                model,
-                OutputFormat::test_model(),
-                vec![engine("e", None, end)],
-                sink.clone(),
-            )
-            .expect("state");
-            let request = Request::post("/v1/messages")
-                .header("x-api-key", "sk-ant-captured-key")
-                .header("content-type", "application/json")
-                .body(Body::from(body(0)))
-                .expect("request");
-            let response = router(state.clone())
-                .oneshot(request)
-                .await
-                .expect("infallible");
-            let status = response.status().as_u16();
-            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-                .await
-                .expect("body");
-            let text = String::from_utf8_lossy(&bytes).to_string();
+            let state = one_engine_state(config, sink.clone());
+            let (status, text) = post(&state, "/v1/messages", "sk-ant-captured-key", body(0)).await;
             if auto_open {
                 assert_eq!(status, 200, "{text}");
                 assert_eq!(sink.events.lock().expect("sink").len(), 1);
@@ -485,39 +486,15 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
 #[test]
 fn a_closed_execution_frees_its_session_and_stays_closed() {
     runtime().block_on(async {
-        let model = test_model();
-        let end = model.token_id("<|im_end|>").expect("end token");
         let sink = Arc::new(MemorySink::default());
-        let state = AppState::new(
-            ServerConfig::default(),
-            model,
-            OutputFormat::test_model(),
-            vec![engine("e", None, end)],
-            sink.clone(),
-        )
-        .expect("state");
+        let state = one_engine_state(ServerConfig::default(), sink.clone());
         let (_, token) = state.open_execution(None, None).expect("open");
-        let send = |path: String, body: String| {
-            let request = Request::post(path)
-                .header("x-api-key", &token)
-                .header("content-type", "application/json")
-                .body(Body::from(body))
-                .expect("request");
-            let app = router(state.clone());
-            async move {
-                let response = app.oneshot(request).await.expect("infallible");
-                let status = response.status().as_u16();
-                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-                    .await
-                    .expect("body");
-                (status, String::from_utf8_lossy(&bytes).to_string())
-            }
-        };
-        let (status, text) = send("/v1/messages".into(), body(0)).await;
+        let (status, text) = post(&state, "/v1/messages", &token, body(0)).await;
         assert_eq!(status, 200, "{text}");
         let before = state.execution(&token).expect("open");
         assert_eq!(before.lock().tree.len(), 1);
-        let (status, text) = send(format!("/admin/executions/{token}/close"), "{}".into()).await;
+        let close = format!("/admin/executions/{token}/close");
+        let (status, text) = post(&state, &close, &token, "{}".into()).await;
         assert_eq!(status, 200, "{text}");
         assert!(text.contains("\"calls\":1"), "{text}");
         let after = state.execution(&token).expect("still known");
@@ -532,7 +509,7 @@ fn a_closed_execution_frees_its_session_and_stays_closed() {
             "a holder of the old session still sees it"
         );
         drop(before);
-        let (status, text) = send("/v1/messages".into(), body(1)).await;
+        let (status, text) = post(&state, "/v1/messages", &token, body(1)).await;
         assert_eq!(status, 401, "{text}");
         assert!(text.contains("closed"), "{text}");
         assert_eq!(
@@ -549,22 +526,11 @@ fn a_closed_execution_frees_its_session_and_stays_closed() {
 fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
-        let model = test_model();
-        let end = model.token_id("<|im_end|>").expect("end token");
         let config = ServerConfig {
             credentials: Some(dir.path().join("credentials")),
             ..ServerConfig::default()
         };
-        let start = || {
-            AppState::new(
-                config.clone(),
-                model.clone(),
-                OutputFormat::test_model(),
-                vec![engine("e", None, end)],
-                Arc::new(MemorySink::default()),
-            )
-            .expect("state")
-        };
+        let start = || one_engine_state(config.clone(), Arc::new(MemorySink::default()));
         let (execution, token) = start().open_execution(None, None).expect("open");
         let restarted = start();
         let recovery = restarted.recover([Event::new(
@@ -576,20 +542,7 @@ fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
         )]);
         assert_eq!(recovery.credentials_open, 1);
         assert_eq!(recovery.executions_lost.len(), 1, "{recovery:?}");
-        let request = Request::post("/v1/messages")
-            .header("x-api-key", &token)
-            .header("content-type", "application/json")
-            .body(Body::from(body(0)))
-            .expect("request");
-        let response = router(restarted)
-            .oneshot(request)
-            .await
-            .expect("infallible");
-        let status = response.status().as_u16();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        let text = String::from_utf8_lossy(&bytes);
+        let (status, text) = post(&restarted, "/v1/messages", &token, body(0)).await;
         assert_eq!(status, 401, "{text}");
         assert!(
             text.contains("the scheduler closed this execution"),
