@@ -213,3 +213,44 @@ fn local_quorum_script_records_a_call_and_restarts_on_its_data() {
     );
     assert_eq!(model_calls(), 1);
 }
+
+/// `gyre proxy --check` reads an existing credential file back and names a bad line.
+#[test]
+fn proxy_check_reads_the_credential_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = dir.path().join("proxy.credentials");
+    let log = dir.path().join("tito.log");
+    let args = |credentials: &std::path::Path| {
+        vec![
+            "proxy".to_string(),
+            "--engine".into(),
+            "deterministic".into(),
+            "--log".into(),
+            log.display().to_string(),
+            "--credentials".into(),
+            credentials.display().to_string(),
+            "--check".into(),
+        ]
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::support::gyre(&args)
+    };
+    let (code, stdout, stderr) = run(args(&credentials));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"credentials_issued\":null"), "{stdout}");
+    std::fs::write(
+        &credentials,
+        format!(
+            "{{\"open\":{{\"token_sha256\":\"{}\",\"execution\":4,\"engine\":0}}}}\n{{\"close\":{{}}}}\n",
+            "ab".repeat(32)
+        ),
+    )
+    .expect("write");
+    let (code, _, stderr) = run(args(&credentials));
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("field `credentials`") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+}

@@ -157,6 +157,18 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         if let Some(addresses) = &args.cluster {
             gyre_control::ClusterClient::new(addresses).context("field `cluster`")?;
         }
+        // An existing credential file must read back (a bad line would stop the start).
+        let issued = match credentials_path(&args) {
+            Some(path) if path.exists() => {
+                let bytes = std::fs::read(&path)
+                    .with_context(|| format!("field `credentials`: reading {}", path.display()))?;
+                let (issued, _) = server::credentials::parse(&path, &bytes)
+                    .map_err(anyhow::Error::msg)
+                    .context("field `credentials`")?;
+                Some(issued.by_hash.len())
+            }
+            _ => None,
+        };
         println!(
             "{}",
             serde_json::json!({
@@ -172,6 +184,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "max_new_tokens": args.max_new_tokens,
                 "auto_open": args.auto_open,
                 "credentials": credentials_path(&args),
+                "credentials_issued": issued,
             })
         );
         return Ok(());
