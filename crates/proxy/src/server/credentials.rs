@@ -14,6 +14,12 @@
 //! rebuilt from the log, see `AppState::recover`), keeps closed ones closed, and numbers new
 //! executions after every one it issued. A last line without its newline is a write the crash
 //! cut short (never acknowledged): it is dropped. Any other bad line is refused, naming it.
+//!
+//! The file grows by two lines per execution. When a start finds more than
+//! [`COMPACT_AFTER_CLOSED`] closed credentials, and more closed than open ones, it rewrites the
+//! file (temporary file, fsync, rename, fsync of the directory) as the open credentials and a
+//! `{"next":{"execution":N}}` line that keeps the numbering; a closed credential is then
+//! unknown, which also gets 401.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -63,11 +69,22 @@ struct CloseLine {
 }
 
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NextLine {
+    /// Every execution up to this id was issued (what a compaction keeps of closed ones).
+    execution: u64,
+}
+
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "lowercase")]
 enum Line {
     Open(OpenLine),
     Close(CloseLine),
+    Next(NextLine),
 }
+
+/// Closed credentials a start tolerates in the file before it compacts it.
+pub const COMPACT_AFTER_CLOSED: usize = 4096;
 
 fn hex(hash: &TokenHash) -> String {
     hash.iter().map(|byte| format!("{byte:02x}")).collect()
@@ -122,9 +139,56 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<(IssuedCredentials, usize), St
                     .ok_or_else(|| bad("closes a credential no earlier line opened".into()))?;
                 entry.closed = true;
             }
+            Line::Next(next) => {
+                issued.max_execution = issued.max_execution.max(next.execution);
+            }
         }
     }
     Ok((issued, whole))
+}
+
+/// Rewrites `path` as `issued` (open credentials only, and the numbering) through a temporary
+/// file, crash-safely; returns the new file opened for appending.
+fn compact(path: &Path, issued: &IssuedCredentials) -> Result<File, String> {
+    let shown = |error: std::io::Error| format!("{}: {error}", path.display());
+    let mut name = path.as_os_str().to_owned();
+    name.push(".compacting");
+    let temporary = PathBuf::from(name);
+    let mut text = serde_json::to_string(&Line::Next(NextLine {
+        execution: issued.max_execution,
+    }))
+    .map_err(|error| error.to_string())?;
+    text.push('\n');
+    let mut open: Vec<(&TokenHash, &Issued)> = issued.by_hash.iter().collect();
+    open.sort_by_key(|(hash, entry)| (entry.execution, **hash));
+    for (hash, entry) in open {
+        let line = Line::Open(OpenLine {
+            token_sha256: hex(hash),
+            execution: entry.execution,
+            engine: entry.engine,
+        });
+        text.push_str(&serde_json::to_string(&line).map_err(|error| error.to_string())?);
+        text.push('\n');
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(shown)?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(shown)?;
+    std::fs::rename(&temporary, path).map_err(shown)?;
+    let directory = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    File::open(directory)
+        .and_then(|directory| directory.sync_all())
+        .map_err(shown)?;
+    OpenOptions::new().append(true).open(path).map_err(shown)
 }
 
 /// The open credential file; appends are serialised and each is durable before it returns.
@@ -134,8 +198,17 @@ pub struct CredentialFile {
 }
 
 impl CredentialFile {
-    /// Opens (creating, mode 0600) `path` and reads what it holds.
+    /// Opens (creating, mode 0600) `path` and reads what it holds, compacting it past
+    /// [`COMPACT_AFTER_CLOSED`] closed credentials.
     pub fn open(path: &Path) -> Result<(CredentialFile, IssuedCredentials), String> {
+        Self::open_compacting(path, COMPACT_AFTER_CLOSED)
+    }
+
+    /// [`CredentialFile::open`] with the compaction threshold given.
+    pub fn open_compacting(
+        path: &Path,
+        compact_after_closed: usize,
+    ) -> Result<(CredentialFile, IssuedCredentials), String> {
         let shown = |error: std::io::Error| format!("{}: {error}", path.display());
         let created = !path.exists();
         let mut file = OpenOptions::new()
@@ -167,6 +240,13 @@ impl CredentialFile {
             file.sync_data().map_err(shown)?;
         }
         file.flush().map_err(shown)?;
+        let mut issued = issued;
+        let closed = issued.by_hash.values().filter(|entry| entry.closed).count();
+        if closed > compact_after_closed && closed * 2 > issued.by_hash.len() {
+            issued.by_hash.retain(|_, entry| !entry.closed);
+            file = compact(path, &issued)?;
+            tracing::info!(path = %path.display(), closed, open = issued.by_hash.len(), "compacted the credential file");
+        }
         Ok((
             CredentialFile {
                 path: path.to_path_buf(),
@@ -245,6 +325,41 @@ mod tests {
         file.record_close(&b).expect("appends after the cut");
         let (_, issued) = CredentialFile::open(&path).expect("third open");
         assert!(issued.by_hash[&b].closed);
+    }
+
+    #[test]
+    fn a_file_of_mostly_closed_credentials_is_compacted_keeping_the_numbering() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("credentials");
+        let (file, _) = CredentialFile::open(&path).expect("create");
+        for execution in 1..=10u64 {
+            let hash = token_hash(&format!("gx-{execution}"));
+            file.record_open(&hash, execution, 0).expect("open");
+            if execution != 4 {
+                file.record_close(&hash).expect("close");
+            }
+        }
+        drop(file);
+        let (file, issued) = CredentialFile::open_compacting(&path, 3).expect("compacts");
+        assert_eq!(issued.max_execution, 10);
+        assert_eq!(issued.by_hash.len(), 1, "only the open credential is kept");
+        assert_eq!(issued.by_hash[&token_hash("gx-4")].execution, 4);
+        assert_eq!(
+            std::fs::read_to_string(&path)
+                .expect("read")
+                .lines()
+                .count(),
+            2,
+            "the numbering and the open credential"
+        );
+        file.record_close(&token_hash("gx-4"))
+            .expect("appends after compacting");
+        let (_, issued) = CredentialFile::open_compacting(&path, 3).expect("reopens");
+        assert_eq!(
+            issued.max_execution, 10,
+            "new executions still come after 10"
+        );
+        assert!(issued.by_hash[&token_hash("gx-4")].closed);
     }
 
     #[test]
