@@ -159,6 +159,16 @@ pub fn chain_hash_of_digest(
 }
 
 /// Lowercase hex, for messages and for printing a head hash.
+/// Makes the directory entry of `path` durable (a file created there, or renamed onto it): an
+/// fsync of its parent directory, `.` for a bare file name.
+pub fn sync_parent_directory(path: &std::path::Path) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(parent).and_then(|directory| directory.sync_all())
+}
+
 pub fn hex(hash: &ChainHash) -> String {
     hash.iter().map(|byte| format!("{byte:02x}")).collect()
 }

@@ -79,7 +79,7 @@ impl EventFileWriter {
         file.write_all(&header.encode())
             .map_err(io(&path, "write header"))?;
         file.sync_all().map_err(io(&path, "sync header"))?;
-        sync_parent_directory(&path)?;
+        super::sync_parent_directory(&path).map_err(io(&path, "sync directory"))?;
         Ok(EventFileWriter {
             path,
             file,
@@ -241,15 +241,4 @@ fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> FileE
         action,
         source,
     }
-}
-
-/// Makes the new directory entry durable, so a crash cannot lose the file itself.
-fn sync_parent_directory(path: &Path) -> Result<(), FileError> {
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    File::open(parent)
-        .and_then(|directory| directory.sync_all())
-        .map_err(io(parent, "sync directory"))
 }

@@ -181,13 +181,7 @@ fn compact(path: &Path, issued: &IssuedCredentials) -> Result<File, String> {
         .and_then(|()| file.sync_all())
         .map_err(shown)?;
     std::fs::rename(&temporary, path).map_err(shown)?;
-    let directory = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(directory)
-        .and_then(|directory| directory.sync_all())
-        .map_err(shown)?;
+    gyre_log::file::sync_parent_directory(path).map_err(shown)?;
     OpenOptions::new().append(true).open(path).map_err(shown)
 }
 
@@ -220,13 +214,7 @@ impl CredentialFile {
             .map_err(shown)?;
         if created {
             // The new name must survive a crash too.
-            let directory = path
-                .parent()
-                .filter(|parent| !parent.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            File::open(directory)
-                .and_then(|directory| directory.sync_all())
-                .map_err(shown)?;
+            gyre_log::file::sync_parent_directory(path).map_err(shown)?;
         }
         let bytes = std::fs::read(path).map_err(shown)?;
         let (issued, whole) = parse(path, &bytes)?;
