@@ -550,3 +550,98 @@ fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
         );
     });
 }
+
+/// A harness that re-sends a call whose answer it never received (the proxy was killed, or the
+/// connection dropped, after the record was committed; the proxy cannot tell that from a
+/// delivered answer) gets the committed answer again: the same thinking handle, text and
+/// tool-call ids, streamed or not, and nothing new in the log. The engine is not asked, so the
+/// next script line answers the next real turn, which extends the first call.
+#[test]
+fn a_re_sent_call_gets_its_committed_answer_again() {
+    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
+    use serde_json::{json, Value};
+    const SCRIPT: &str = concat!(
+        r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "Two listings at once."}, {"type": "text", "text": "Looking."}, {"type": "tool_use", "id": "a", "name": "Bash", "input": {"command": "ls /a"}}, {"type": "tool_use", "id": "b", "name": "Bash", "input": {"command": "ls /b"}}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Both are empty."}]}"#,
+        "\n",
+    );
+    runtime().block_on(async {
+        let model = test_model();
+        let script = Script::parse(SCRIPT, None).expect("script");
+        let engine = ScriptedEngine::new(
+            &script,
+            &model,
+            &OutputFormat::test_model(),
+            ScriptedOptions::default(),
+        )
+        .expect("engine");
+        let sink = Arc::new(MemorySink::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![Arc::new(engine)],
+            sink.clone(),
+        )
+        .expect("state");
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let mut messages = vec![json!({"role": "user", "content": "List /a and /b."})];
+        let request = |messages: &[Value], stream: bool| {
+            json!({"model": "gyre-test", "max_tokens": 400, "stream": stream,
+                   "system": "You are a test agent.", "messages": messages})
+            .to_string()
+        };
+        let (status, first) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
+        assert_eq!(status, 200, "{first}");
+        let first: Value = serde_json::from_str(&first).expect("json");
+        let kinds: Vec<&str> = first["content"]
+            .as_array()
+            .expect("content")
+            .iter()
+            .map(|block| block["type"].as_str().expect("type"))
+            .collect();
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"], "{first}");
+        // The same body again, then once more as a stream (Claude Code's fallback direction
+        // differs, the history is the same).
+        let (status, again) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
+        assert_eq!(status, 200, "{again}");
+        let again: Value = serde_json::from_str(&again).expect("json");
+        assert_eq!(again["content"], first["content"], "the committed answer, ids included");
+        assert_eq!(again["stop_reason"], "tool_use");
+        assert_eq!(again["usage"]["output_tokens"], first["usage"]["output_tokens"]);
+        let (status, streamed) = post(&state, "/v1/messages", &token, request(&messages, true)).await;
+        assert_eq!(status, 200, "{streamed}");
+        for block in first["content"].as_array().expect("content") {
+            if let Some(id) = block["id"].as_str().or(block["signature"].as_str()) {
+                assert!(streamed.contains(id), "{id} in {streamed}");
+            }
+        }
+        assert!(
+            streamed.trim_end().ends_with("data: {\"type\":\"message_stop\"}"),
+            "{streamed}"
+        );
+        assert_eq!(sink.events.lock().expect("sink").len(), 1, "one record for one answer");
+        assert_eq!(state.metrics.replayed_count(), 2);
+        // The next turn: the harness sends the answer back with both results.
+        messages.push(json!({"role": "assistant", "content": first["content"].clone()}));
+        let results: Vec<Value> = first["content"]
+            .as_array()
+            .expect("content")
+            .iter()
+            .filter(|block| block["type"] == "tool_use")
+            .map(|block| json!({"type": "tool_result", "tool_use_id": block["id"], "content": "(empty)"}))
+            .collect();
+        messages.push(json!({"role": "user", "content": results}));
+        let (status, next) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
+        assert_eq!(status, 200, "{next}");
+        let next: Value = serde_json::from_str(&next).expect("json");
+        assert_eq!(next["content"][0]["text"], "Both are empty.", "the script's next line");
+        let events = sink.events.lock().expect("sink");
+        assert_eq!(events.len(), 2);
+        let EventBody::ModelCall(record) = &events[1].body else {
+            panic!("a model call");
+        };
+        assert_eq!(record.parent_call, Some(gyre_event::CallId(0)), "extends the first call");
+    });
+}

@@ -158,8 +158,9 @@ fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
     runtime.block_on(cluster.shutdown());
 }
 
-/// Two executions; one call, one close; SIGKILL; `between()`; restart; the open execution's
-/// next call extends its tree, the closed one stays closed; `check_tree()`.
+/// Two executions; one call, one close; SIGKILL; `between()`; restart; the first call re-sent
+/// gets its committed answer; the open execution's next call extends its tree, the closed one
+/// stays closed; `check_tree()`.
 fn restart_scenario(
     dir: &std::path::Path,
     sink: &[String],
@@ -239,6 +240,21 @@ fn restart_scenario(
         "{recovered}"
     );
     assert_eq!(recovered["recovered"]["next_execution"], 3, "{recovered}");
+
+    // A harness that never received the first answer (the crash came after its record was
+    // committed) re-sends the same body: it gets that answer, with the same thinking handle and
+    // tool-call id, and nothing new is recorded (the close below counts 2 calls).
+    let (status, re_sent) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 256, "tools": tools, "messages": [question]}),
+    );
+    assert_eq!(status, 200, "{re_sent}");
+    assert_eq!(
+        re_sent["content"],
+        Value::Array(content.clone()),
+        "the committed answer again"
+    );
 
     // The harness re-sends the history the way Claude Code does: the tool input's keys in
     // another order and its escape normalised, the thinking block with its signature.
@@ -323,7 +339,8 @@ fn try_http(address: &str, path: &str, token: &str, body: &str) -> std::io::Resu
 /// Eight harnesses hold growing conversations while the proxy is killed with SIGKILL three
 /// times and restarted on the same port and event file. A harness retries a call whose
 /// connection failed with the identical body, as Claude Code does. Every call a harness got an
-/// answer for is in the log, the log replays (hash chain, trees), and each restart resumes
+/// answer for is in the log exactly once (a re-sent call whose record was committed before the
+/// crash gets that answer), the log replays (hash chain, trees), and each restart resumes
 /// every execution.
 #[test]
 fn a_proxy_killed_repeatedly_under_load_loses_no_answered_call() {
@@ -436,9 +453,11 @@ fn a_proxy_killed_repeatedly_under_load_loses_no_answered_call() {
     proxy.kill();
     let recorded = records_by_execution(&log);
     for (execution, _) in &tokens {
+        // Exactly one record per answer: a call re-sent after its record was committed is
+        // answered from the record, not sampled again.
         let calls = recorded.get(execution).copied().unwrap_or(0);
-        assert!(
-            calls >= TURNS,
+        assert_eq!(
+            calls, TURNS,
             "execution {execution}: {TURNS} answers, {calls} records"
         );
     }

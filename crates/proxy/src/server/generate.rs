@@ -104,17 +104,143 @@ fn response_id(api: Api) -> String {
     }
 }
 
-/// Runs the call and sends its pieces to `out` (dropped receiver = the harness went away: the
-/// engine request is aborted and nothing is recorded).
-pub async fn run(
-    app: Arc<AppState>,
-    execution: ExecutionHandle,
-    request: ChatRequest,
-    prepared: Prepared,
+/// Where a call's pieces go: SSE frames while streaming, the body or an error at the end.
+struct Outlet {
     out: mpsc::Sender<Piece>,
-) {
-    let started = Instant::now();
-    let requested_at = wall_clock();
+    streaming: bool,
+}
+
+impl Outlet {
+    /// Sends frames (when streaming); `false` when the harness went away.
+    async fn frames(&self, events: Vec<SseEvent>) -> bool {
+        if self.streaming && !events.is_empty() {
+            let wire: String = events.iter().map(SseEvent::to_wire).collect();
+            self.out.send(Piece::Frames(wire)).await.is_ok()
+        } else {
+            !self.out.is_closed()
+        }
+    }
+
+    async fn failed(&self, api: Api, kind: ApiErrorKind, message: String) {
+        let _ = self
+            .out
+            .send(Piece::Failed(ApiError::new(api, kind, message)))
+            .await;
+    }
+
+    /// The end of the answer: the closing frames, or the whole body.
+    async fn end(&self, builder: &mut Builder, stop: &StopReason, usage: &Usage) {
+        if self.streaming {
+            let _ = self.frames(builder.finish(stop, usage)).await;
+        } else {
+            let _ = self.out.send(Piece::Body(builder.body(stop, usage))).await;
+        }
+    }
+}
+
+/// Sampled tokens → the API's stream: detokenized, parsed, tool-call ids and reasoning handles
+/// minted (and cached in the session), built into frames.
+struct Answer<'m> {
+    text_stream: crate::model_dir::TextStream<'m>,
+    parser: OutputParser,
+    reasoning_text: String,
+    reasoning_tokens: u64,
+    tool_calls: usize,
+    output_ids: OutputIds,
+}
+
+impl<'m> Answer<'m> {
+    fn new(
+        app: &AppState,
+        model: &'m crate::ChatModel,
+        execution: &ExecutionHandle,
+        prepared: &Prepared,
+    ) -> Self {
+        Answer {
+            text_stream: model.text_stream(),
+            parser: OutputParser::new(app.output_format.clone()),
+            reasoning_text: String::new(),
+            reasoning_tokens: 0,
+            tool_calls: 0,
+            output_ids: OutputIds::new(
+                execution.lock().execution,
+                &prepared.agent,
+                prepared.context_ids.len() as u64,
+            ),
+        }
+    }
+
+    /// One output token (`so_far`: the output up to and including it): the text it completes,
+    /// if any, and the frames that text produces.
+    fn token(
+        &mut self,
+        app: &AppState,
+        execution: &ExecutionHandle,
+        api: Api,
+        builder: &mut Builder,
+        id: u32,
+        so_far: &[u32],
+    ) -> Result<Option<(String, Vec<SseEvent>)>, String> {
+        let Some(delta) = self
+            .text_stream
+            .push(id)
+            .map_err(|error| format!("detokenizing the engine's output: {error}"))?
+        else {
+            return Ok(None);
+        };
+        let events = self.parser.push(&delta);
+        if events
+            .iter()
+            .any(|event| matches!(event, OutputEvent::ReasoningDelta(_)))
+        {
+            self.reasoning_tokens += 1;
+        }
+        let frames = self.emit(app, execution, api, builder, events, so_far);
+        Ok(Some((delta, frames)))
+    }
+
+    /// The frames of whatever the parser still holds at the end of the output.
+    fn finish(
+        &mut self,
+        app: &AppState,
+        execution: &ExecutionHandle,
+        api: Api,
+        builder: &mut Builder,
+        output: &[u32],
+    ) -> Vec<SseEvent> {
+        let events = self.parser.finish();
+        self.emit(app, execution, api, builder, events, output)
+    }
+
+    fn emit(
+        &mut self,
+        app: &AppState,
+        execution: &ExecutionHandle,
+        api: Api,
+        builder: &mut Builder,
+        events: Vec<OutputEvent>,
+        so_far: &[u32],
+    ) -> Vec<SseEvent> {
+        emit(
+            app,
+            execution,
+            api,
+            builder,
+            events,
+            &mut self.reasoning_text,
+            &mut self.tool_calls,
+            &mut self.output_ids,
+            so_far,
+        )
+    }
+}
+
+/// The builder for a call, its opening frames already produced.
+fn builder_for(
+    request: &ChatRequest,
+    prepared: &Prepared,
+    requested_at: gyre_event::Timestamp,
+) -> (Builder, Vec<SseEvent>) {
     let api = request.api;
     let usage_start = Usage {
         input_tokens: prepared.context_ids.len() as u64,
@@ -128,36 +254,39 @@ pub async fn run(
         created_unix_s: requested_at.nanos() / 1_000_000_000,
     };
     let mut builder = Builder::new(api, meta, usage_start, request.stream_include_usage);
-    let streaming = request.stream;
-    let send_frames = |events: Vec<SseEvent>| {
-        let out = out.clone();
-        async move {
-            if streaming && !events.is_empty() {
-                let wire: String = events.iter().map(SseEvent::to_wire).collect();
-                out.send(Piece::Frames(wire)).await.is_ok()
-            } else {
-                !out.is_closed()
-            }
-        }
+    let start = builder.start();
+    (builder, start)
+}
+
+/// Runs the call and sends its pieces to `out` (dropped receiver = the harness went away: the
+/// engine request is aborted and nothing is recorded).
+pub async fn run(
+    app: Arc<AppState>,
+    execution: ExecutionHandle,
+    request: ChatRequest,
+    mut prepared: Prepared,
+    out: mpsc::Sender<Piece>,
+) {
+    if let Some(replay) = prepared.replay.take() {
+        return run_replay(app, execution, request, prepared, replay, out).await;
+    }
+    let started = Instant::now();
+    let requested_at = wall_clock();
+    let api = request.api;
+    let outlet = Outlet {
+        out,
+        streaming: request.stream,
     };
-    if !send_frames(builder.start()).await {
+    let (mut builder, start) = builder_for(&request, &prepared, requested_at);
+    if !outlet.frames(start).await {
         return;
     }
     let model = app.model.clone();
-    let mut text_stream = model.text_stream();
-    let mut parser = OutputParser::new(app.output_format.clone());
+    let mut answer = Answer::new(&app, &model, &execution, &prepared);
     let mut sampled = Sampled {
         requested_at,
         ..Sampled::default()
     };
-    let mut reasoning_text = String::new();
-    let mut reasoning_tokens = 0u64;
-    let mut tool_calls = 0usize;
-    let mut output_ids = OutputIds::new(
-        execution.lock().execution,
-        &prepared.agent,
-        prepared.context_ids.len() as u64,
-    );
     let max_new = request
         .sampling
         .max_tokens
@@ -206,7 +335,7 @@ pub async fn run(
             Ok(mut chunks) => loop {
                 let chunk = tokio::select! {
                     chunk = chunks.recv() => chunk,
-                    () = out.closed() => {
+                    () = outlet.out.closed() => {
                         let _ = engine.abort(&rid).await;
                         app.metrics.harness_gone();
                         return;
@@ -246,43 +375,27 @@ pub async fn run(
                         for (id, logprob) in ids.iter().zip(logprobs.iter()) {
                             sampled.output_ids.push(*id);
                             sampled.output_logprobs.push(*logprob);
-                            let delta = match text_stream.push(*id) {
-                                Ok(delta) => delta,
-                                Err(error) => {
-                                    let _ = out
-                                        .send(Piece::Failed(ApiError::new(
-                                            api,
-                                            ApiErrorKind::Internal,
-                                            format!("detokenizing the engine's output: {error}"),
-                                        )))
-                                        .await;
+                            let pushed = answer.token(
+                                &app,
+                                &execution,
+                                api,
+                                &mut builder,
+                                *id,
+                                &sampled.output_ids,
+                            );
+                            match pushed {
+                                Err(message) => {
+                                    outlet.failed(api, ApiErrorKind::Internal, message).await;
                                     return;
                                 }
-                            };
-                            if let Some(delta) = delta {
-                                sampled.output_text.push_str(&delta);
-                                let events = parser.push(&delta);
-                                if events
-                                    .iter()
-                                    .any(|event| matches!(event, OutputEvent::ReasoningDelta(_)))
-                                {
-                                    reasoning_tokens += 1;
-                                }
-                                let frames = emit(
-                                    &app,
-                                    &execution,
-                                    api,
-                                    &mut builder,
-                                    events,
-                                    &mut reasoning_text,
-                                    &mut tool_calls,
-                                    &mut output_ids,
-                                    &sampled.output_ids,
-                                );
-                                if !send_frames(frames).await {
-                                    let _ = engine.abort(&rid).await;
-                                    app.metrics.harness_gone();
-                                    return;
+                                Ok(None) => {}
+                                Ok(Some((delta, frames))) => {
+                                    sampled.output_text.push_str(&delta);
+                                    if !outlet.frames(frames).await {
+                                        let _ = engine.abort(&rid).await;
+                                        app.metrics.harness_gone();
+                                        return;
+                                    }
                                 }
                             }
                             sampled.output_ends.push(sampled.output_text.len() as u32);
@@ -329,13 +442,9 @@ pub async fn run(
             "engine failed mid-call; continuing on the next engine"
         );
         if !failure.is_retryable() || attempts >= app.config.engine_attempts_max.max(1) {
-            let _ = out
-                .send(Piece::Failed(ApiError::new(
-                    api,
-                    ApiErrorKind::Overloaded,
-                    format!("no engine could finish the call after {attempts} attempts: {failure}"),
-                )))
-                .await;
+            let message =
+                format!("no engine could finish the call after {attempts} attempts: {failure}");
+            outlet.failed(api, ApiErrorKind::Overloaded, message).await;
             return;
         }
         engine_index = (engine_index + 1) % app.engines.len();
@@ -348,28 +457,17 @@ pub async fn run(
         FinishKind::Length => EngineFinish::Length,
         FinishKind::Abort => EngineFinish::Length,
     };
-    let events = parser.finish();
-    let frames = emit(
-        &app,
-        &execution,
-        api,
-        &mut builder,
-        events,
-        &mut reasoning_text,
-        &mut tool_calls,
-        &mut output_ids,
-        &sampled.output_ids,
-    );
-    if !send_frames(frames).await {
+    let frames = answer.finish(&app, &execution, api, &mut builder, &sampled.output_ids);
+    if !outlet.frames(frames).await {
         app.metrics.harness_gone();
         return;
     }
-    let stop = StopReason::from_finish(&finish, tool_calls > 0);
+    let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
     let usage = Usage {
         input_tokens: prepared.context_ids.len() as u64,
         cached_input_tokens: prepared.tree_reused,
         output_tokens: sampled.output_ids.len() as u64,
-        reasoning_tokens,
+        reasoning_tokens: answer.reasoning_tokens,
     };
     sampled.first_token_after = EventDuration(first_token.unwrap_or_default().as_nanos() as u64);
     sampled.completed_after = EventDuration(started.elapsed().as_nanos() as u64);
@@ -382,13 +480,8 @@ pub async fn run(
     let record = match finished {
         Ok(record) => record,
         Err(error) => {
-            let _ = out
-                .send(Piece::Failed(ApiError::new(
-                    api,
-                    ApiErrorKind::Internal,
-                    format!("recording the call: {error}"),
-                )))
-                .await;
+            let message = format!("recording the call: {error}");
+            outlet.failed(api, ApiErrorKind::Internal, message).await;
             return;
         }
     };
@@ -404,22 +497,91 @@ pub async fn run(
         .commit_seconds(commit_started.elapsed().as_secs_f64());
     if let Err(error) = committed {
         tracing::error!(%error, "a TITO record was not committed; the call fails");
-        let _ = out
-            .send(Piece::Failed(ApiError::new(
-                api,
-                ApiErrorKind::Overloaded,
-                format!("the call's record could not be committed: {error}"),
-            )))
-            .await;
+        let message = format!("the call's record could not be committed: {error}");
+        outlet.failed(api, ApiErrorKind::Overloaded, message).await;
         return;
     }
     app.metrics
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
-    if streaming {
-        let _ = send_frames(builder.finish(&stop, &usage)).await;
-    } else {
-        let _ = out.send(Piece::Body(builder.body(&stop, &usage))).await;
+    outlet.end(&mut builder, &stop, &usage).await;
+}
+
+/// Answers a re-sent call with its committed answer (see `Prepared::replay`): the recorded
+/// tokens go through the same detokenizer, parser and builder as when they were sampled, so
+/// the harness gets the same text, the same tool-call ids and the same reasoning handles.
+/// Nothing is recorded: the call is already in the log.
+async fn run_replay(
+    app: Arc<AppState>,
+    execution: ExecutionHandle,
+    request: ChatRequest,
+    prepared: Prepared,
+    replay: super::session::Replay,
+    out: mpsc::Sender<Piece>,
+) {
+    let api = request.api;
+    let outlet = Outlet {
+        out,
+        streaming: request.stream,
+    };
+    let (mut builder, start) = builder_for(&request, &prepared, wall_clock());
+    if !outlet.frames(start).await {
+        return;
     }
+    let model = app.model.clone();
+    let mut answer = Answer::new(&app, &model, &execution, &prepared);
+    let output = &replay.output_ids;
+    for at in 0..output.len() {
+        match answer.token(
+            &app,
+            &execution,
+            api,
+            &mut builder,
+            output[at],
+            &output[..=at],
+        ) {
+            Err(message) => {
+                outlet.failed(api, ApiErrorKind::Internal, message).await;
+                return;
+            }
+            Ok(None) => {}
+            Ok(Some((_, frames))) => {
+                if !outlet.frames(frames).await {
+                    app.metrics.harness_gone();
+                    return;
+                }
+            }
+        }
+    }
+    let frames = answer.finish(&app, &execution, api, &mut builder, output);
+    if !outlet.frames(frames).await {
+        app.metrics.harness_gone();
+        return;
+    }
+    // The engine's stop token ends a finished turn; an output without one was cut at the
+    // token limit.
+    let finish = if output
+        .last()
+        .is_some_and(|id| app.stop_token_ids.contains(id))
+    {
+        EngineFinish::EndOfTurn
+    } else {
+        EngineFinish::Length
+    };
+    let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
+    let usage = Usage {
+        input_tokens: prepared.context_ids.len() as u64,
+        cached_input_tokens: prepared.tree_reused,
+        output_tokens: output.len() as u64,
+        reasoning_tokens: answer.reasoning_tokens,
+    };
+    tracing::info!(
+        call = %replay.call,
+        engine = replay.engine.0,
+        policy_version = replay.policy_version.0,
+        "a re-sent call was answered with its committed answer"
+    );
+    app.metrics.replayed();
+    outlet.end(&mut builder, &stop, &usage).await;
 }
 
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.

@@ -89,6 +89,7 @@ pub struct Metrics {
     tokens_reused: AtomicU64,
     failovers: AtomicU64,
     harness_gone: AtomicU64,
+    replayed: AtomicU64,
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
     body_elements_reused: AtomicU64,
@@ -169,6 +170,15 @@ impl Metrics {
         self.harness_gone.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call answered with its committed answer again (a harness re-sent it).
+    pub fn replayed(&self) {
+        self.replayed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn replayed_count(&self) -> u64 {
+        self.replayed.load(Ordering::Relaxed)
+    }
+
     pub fn stream_error(&self) {
         self.stream_errors.fetch_add(1, Ordering::Relaxed);
     }
@@ -238,6 +248,12 @@ impl Metrics {
                 "gyre_proxy_harness_disconnects_total",
                 "Calls whose harness went away before the answer ended.",
                 &self.harness_gone,
+            ),
+            (
+                "gyre_proxy_calls_replayed_total",
+                "Calls re-sent by their harness after their answer was committed (a proxy restart \
+                 or a dropped connection), answered again with the committed answer.",
+                &self.replayed,
             ),
             (
                 "gyre_proxy_stream_errors_total",

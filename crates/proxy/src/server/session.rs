@@ -108,6 +108,22 @@ pub struct Prepared {
     /// Input tokens the tree already holds (reported as cached prompt tokens).
     pub tree_reused: u64,
     parent_call: Option<CallId>,
+    /// The request is the prompt of the agent's last committed call, which nothing has
+    /// extended: a harness re-sending a call whose answer it never received (the proxy was
+    /// killed, or the connection dropped, after the record was committed). The committed answer
+    /// is sent again instead of sampling a second one, so the tree keeps one node per answer
+    /// the harness acted on.
+    pub replay: Option<Replay>,
+}
+
+/// A committed answer to send again (see [`Prepared::replay`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replay {
+    pub call: CallId,
+    pub output_ids: Vec<u32>,
+    pub output_logprobs: Vec<f32>,
+    pub engine: EngineId,
+    pub policy_version: PolicyVersion,
 }
 
 /// What the engine produced for a call.
@@ -329,6 +345,28 @@ impl Session {
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
+        if let Some(replay) = self.committed_answer(previous, &text, matched) {
+            let prompt = previous.output_start;
+            let node = self
+                .tree
+                .node_of_call(replay.call)
+                .map(|id| self.tree.node(id));
+            return Ok(Prepared {
+                kind: node.map_or(CallKind::Turn, |node| node.kind),
+                spawned_by: node.and_then(|node| node.spawned_by),
+                tree_reused: node.map_or(0, |node| node.start),
+                context_ids: Arc::new(previous.ids[..prompt].to_vec()),
+                context_json: Arc::new(IdsJson::of(&previous.ids[..prompt])),
+                ends: Vec::new(),
+                provenance: Vec::new(),
+                reused_by_text: prompt,
+                encoded: 0,
+                parent_call: None,
+                agent,
+                text,
+                replay: Some(replay),
+            });
+        }
         // Tokens wholly inside the matched bytes.
         let mut keep = previous
             .ends
@@ -441,6 +479,40 @@ impl Session {
             encoded,
             tree_reused: found.reused_tokens_count,
             parent_call: found.parent_call,
+            replay: None,
+        })
+    }
+
+    /// The agent's last call, when `text` (the rendered request, sharing `matched` bytes with
+    /// the agent's last context) is exactly that call's prompt and no call has extended it.
+    fn committed_answer(
+        &self,
+        previous: &AgentContext,
+        text: &str,
+        matched: usize,
+    ) -> Option<Replay> {
+        let call = previous.call?;
+        let prompt = previous.output_start;
+        if prompt == 0 || prompt >= previous.ids.len() {
+            return None;
+        }
+        let prompt_bytes = previous.ends[prompt - 1] as usize;
+        if text.len() != prompt_bytes || matched < prompt_bytes {
+            return None;
+        }
+        let node = self.tree.node(self.tree.node_of_call(call)?);
+        if !node.children.is_empty() || node.kind == CallKind::Aborted {
+            return None;
+        }
+        if node.output_ids[..] != previous.ids[prompt..] {
+            return None;
+        }
+        Some(Replay {
+            call,
+            output_ids: node.output_ids.clone(),
+            output_logprobs: node.output_logprobs.clone(),
+            engine: node.engine,
+            policy_version: node.policy_version,
         })
     }
 
@@ -452,6 +524,14 @@ impl Session {
         prepared: Prepared,
         sampled: Sampled,
     ) -> Result<ModelCallRecord, ProxyError> {
+        if let Some(replay) = &prepared.replay {
+            return Err(ProxyError::Engine {
+                message: format!(
+                    "call {} is already recorded; a re-sent call is answered from it",
+                    replay.call
+                ),
+            });
+        }
         let call = CallId(self.next_call);
         let reused = prepared.tree_reused as usize;
         let record = ModelCallRecord {

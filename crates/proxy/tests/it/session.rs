@@ -85,6 +85,7 @@ proptest! {
         let model = model();
         let mut session = Session::new(ExecutionId(7), &model, 0);
         let agents = ["main", "explorer"];
+        let mut last_answers: [Option<(String, Vec<u32>)>; 2] = [None, None];
         let mut histories: Vec<ChatRequest> = agents
             .iter()
             .map(|name| {
@@ -132,6 +133,15 @@ proptest! {
                 String::from_utf8(json).expect("ascii"),
                 serde_json::to_string(&*prepared.context_ids).expect("serialises")
             );
+            if let Some(replay) = &prepared.replay {
+                // The history is exactly the agent's last prompt again (a rewind that re-asks
+                // the same question): the committed answer is sent again, nothing is recorded.
+                let (answer, ids) = last_answers[agent].clone().expect("a previous answer");
+                prop_assert_eq!(&replay.output_ids, &ids);
+                prop_assert_eq!(prepared.encoded, 0);
+                request.messages.push(Message::new(Role::Assistant, answer));
+                continue;
+            }
             if matches!(turn, Turn::Fails) {
                 // The engine failed: the prepared prompt is dropped, the harness retries later
                 // with the same history.
@@ -140,7 +150,8 @@ proptest! {
                 continue;
             }
             let answer = format!("answer {call}");
-            session.finish_call(prepared, sampled(&model, &answer)).expect("finishes");
+            let record = session.finish_call(prepared, sampled(&model, &answer)).expect("finishes");
+            last_answers[agent] = Some((answer.clone(), record.output_ids));
             let re_sent = match turn {
                 Turn::Rewritten => format!("a rewritten answer {call}"),
                 _ => answer,
@@ -293,4 +304,73 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
         assert_eq!(got.kind, expected.kind);
     }
     assert_eq!(rebuilt.sampled_divergences, 0);
+}
+
+/// A harness that re-sends a call whose answer it never received (the proxy was killed, or
+/// the connection dropped, after the record was committed) gets the committed answer again:
+/// `prepare` says so, takes nothing from the agent's context and records nothing; the next
+/// real turn still reuses the whole context. A session rebuilt from the records (a restart)
+/// does the same.
+#[test]
+fn a_re_sent_call_replays_its_committed_answer() {
+    use gyre_proxy::output::OutputFormat;
+
+    let model = model();
+    let mut session = Session::new(ExecutionId(12), &model, 0);
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::User, "a question ".repeat(40)));
+    let first = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(first.replay.is_none());
+    let prompt = first.context_ids.clone();
+    let record = session
+        .finish_call(first, sampled(&model, "the answer"))
+        .expect("finishes");
+    let again = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let replay = again.replay.clone().expect("the same prompt replays");
+    assert_eq!(replay.call, record.call);
+    assert_eq!(replay.output_ids, record.output_ids);
+    assert_eq!(replay.output_logprobs, record.output_logprobs);
+    assert_eq!(
+        again.context_ids, prompt,
+        "usage and ids are of the same prompt"
+    );
+    assert_eq!(again.encoded, 0);
+    assert!(
+        session.finish_call(again, sampled(&model, "x")).is_err(),
+        "a replayed call records nothing"
+    );
+    assert_eq!(session.calls(), 1);
+    // The conversation goes on from the replayed answer: the whole context is reused.
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "the answer"));
+    request.messages.push(Message::new(Role::User, "next"));
+    let next = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(next.replay.is_none());
+    assert!(next.reused_by_text >= prompt.len() + record.output_ids.len());
+    // After a restart, from the record alone.
+    let mut rebuilt = Session::new(ExecutionId(12), &model, 0);
+    rebuilt
+        .recover_record(&record, &model, &OutputFormat::test_model())
+        .expect("folds");
+    rebuilt.finish_recovery(&model).expect("contexts rebuild");
+    request.messages.truncate(1);
+    let after_restart = rebuilt
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(after_restart.replay, Some(replay));
+    // A different question is a new call.
+    request.messages[0] = Message::new(Role::User, "another question");
+    let other = rebuilt
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(other.replay.is_none());
 }
