@@ -254,3 +254,41 @@ fn proxy_check_reads_the_credential_file() {
         "{stderr}"
     );
 }
+
+/// `--execution-stride` / `--execution-offset` (also TOML keys) are checked and shown by
+/// `--check`; an offset outside the stride is refused naming both fields.
+#[test]
+fn proxy_execution_numbering_is_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tito.log");
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "engine = \"deterministic\"\nlog = \"{}\"\nexecution_stride = 4\nexecution_offset = 3\n",
+            log.display()
+        ),
+    )
+    .expect("write");
+    let config = config.to_str().expect("utf-8");
+    let (code, stdout, stderr) = crate::support::gyre(&["proxy", "--config", config, "--check"]);
+    assert_eq!(code, 0, "{stderr}");
+    let settings: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(
+        (&settings["execution_stride"], &settings["execution_offset"]),
+        (&serde_json::json!(4), &serde_json::json!(3))
+    );
+    let (code, _, stderr) = crate::support::gyre(&[
+        "proxy",
+        "--config",
+        config,
+        "--execution-offset",
+        "4",
+        "--check",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("field `execution_offset` (4) must be below `execution_stride` (4)"),
+        "{stderr}"
+    );
+}

@@ -144,3 +144,101 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         cluster.shutdown().await;
     });
 }
+
+/// Two proxies record to one quorum and number their own executions: with one stride and
+/// distinct offsets (`--execution-stride 2 --execution-offset 0|1`) their ids interleave and
+/// never collide, so every tree on every node holds exactly one proxy's calls.
+#[test]
+fn proxies_sharing_a_quorum_number_executions_apart() {
+    use gyre_proxy::server::ExecutionNumbering;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let cluster = InProcessCluster::start().await;
+        let addresses = cluster.addresses.join(",");
+        let model = Arc::new(
+            ChatModel::load(
+                &gyre_proxy::test_model::directory(),
+                ToolArgumentsForm::RawText,
+            )
+            .expect("test model"),
+        );
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let proxy = |offset: u64| {
+            let engine: Arc<dyn TokenEngine> =
+                Arc::new(DeterministicEngine::new(DeterministicOptions {
+                    name: format!("e{offset}"),
+                    end_token_id: Some(end),
+                    ..DeterministicOptions::default()
+                }));
+            AppState::new(
+                ServerConfig {
+                    numbering: ExecutionNumbering::new(2, offset).expect("numbering"),
+                    ..ServerConfig::default()
+                },
+                model.clone(),
+                OutputFormat::test_model(),
+                vec![engine],
+                Arc::new(ControlSink::new(&addresses).expect("control sink")),
+            )
+            .expect("state")
+        };
+        let proxies = [proxy(1), proxy(0)];
+        let mut opened = Vec::new();
+        for (index, state) in proxies.iter().enumerate() {
+            for _ in 0..2 {
+                let (execution, token) = state.open_execution(None, None).expect("open");
+                let request = Request::post("/v1/messages")
+                    .header("x-api-key", &token)
+                    .header("content-type", "application/json")
+                    .body(Body::from(
+                        serde_json::json!({
+                            "model": "gyre-test",
+                            "max_tokens": 20,
+                            "messages": [{"role": "user", "content": format!("from proxy {index}")}],
+                        })
+                        .to_string(),
+                    ))
+                    .expect("request");
+                let response = router(state.clone())
+                    .oneshot(request)
+                    .await
+                    .expect("infallible");
+                assert_eq!(response.status().as_u16(), 200);
+                opened.push(execution);
+            }
+        }
+        assert_eq!(opened, [1, 3, 2, 4], "odd ids from offset 1, even from offset 0");
+        let mut client = cluster.client.clone();
+        let (last, _) = client
+            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+            .await
+            .expect("append");
+        let last = last[0].index;
+        for node in &cluster.nodes {
+            let mut metrics = node.raft.raft.metrics();
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
+                    metrics.changed().await.expect("metrics");
+                }
+            })
+            .await
+            .expect("every node applies the records");
+            let sizes: Vec<(u64, usize)> = node.raft.state_machine.with_projection(|projection, _| {
+                projection
+                    .state
+                    .trajectories
+                    .trees
+                    .iter()
+                    .map(|(id, tree)| (id.get(), tree.len()))
+                    .collect()
+            });
+            assert_eq!(
+                sizes,
+                [(1, 1), (2, 1), (3, 1), (4, 1)],
+                "node {}: one call in each execution, none refused",
+                node.id
+            );
+        }
+        cluster.shutdown().await;
+    });
+}

@@ -104,6 +104,16 @@ pub struct ProxyArgs {
     /// for replaying captured harness traffic or harnesses with a fixed API key.
     #[arg(long)]
     auto_open: bool,
+    /// Executions this proxy numbers itself (`--open`, `POST /admin/executions` without an
+    /// id, `--auto-open`) get the ids n ≡ `execution_offset` (mod `execution_stride`).
+    /// Proxies recording to one control quorum get one stride and distinct offsets (e.g.
+    /// stride 4, offsets 0..3), so their executions never share an id; executions the
+    /// scheduler opens carry their own ids.
+    #[arg(long, default_value_t = 1)]
+    execution_stride: u64,
+    /// This proxy's residue of `--execution-stride` (below it).
+    #[arg(long, default_value_t = 0)]
+    execution_offset: u64,
     /// Tokens per answer of `--engine deterministic`.
     #[arg(long, default_value_t = 32)]
     answer_tokens: u32,
@@ -150,6 +160,8 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         Format::Chatml => OutputFormat::chatml_plain(),
     };
     let engines = engines(&args, &model, &format)?;
+    let numbering = server::ExecutionNumbering::new(args.execution_stride, args.execution_offset)
+        .map_err(anyhow::Error::msg)?;
     if args.log.is_none() && args.cluster.is_none() {
         bail!("say where records go: --log FILE (a local event file) or --cluster ADDRS (the control quorum)");
     }
@@ -183,6 +195,8 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "auto_open": args.auto_open,
+                "execution_stride": numbering.stride,
+                "execution_offset": numbering.offset,
                 "credentials": credentials_path(&args),
                 "credentials_issued": issued,
             })
@@ -209,6 +223,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
         capture: args.capture.clone(),
         credentials: credentials.clone(),
+        numbering,
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;

@@ -74,6 +74,53 @@ pub struct ServerConfig {
     /// Keep issued credentials (their hashes) here, so executions resume after a restart
     /// (`credentials.rs`). Without it credentials live as long as the process.
     pub credentials: Option<std::path::PathBuf>,
+    /// Which ids this proxy gives the executions it numbers itself.
+    pub numbering: ExecutionNumbering,
+}
+
+/// The ids a proxy gives the executions it numbers itself (opened without an id, or by
+/// `--auto-open`): those `n ≥ 1` with `n ≡ offset (mod stride)`, in order. Proxies that record
+/// to one control quorum are given one stride and distinct offsets, so their executions never
+/// share an id. Executions opened with an explicit id (the scheduler's) are not affected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutionNumbering {
+    pub stride: u64,
+    pub offset: u64,
+}
+
+impl Default for ExecutionNumbering {
+    fn default() -> Self {
+        ExecutionNumbering {
+            stride: 1,
+            offset: 0,
+        }
+    }
+}
+
+impl ExecutionNumbering {
+    /// A numbering, or why not (the error names the field).
+    pub fn new(stride: u64, offset: u64) -> Result<Self, String> {
+        if stride == 0 {
+            return Err("field `execution_stride` must be at least 1".into());
+        }
+        if offset >= stride {
+            return Err(format!(
+                "field `execution_offset` ({offset}) must be below `execution_stride` ({stride})"
+            ));
+        }
+        Ok(ExecutionNumbering { stride, offset })
+    }
+
+    /// The first of this numbering's ids at or after `from`.
+    pub fn first_from(&self, from: u64) -> u64 {
+        let from = from.max(1);
+        let behind = (self.offset + self.stride - from % self.stride) % self.stride;
+        from.saturating_add(behind)
+    }
+
+    pub fn owns(&self, id: u64) -> bool {
+        id >= 1 && id % self.stride == self.offset
+    }
 }
 
 impl Default for ServerConfig {
@@ -87,6 +134,7 @@ impl Default for ServerConfig {
             body_cache_bytes_max: 256 << 20,
             capture: None,
             credentials: None,
+            numbering: ExecutionNumbering::default(),
         }
     }
 }
@@ -310,10 +358,14 @@ impl Recovering<'_> {
         // so the proxy serves as soon as the trees are folded.
         let lost = &self.lost;
         self.sessions.retain(|id, _| !lost.contains_key(id));
+        let after_log = state
+            .config
+            .numbering
+            .first_from(self.max_execution.saturating_add(1));
         let next = state
             .next_execution
-            .fetch_max(self.max_execution + 1, Ordering::Relaxed)
-            .max(self.max_execution + 1);
+            .fetch_max(after_log, Ordering::Relaxed)
+            .max(after_log);
         let mut executions_lost: Vec<(u64, String)> = self
             .lost
             .iter()
@@ -384,7 +436,9 @@ impl AppState {
             }
             None => (None, credentials::IssuedCredentials::default()),
         };
-        let next_execution = issued.max_execution + 1;
+        let next_execution = config
+            .numbering
+            .first_from(issued.max_execution.saturating_add(1));
         Ok(Arc::new(AppState {
             bodies,
             capture,
@@ -465,7 +519,7 @@ impl AppState {
         execution: Option<u64>,
         engine: Option<usize>,
     ) -> Result<(u64, String), String> {
-        let id = execution.unwrap_or_else(|| self.next_execution.fetch_add(1, Ordering::Relaxed));
+        let id = execution.unwrap_or_else(|| self.number_execution());
         let engine = engine.unwrap_or_else(|| {
             let start = self.next_engine.fetch_add(1, Ordering::Relaxed) as usize;
             let start = start % self.engines.len();
@@ -481,6 +535,12 @@ impl AppState {
         }
         self.open_execution_as(id, engine, &token);
         Ok((id, token))
+    }
+
+    /// The next id of this proxy's numbering.
+    fn number_execution(&self) -> u64 {
+        self.next_execution
+            .fetch_add(self.config.numbering.stride, Ordering::Relaxed)
     }
 
     /// Records `token` as opening `id` (auto-open) in the credential file, if there is one.
@@ -792,7 +852,7 @@ fn authenticate(
             ))
         }
         None if app.config.auto_open => {
-            let id = app.next_execution.fetch_add(1, Ordering::Relaxed);
+            let id = app.number_execution();
             let engine =
                 app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
             let handle = app.open_execution_as(id, engine, &token);
@@ -1330,6 +1390,29 @@ pub async fn follow_routes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every stride and offset, from every start: the first owned id at or after the start,
+    /// and nothing owned skipped.
+    #[test]
+    fn execution_numbering_takes_the_first_owned_id() {
+        for stride in 1..7u64 {
+            for offset in 0..stride {
+                let numbering = ExecutionNumbering::new(stride, offset).expect("valid");
+                for from in 0..50u64 {
+                    let first = numbering.first_from(from);
+                    assert!(numbering.owns(first), "{stride} {offset} {from}: {first}");
+                    assert!(first >= from.max(1));
+                    assert!((from.max(1)..first).all(|id| !numbering.owns(id)));
+                }
+            }
+        }
+        assert!(ExecutionNumbering::new(0, 0)
+            .unwrap_err()
+            .contains("`execution_stride`"));
+        assert!(ExecutionNumbering::new(4, 4)
+            .unwrap_err()
+            .contains("field `execution_offset` (4) must be below `execution_stride` (4)"));
+    }
 
     #[test]
     fn kept_bodies_stay_within_their_budget_and_return_it_when_dropped() {
