@@ -645,3 +645,73 @@ fn a_re_sent_call_gets_its_committed_answer_again() {
         assert_eq!(record.parent_call, Some(gyre_event::CallId(0)), "extends the first call");
     });
 }
+
+/// The same through the OpenAI APIs: a re-sent Chat Completions or Responses call gets the
+/// committed answer (same tool-call ids, same reasoning item) and records nothing.
+#[test]
+fn re_sent_openai_calls_get_their_committed_answers_again() {
+    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
+    use serde_json::{json, Value};
+    const LINE: &str = r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "List it."}, {"type": "tool_use", "id": "a", "name": "exec_command", "input": {"cmd": "ls"}}]}"#;
+    runtime().block_on(async {
+        let model = test_model();
+        let script = Script::parse(&format!("{LINE}\n{LINE}\n"), None).expect("script");
+        let engine = ScriptedEngine::new(
+            &script,
+            &model,
+            &OutputFormat::test_model(),
+            ScriptedOptions::default(),
+        )
+        .expect("engine");
+        let sink = Arc::new(MemorySink::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![Arc::new(engine)],
+            sink.clone(),
+        )
+        .expect("state");
+        let tool = json!({"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}});
+        let chat = json!({"model": "m", "max_tokens": 200, "tools": [tool],
+                          "messages": [{"role": "user", "content": "List."}]})
+        .to_string();
+        let responses = json!({"model": "m", "max_output_tokens": 200, "store": false,
+            "include": ["reasoning.encrypted_content"],
+            "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List."}]}]})
+        .to_string();
+        for (path, body, answer) in [
+            ("/v1/chat/completions", chat, "/choices/0/message"),
+            ("/v1/responses", responses, "/output"),
+        ] {
+            let (_, token) = state.open_execution(None, None).expect("open");
+            let (status, first) = post(&state, path, &token, body.clone()).await;
+            assert_eq!(status, 200, "{first}");
+            let (status, again) = post(&state, path, &token, body).await;
+            assert_eq!(status, 200, "{again}");
+            let (first, again): (Value, Value) = (
+                serde_json::from_str(&first).expect("json"),
+                serde_json::from_str(&again).expect("json"),
+            );
+            assert!(
+                first.pointer(answer).is_some_and(|value| value.to_string().contains("exec_command")),
+                "{path}: a tool call in {first}"
+            );
+            // Output items are named after their response (`rs_<response>_0`), which is a new
+            // object; what the harness pairs and echoes (call ids, encrypted reasoning) is equal.
+            let items = |value: &Value| {
+                let mut answer = value.pointer(answer).cloned().expect("answer");
+                if let Value::Array(items) = &mut answer {
+                    for item in items {
+                        item.as_object_mut().map(|item| item.remove("id"));
+                    }
+                }
+                answer
+            };
+            assert_eq!(items(&first), items(&again), "{path}");
+        }
+        assert_eq!(sink.events.lock().expect("sink").len(), 2, "one record per execution");
+        assert_eq!(state.metrics.replayed_count(), 2);
+    });
+}
