@@ -715,3 +715,61 @@ fn re_sent_openai_calls_get_their_committed_answers_again() {
         assert_eq!(state.metrics.replayed_count(), 2);
     });
 }
+
+/// The log refuses a call's record: the harness gets an overloaded error, and its re-send is a
+/// new call sampled anew (never the answer the log does not hold), which commits.
+#[test]
+fn a_re_sent_call_whose_record_failed_to_commit_is_sampled_anew() {
+    /// Fails the first commit, then records in memory.
+    #[derive(Default)]
+    struct FailsOnce {
+        failed: std::sync::atomic::AtomicBool,
+        events: Mutex<Vec<Event>>,
+    }
+    impl RecordSink for FailsOnce {
+        fn commit(
+            &self,
+            event: Event,
+        ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+            if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Box::pin(async { Err("the disk is full".to_string()) });
+            }
+            self.events.lock().expect("sink lock").push(event);
+            Box::pin(async { Ok(()) })
+        }
+
+        fn describe(&self) -> String {
+            "fails once".into()
+        }
+    }
+    runtime().block_on(async {
+        let model = test_model();
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let sink = Arc::new(FailsOnce::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![engine("e", None, end)],
+            sink.clone(),
+        )
+        .expect("state");
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let body = body(0).replace("\"stream\":true", "\"stream\":false");
+        let (status, failed) = post(&state, "/v1/messages", &token, body.clone()).await;
+        assert_eq!(status, 529, "{failed}");
+        assert!(failed.contains("could not be committed"), "{failed}");
+        let (status, answered) = post(&state, "/v1/messages", &token, body).await;
+        assert_eq!(status, 200, "{answered}");
+        assert_eq!(state.metrics.replayed_count(), 0, "nothing replayed");
+        let events = sink.events.lock().expect("sink");
+        assert_eq!(events.len(), 1, "the re-send is recorded");
+        let EventBody::ModelCall(record) = &events[0].body else {
+            panic!("a model call");
+        };
+        assert_eq!(
+            record.parent_call, None,
+            "a sibling of the failed call, not its child"
+        );
+    });
+}

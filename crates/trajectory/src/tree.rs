@@ -318,6 +318,12 @@ impl Tree {
         }))
     }
 
+    /// Whether [`Tree::apply`] would accept `record`, without applying it (a proxy checks a
+    /// record before committing it and applies it once the log holds it).
+    pub fn check_record(&self, record: &ModelCallRecord) -> Result<(), TrajectoryError> {
+        self.check(record).map(|_| ())
+    }
+
     /// Every check `apply` makes; returns the prefix parent the record's node hangs from.
     fn check(&self, record: &ModelCallRecord) -> Result<Option<NodeId>, TrajectoryError> {
         let call = record.call;

@@ -195,8 +195,8 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "auto_open": args.auto_open,
-                "execution_stride": numbering.stride,
-                "execution_offset": numbering.offset,
+                "execution_stride": numbering.stride(),
+                "execution_offset": numbering.offset(),
                 "credentials": credentials_path(&args),
                 "credentials_issued": issued,
             })

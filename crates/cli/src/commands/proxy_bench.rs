@@ -616,7 +616,8 @@ fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
             output_text: answer.to_string(),
             ..Sampled::default()
         };
-        session.finish_call(prepared, sampled)?;
+        let record = session.finish_call(prepared, sampled)?;
+        session.record_committed(&record);
         request
             .messages
             .push(Message::new(Role::Assistant, "ok".to_string()));

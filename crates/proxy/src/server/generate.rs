@@ -150,11 +150,14 @@ struct Answer<'m> {
 }
 
 impl<'m> Answer<'m> {
+    /// `prompt_tokens`: the call's prompt length (tool-call ids and reasoning handles are
+    /// derived from it).
     fn new(
         app: &AppState,
         model: &'m crate::ChatModel,
         execution: &ExecutionHandle,
         prepared: &Prepared,
+        prompt_tokens: usize,
     ) -> Self {
         Answer {
             text_stream: model.text_stream(),
@@ -165,7 +168,7 @@ impl<'m> Answer<'m> {
             output_ids: OutputIds::new(
                 execution.lock().execution,
                 &prepared.agent,
-                prepared.context_ids.len() as u64,
+                prompt_tokens as u64,
             ),
         }
     }
@@ -235,15 +238,17 @@ impl<'m> Answer<'m> {
     }
 }
 
-/// The builder for a call, its opening frames already produced.
+/// The builder for a call of `prompt_tokens` prompt tokens, its opening frames already
+/// produced.
 fn builder_for(
     request: &ChatRequest,
     prepared: &Prepared,
+    prompt_tokens: usize,
     requested_at: gyre_event::Timestamp,
 ) -> (Builder, Vec<SseEvent>) {
     let api = request.api;
     let usage_start = Usage {
-        input_tokens: prepared.context_ids.len() as u64,
+        input_tokens: prompt_tokens as u64,
         cached_input_tokens: prepared.tree_reused,
         output_tokens: 0,
         reasoning_tokens: 0,
@@ -277,22 +282,18 @@ pub async fn run(
         out,
         streaming: request.stream,
     };
-    let (mut builder, start) = builder_for(&request, &prepared, requested_at);
+    let prompt_tokens = prepared.context_ids.len();
+    let (mut builder, start) = builder_for(&request, &prepared, prompt_tokens, requested_at);
     if !outlet.frames(start).await {
         return;
     }
     let model = app.model.clone();
-    let mut answer = Answer::new(&app, &model, &execution, &prepared);
+    let mut answer = Answer::new(&app, &model, &execution, &prepared, prompt_tokens);
     let mut sampled = Sampled {
         requested_at,
         ..Sampled::default()
     };
-    let max_new = request
-        .sampling
-        .max_tokens
-        .unwrap_or(app.config.max_new_tokens)
-        .min(app.config.max_new_tokens)
-        .max(1);
+    let max_new = max_new_tokens(&app, &request);
     let mut engine_index = execution.lock().engine;
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
@@ -421,14 +422,15 @@ pub async fn run(
                 EventDuration(started.elapsed().as_nanos() as u64),
             );
             let committed = match aborted {
-                Ok(record) => app
-                    .sink
-                    .commit(Event::new(
-                        wall_clock(),
-                        EventBody::ModelCall(Box::new(record)),
-                    ))
-                    .await
-                    .map_err(|error| error.to_string()),
+                Ok(record) => {
+                    let event =
+                        Event::new(wall_clock(), EventBody::ModelCall(Box::new(record.clone())));
+                    let result = app.sink.commit(event).await;
+                    if result.is_ok() {
+                        execution.lock().record_committed(&record);
+                    }
+                    result.map_err(|error| error.to_string())
+                }
                 Err(error) => Err(error.to_string()),
             };
             if let Err(error) = committed {
@@ -490,7 +492,7 @@ pub async fn run(
         .sink
         .commit(Event::new(
             wall_clock(),
-            EventBody::ModelCall(Box::new(record)),
+            EventBody::ModelCall(Box::new(record.clone())),
         ))
         .await;
     app.metrics
@@ -501,9 +503,22 @@ pub async fn run(
         outlet.failed(api, ApiErrorKind::Overloaded, message).await;
         return;
     }
+    // The session's tree takes the record now that the log holds it; from now on a re-send
+    // of this prompt is answered from it.
+    execution.lock().record_committed(&record);
     app.metrics
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
     outlet.end(&mut builder, &stop, &usage).await;
+}
+
+/// The new-token limit of a call: the request's, capped by the proxy's.
+fn max_new_tokens(app: &AppState, request: &ChatRequest) -> u32 {
+    request
+        .sampling
+        .max_tokens
+        .unwrap_or(app.config.max_new_tokens)
+        .min(app.config.max_new_tokens)
+        .max(1)
 }
 
 /// Answers a re-sent call with its committed answer (see `Prepared::replay`): the recorded
@@ -523,12 +538,12 @@ async fn run_replay(
         out,
         streaming: request.stream,
     };
-    let (mut builder, start) = builder_for(&request, &prepared, wall_clock());
+    let (mut builder, start) = builder_for(&request, &prepared, replay.prompt_tokens, wall_clock());
     if !outlet.frames(start).await {
         return;
     }
     let model = app.model.clone();
-    let mut answer = Answer::new(&app, &model, &execution, &prepared);
+    let mut answer = Answer::new(&app, &model, &execution, &prepared, replay.prompt_tokens);
     let output = &replay.output_ids;
     for at in 0..output.len() {
         match answer.token(
@@ -557,11 +572,13 @@ async fn run_replay(
         app.metrics.harness_gone();
         return;
     }
-    // The engine's stop token ends a finished turn; an output without one was cut at the
-    // token limit.
-    let finish = if output
-        .last()
-        .is_some_and(|id| app.stop_token_ids.contains(id))
+    // The same request has the same token limit: an output that ends in a stop token or stops
+    // short of the limit ended its turn; one that reached the limit without a stop token was
+    // cut there.
+    let finish = if output.len() < max_new_tokens(&app, &request) as usize
+        || output
+            .last()
+            .is_some_and(|id| app.stop_token_ids.contains(id))
     {
         EngineFinish::EndOfTurn
     } else {
@@ -569,7 +586,7 @@ async fn run_replay(
     };
     let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
     let usage = Usage {
-        input_tokens: prepared.context_ids.len() as u64,
+        input_tokens: replay.prompt_tokens as u64,
         cached_input_tokens: prepared.tree_reused,
         output_tokens: output.len() as u64,
         reasoning_tokens: answer.reasoning_tokens,

@@ -84,8 +84,8 @@ pub struct ServerConfig {
 /// share an id. Executions opened with an explicit id (the scheduler's) are not affected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExecutionNumbering {
-    pub stride: u64,
-    pub offset: u64,
+    stride: u64,
+    offset: u64,
 }
 
 impl Default for ExecutionNumbering {
@@ -111,11 +111,24 @@ impl ExecutionNumbering {
         Ok(ExecutionNumbering { stride, offset })
     }
 
-    /// The first of this numbering's ids at or after `from`.
+    pub fn stride(&self) -> u64 {
+        self.stride
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The first of this numbering's ids at or after `from` (`u64::MAX` past the last one).
     pub fn first_from(&self, from: u64) -> u64 {
         let from = from.max(1);
-        let behind = (self.offset + self.stride - from % self.stride) % self.stride;
-        from.saturating_add(behind)
+        let at = from % self.stride;
+        let ahead = if at <= self.offset {
+            self.offset - at
+        } else {
+            self.stride - (at - self.offset)
+        };
+        from.checked_add(ahead).unwrap_or(u64::MAX)
     }
 
     pub fn owns(&self, id: u64) -> bool {
@@ -519,7 +532,10 @@ impl AppState {
         execution: Option<u64>,
         engine: Option<usize>,
     ) -> Result<(u64, String), String> {
-        let id = execution.unwrap_or_else(|| self.number_execution());
+        let id = match execution {
+            Some(id) => id,
+            None => self.number_execution()?,
+        };
         let engine = engine.unwrap_or_else(|| {
             let start = self.next_engine.fetch_add(1, Ordering::Relaxed) as usize;
             let start = start % self.engines.len();
@@ -538,9 +554,13 @@ impl AppState {
     }
 
     /// The next id of this proxy's numbering.
-    fn number_execution(&self) -> u64 {
+    fn number_execution(&self) -> Result<u64, String> {
+        let stride = self.config.numbering.stride;
         self.next_execution
-            .fetch_add(self.config.numbering.stride, Ordering::Relaxed)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                next.checked_add(stride)
+            })
+            .map_err(|_| "this proxy has numbered every execution id it owns".to_string())
     }
 
     /// Records `token` as opening `id` (auto-open) in the credential file, if there is one.
@@ -852,7 +872,9 @@ fn authenticate(
             ))
         }
         None if app.config.auto_open => {
-            let id = app.number_execution();
+            let id = app
+                .number_execution()
+                .map_err(|message| ApiError::new(api, ApiErrorKind::Overloaded, message))?;
             let engine =
                 app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
             let handle = app.open_execution_as(id, engine, &token);
@@ -1406,6 +1428,12 @@ mod tests {
                 }
             }
         }
+        // Near the end of the id space: no overflow, and nothing past the last id.
+        let wide = ExecutionNumbering::new(u64::MAX, u64::MAX - 1).expect("valid");
+        assert_eq!(wide.first_from(1), u64::MAX - 1);
+        let half = ExecutionNumbering::new((1 << 63) + 5, 3).expect("valid");
+        assert_eq!(half.first_from(4), (1 << 63) + 8);
+        assert_eq!(half.first_from(u64::MAX), u64::MAX);
         assert!(ExecutionNumbering::new(0, 0)
             .unwrap_err()
             .contains("`execution_stride`"));

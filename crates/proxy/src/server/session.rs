@@ -60,6 +60,11 @@ struct AgentContext {
     provenance: Vec<Provenance>,
     /// Token index where the last call's sampled output starts (`ids.len()` if none).
     output_start: usize,
+    /// Bytes of `text` that are the last call's prompt (the rest is its output).
+    prompt_len: usize,
+    /// The last call's record is in the log (the sink confirmed it, or the context was rebuilt
+    /// from the log): only then is a re-send of its prompt answered from it.
+    committed: bool,
 }
 
 /// The token buffers of an agent context, handed from one call to the next.
@@ -76,6 +81,8 @@ impl AgentContext {
     fn take_buffers(&mut self) -> ContextBuffers {
         self.text = String::new();
         self.output_start = 0;
+        self.prompt_len = 0;
+        self.committed = false;
         ContextBuffers {
             ids: std::mem::take(&mut self.ids),
             ids_json: std::mem::take(&mut self.ids_json),
@@ -120,6 +127,8 @@ pub struct Prepared {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replay {
     pub call: CallId,
+    /// Tokens of the call's prompt (for usage and the ids derived from the prompt length).
+    pub prompt_tokens: usize,
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
     pub engine: EngineId,
@@ -346,7 +355,7 @@ impl Session {
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
         if let Some(replay) = self.committed_answer(previous, &text, matched) {
-            let prompt = previous.output_start;
+            // Nothing is sent to an engine: no prompt ids are copied.
             let node = self
                 .tree
                 .node_of_call(replay.call)
@@ -355,11 +364,11 @@ impl Session {
                 kind: node.map_or(CallKind::Turn, |node| node.kind),
                 spawned_by: node.and_then(|node| node.spawned_by),
                 tree_reused: node.map_or(0, |node| node.start),
-                context_ids: Arc::new(previous.ids[..prompt].to_vec()),
-                context_json: Arc::new(IdsJson::of(&previous.ids[..prompt])),
+                context_ids: Arc::default(),
+                context_json: Arc::default(),
                 ends: Vec::new(),
                 provenance: Vec::new(),
-                reused_by_text: prompt,
+                reused_by_text: replay.prompt_tokens,
                 encoded: 0,
                 parent_call: None,
                 agent,
@@ -483,8 +492,9 @@ impl Session {
         })
     }
 
-    /// The agent's last call, when `text` (the rendered request, sharing `matched` bytes with
-    /// the agent's last context) is exactly that call's prompt and no call has extended it.
+    /// The agent's last call, when its record is in the log, `text` (the rendered request,
+    /// sharing `matched` bytes with the agent's last context) is exactly that call's prompt and
+    /// no call has extended it.
     fn committed_answer(
         &self,
         previous: &AgentContext,
@@ -493,11 +503,10 @@ impl Session {
     ) -> Option<Replay> {
         let call = previous.call?;
         let prompt = previous.output_start;
-        if prompt == 0 || prompt >= previous.ids.len() {
+        if !previous.committed || prompt == 0 || prompt >= previous.ids.len() {
             return None;
         }
-        let prompt_bytes = previous.ends[prompt - 1] as usize;
-        if text.len() != prompt_bytes || matched < prompt_bytes {
+        if text.len() != previous.prompt_len || matched < previous.prompt_len {
             return None;
         }
         let node = self.tree.node(self.tree.node_of_call(call)?);
@@ -509,6 +518,7 @@ impl Session {
         }
         Some(Replay {
             call,
+            prompt_tokens: prompt,
             output_ids: node.output_ids.clone(),
             output_logprobs: node.output_logprobs.clone(),
             engine: node.engine,
@@ -516,9 +526,10 @@ impl Session {
         })
     }
 
-    /// The record of a finished call; applies it to the session's tree and makes it the agent's
-    /// last context. The caller commits the record to the log (and must not answer the harness
-    /// before that succeeds).
+    /// The record of a finished call, checked against the session's tree (which takes it once
+    /// the log holds it: [`Session::record_committed`]); it becomes the agent's last context.
+    /// The caller commits the record to the log (and must not answer the harness before that
+    /// succeeds).
     pub fn finish_call(
         &mut self,
         prepared: Prepared,
@@ -557,10 +568,12 @@ impl Session {
                 message: "the engine returned no tokens".into(),
             });
         }
-        self.commit_to_tree(&record, "record")?;
+        self.spend_call_id(&record, "record")?;
         let mut context = AgentContext {
             call: Some(call),
             output_start: prepared.context_ids.len(),
+            prompt_len: prepared.text.len(),
+            committed: false,
             text: prepared.text,
             ids: Arc::try_unwrap(prepared.context_ids).unwrap_or_else(|shared| (*shared).clone()),
             ids_json: Arc::try_unwrap(prepared.context_json)
@@ -583,11 +596,29 @@ impl Session {
         Ok(record)
     }
 
+    /// The sink confirmed that `record` is in the log: the session's tree takes it (so later
+    /// calls may extend it), and a re-send of its prompt is answered from it from now on. A
+    /// record whose commit failed is never applied: the tree stays the log's, and the
+    /// harness's re-send is sampled anew.
+    pub fn record_committed(&mut self, record: &ModelCallRecord) {
+        if let Err(error) = self.tree.apply(record) {
+            // Checked before the commit; only a limit reached by a concurrent call of the same
+            // execution can refuse it now. The log holds it; later calls cannot extend it.
+            tracing::warn!(call = %record.call, %error, "a committed record does not fit the proxy's tree");
+            return;
+        }
+        if let Some(context) = self.agents.get_mut(&record.agent) {
+            if context.call == Some(record.call) {
+                context.committed = true;
+            }
+        }
+    }
+
     /// The audit record of an attempt an engine abandoned mid-answer: its input is the prompt
     /// plus what earlier attempts of the same call produced (`earlier`), its output the tokens
     /// this attempt streamed before it was cut. `CallKind::Aborted`: no role class admits it,
-    /// so it is never trained on. Applied to the session's tree as a sibling branch of the
-    /// call that continues the answer; the agent's context is untouched.
+    /// so it is never trained on. Once committed ([`Session::record_committed`]) it is a sibling
+    /// branch of the call that continues the answer; the agent's context is untouched.
     #[allow(clippy::too_many_arguments)]
     pub fn record_aborted(
         &mut self,
@@ -623,14 +654,14 @@ impl Session {
             first_token_after: Duration(0),
             completed_after,
         };
-        self.commit_to_tree(&record, "aborted attempt")?;
+        self.spend_call_id(&record, "aborted attempt")?;
         Ok(record)
     }
 
-    /// Applies a record to the session's tree and spends its call id.
-    fn commit_to_tree(&mut self, record: &ModelCallRecord, what: &str) -> Result<(), ProxyError> {
+    /// Checks a record against the session's tree and spends its call id.
+    fn spend_call_id(&mut self, record: &ModelCallRecord, what: &str) -> Result<(), ProxyError> {
         self.tree
-            .apply(record)
+            .check_record(record)
             .map_err(|error| ProxyError::Engine {
                 message: format!("{what} does not fit the execution's tree: {error}"),
             })?;
@@ -763,6 +794,10 @@ impl Session {
             }
             let node = self.tree.node(id);
             let output_start = ids.len() - node.output_ids.len();
+            let prompt_len = match output_start {
+                0 => 0,
+                start => ends[start - 1] as usize,
+            };
             self.agents.insert(
                 agent,
                 AgentContext {
@@ -773,6 +808,9 @@ impl Session {
                     ends,
                     provenance,
                     output_start,
+                    prompt_len,
+                    // Rebuilt from the log: every record here is committed.
+                    committed: true,
                 },
             );
         }

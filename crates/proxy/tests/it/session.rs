@@ -56,6 +56,20 @@ enum Turn {
     ToolsReordered,
     /// The harness stops sending tools (the template without tools renders).
     NoTools,
+    /// The harness never got the last answer of this agent and sends its request again.
+    Resend,
+    /// The call is answered but its record is not committed (the sink failed): the harness
+    /// gets an error and will send the same request again.
+    CommitFails,
+}
+
+/// An agent's last finished call, as the test tracks it.
+#[derive(Clone)]
+struct LastCall {
+    prompt: String,
+    answer: String,
+    output_ids: Vec<u32>,
+    committed: bool,
 }
 
 /// One step: which agent (0 main, 1 a sub-agent), how long its new user message is, and what
@@ -71,6 +85,8 @@ fn step() -> impl Strategy<Value = (usize, usize, Turn)> {
             1 => Just(Turn::Rewind),
             1 => Just(Turn::ToolsReordered),
             1 => Just(Turn::NoTools),
+            2 => Just(Turn::Resend),
+            1 => Just(Turn::CommitFails),
         ],
     )
 }
@@ -85,7 +101,11 @@ proptest! {
         let model = model();
         let mut session = Session::new(ExecutionId(7), &model, 0);
         let agents = ["main", "explorer"];
-        let mut last_answers: [Option<(String, Vec<u32>)>; 2] = [None, None];
+        // Each agent's last finished call while its context is intact (a call that fails after
+        // `prepare` empties it).
+        let mut last: [Option<LastCall>; 2] = [None, None];
+        // The agent whose last call got an error: its next step sends the same request.
+        let mut owed: [bool; 2] = [false, false];
         let mut histories: Vec<ChatRequest> = agents
             .iter()
             .map(|name| {
@@ -96,9 +116,17 @@ proptest! {
             .collect();
         for (call, (agent, size, turn)) in steps.into_iter().enumerate() {
             let request = &mut histories[agent];
-            if matches!(turn, Turn::Rewind) && request.messages.len() >= 3 {
+            let resend = owed[agent] || (matches!(turn, Turn::Resend) && last[agent].is_some());
+            if resend {
+                // The same request again: without the answer the harness never received.
+                if !owed[agent] {
+                    request.messages.pop();
+                }
+                owed[agent] = false;
+            } else if matches!(turn, Turn::Rewind) && request.messages.len() >= 3 {
                 request.messages.truncate(request.messages.len() - 2);
             }
+            if !resend {
             let a = r#""a":{"type":"string"}"#;
             let b = r#""b":{"type":"number","minimum":0}"#;
             let (first, second) = if matches!(turn, Turn::ToolsReordered) { (b, a) } else { (a, b) };
@@ -113,6 +141,7 @@ proptest! {
             };
             let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
             request.messages.push(Message::new(Role::User, words));
+            }
             let prepared = session
                 .prepare(&model, request, Some(agents[agent]), reference_now())
                 .expect("prepares");
@@ -126,6 +155,19 @@ proptest! {
                 })
                 .expect("renders");
             prop_assert_eq!(&prepared.text, &text);
+            // A re-send is answered from the record exactly when the agent's last call is
+            // committed and this is its prompt again.
+            let expected = last[agent]
+                .as_ref()
+                .filter(|call| call.committed && call.prompt == text);
+            prop_assert_eq!(prepared.replay.is_some(), expected.is_some(), "{:?}", turn);
+            if let (Some(replay), Some(expected)) = (&prepared.replay, expected) {
+                prop_assert_eq!(&replay.output_ids, &expected.output_ids);
+                prop_assert_eq!(prepared.encoded, 0);
+                prop_assert!(session.finish_call(prepared, sampled(&model, "x")).is_err());
+                request.messages.push(Message::new(Role::Assistant, expected.answer.clone()));
+                continue;
+            }
             prop_assert_eq!(&*prepared.context_ids, &model.encode(&text).expect("encodes"));
             let mut json = Vec::new();
             prepared.context_json.write_array(&mut json);
@@ -133,25 +175,31 @@ proptest! {
                 String::from_utf8(json).expect("ascii"),
                 serde_json::to_string(&*prepared.context_ids).expect("serialises")
             );
-            if let Some(replay) = &prepared.replay {
-                // The history is exactly the agent's last prompt again (a rewind that re-asks
-                // the same question): the committed answer is sent again, nothing is recorded.
-                let (answer, ids) = last_answers[agent].clone().expect("a previous answer");
-                prop_assert_eq!(&replay.output_ids, &ids);
-                prop_assert_eq!(prepared.encoded, 0);
-                request.messages.push(Message::new(Role::Assistant, answer));
-                continue;
-            }
             if matches!(turn, Turn::Fails) {
                 // The engine failed: the prepared prompt is dropped, the harness retries later
                 // with the same history.
                 request.messages.pop();
                 drop(prepared);
+                last[agent] = None;
                 continue;
             }
             let answer = format!("answer {call}");
             let record = session.finish_call(prepared, sampled(&model, &answer)).expect("finishes");
-            last_answers[agent] = Some((answer.clone(), record.output_ids));
+            let committed = !matches!(turn, Turn::CommitFails);
+            if committed {
+                session.record_committed(&record);
+            }
+            last[agent] = Some(LastCall {
+                prompt: text,
+                answer: answer.clone(),
+                output_ids: record.output_ids,
+                committed,
+            });
+            if !committed {
+                // The harness got an error: its next call of this agent is the same request.
+                owed[agent] = true;
+                continue;
+            }
             let re_sent = match turn {
                 Turn::Rewritten => format!("a rewritten answer {call}"),
                 _ => answer,
@@ -174,9 +222,10 @@ fn a_growing_conversation_encodes_only_its_new_tokens() {
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
     let first_len = first.context_ids.len();
-    session
+    let record = session
         .finish_call(first, sampled(&model, "first answer"))
         .expect("finishes");
+    session.record_committed(&record);
     request
         .messages
         .push(Message::new(Role::Assistant, "first answer"));
@@ -252,7 +301,9 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
             let call_id = ids.next_tool_call(Api::Anthropic, upto("</tool_call>"));
             live.remember_reasoning(&handle, &reasoning);
             live.remember_tool_call(&call_id, arguments);
-            records.push(live.finish_call(prepared, sampled).expect("finishes"));
+            let record = live.finish_call(prepared, sampled).expect("finishes");
+            live.record_committed(&record);
+            records.push(record);
             // The harness re-sends the output with the arguments re-serialised.
             let mut message = Message::new(Role::Assistant, "");
             message.reasoning.push(Reasoning {
@@ -329,6 +380,22 @@ fn a_re_sent_call_replays_its_committed_answer() {
     let record = session
         .finish_call(first, sampled(&model, "the answer"))
         .expect("finishes");
+    // Not before the sink confirms the record: until then a re-send is a new call.
+    let mut unconfirmed = Session::new(ExecutionId(13), &model, 0);
+    let call = unconfirmed
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    unconfirmed
+        .finish_call(call, sampled(&model, "the answer"))
+        .expect("finishes");
+    let resent = unconfirmed
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(
+        resent.replay.is_none(),
+        "an uncommitted answer is never replayed"
+    );
+    session.record_committed(&record);
     let again = session
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
@@ -337,7 +404,8 @@ fn a_re_sent_call_replays_its_committed_answer() {
     assert_eq!(replay.output_ids, record.output_ids);
     assert_eq!(replay.output_logprobs, record.output_logprobs);
     assert_eq!(
-        again.context_ids, prompt,
+        replay.prompt_tokens,
+        prompt.len(),
         "usage and ids are of the same prompt"
     );
     assert_eq!(again.encoded, 0);
