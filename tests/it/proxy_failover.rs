@@ -551,81 +551,168 @@ fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
     });
 }
 
-/// A harness that re-sends a call whose answer it never received (the proxy was killed, or the
-/// connection dropped, after the record was committed; the proxy cannot tell that from a
-/// delivered answer) gets the committed answer again: the same thinking handle, text and
-/// tool-call ids, streamed or not, and nothing new in the log. The engine is not asked, so the
-/// next script line answers the next real turn, which extends the first call.
+/// A sink that can hold a commit open: the record is written, then the commit waits until the
+/// test releases it (a harness can go away meanwhile, after its record reached the log).
+#[derive(Default)]
+struct GatedSink {
+    memory: MemorySink,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    hold: std::sync::atomic::AtomicBool,
+    arrived: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl RecordSink for GatedSink {
+    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        self.memory.events.lock().expect("sink lock").push(event);
+        let held = self.gate.hold.load(std::sync::atomic::Ordering::SeqCst);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            if held {
+                gate.arrived.notify_one();
+                gate.release.notified().await;
+            }
+            Ok(())
+        })
+    }
+
+    fn describe(&self) -> String {
+        "gated memory".into()
+    }
+}
+
+impl GatedSink {
+    fn records(&self) -> usize {
+        self.memory.events.lock().expect("sink lock").len()
+    }
+}
+
+/// A proxy over a scripted engine recording to a gated sink.
+fn gated_scripted_state(script: &str) -> (Arc<AppState>, Arc<GatedSink>) {
+    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
+    let model = test_model();
+    let script = Script::parse(script, None).expect("script");
+    let engine = ScriptedEngine::new(
+        &script,
+        &model,
+        &OutputFormat::test_model(),
+        ScriptedOptions::default(),
+    )
+    .expect("engine");
+    let sink = Arc::new(GatedSink::default());
+    let state = AppState::new(
+        ServerConfig::default(),
+        model,
+        OutputFormat::test_model(),
+        vec![Arc::new(engine)],
+        sink.clone(),
+    )
+    .expect("state");
+    (state, sink)
+}
+
+/// Sends a call and goes away while its record is being committed: the record reaches the log,
+/// the answer never reaches the harness.
+async fn call_then_vanish(
+    state: &Arc<AppState>,
+    sink: &Arc<GatedSink>,
+    path: &'static str,
+    token: &str,
+    body: String,
+) {
+    let recorded = state.metrics.recorded_count();
+    sink.gate
+        .hold
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let call = tokio::spawn({
+        let (state, token) = (state.clone(), token.to_string());
+        async move { post(&state, path, &token, body).await }
+    });
+    sink.gate.arrived.notified().await;
+    call.abort();
+    assert!(
+        call.await.is_err(),
+        "the harness went away before the answer ended"
+    );
+    sink.gate
+        .hold
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    sink.gate.release.notify_one();
+    // The call finishes without its harness: committed, taken by the session, never delivered.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while state.metrics.recorded_count() == recorded {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never finished"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A script line: thinking, text and two parallel tool calls.
+const TWO_TOOLS: &str = r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "Two listings at once."}, {"type": "text", "text": "Looking."}, {"type": "tool_use", "id": "a", "name": "Bash", "input": {"command": "ls /a"}}, {"type": "tool_use", "id": "b", "name": "Bash", "input": {"command": "ls /b"}}]}"#;
+/// A script line: the final text.
+const BOTH_EMPTY: &str =
+    r#"{"agent": "main", "blocks": [{"type": "text", "text": "Both are empty."}]}"#;
+
+fn messages_body(messages: &[serde_json::Value], stream: bool) -> String {
+    serde_json::json!({"model": "gyre-test", "max_tokens": 400, "stream": stream,
+                       "system": "You are a test agent.", "messages": messages})
+    .to_string()
+}
+
+/// A harness that re-sends a call whose answer it never received (it went away, or the proxy
+/// was killed, after the record was committed) gets the committed answer, streamed or not:
+/// thinking, text and both tool calls, and nothing new in the log. The engine is not asked, so
+/// the next script line answers the next real turn, which extends the first call with the whole
+/// replayed answer reused.
 #[test]
 fn a_re_sent_call_gets_its_committed_answer_again() {
-    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
     use serde_json::{json, Value};
-    const SCRIPT: &str = concat!(
-        r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "Two listings at once."}, {"type": "text", "text": "Looking."}, {"type": "tool_use", "id": "a", "name": "Bash", "input": {"command": "ls /a"}}, {"type": "tool_use", "id": "b", "name": "Bash", "input": {"command": "ls /b"}}]}"#,
-        "\n",
-        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Both are empty."}]}"#,
-        "\n",
-    );
+    let script = format!("{TWO_TOOLS}\n{TWO_TOOLS}\n{BOTH_EMPTY}\n");
     runtime().block_on(async {
-        let model = test_model();
-        let script = Script::parse(SCRIPT, None).expect("script");
-        let engine = ScriptedEngine::new(
-            &script,
-            &model,
-            &OutputFormat::test_model(),
-            ScriptedOptions::default(),
-        )
-        .expect("engine");
-        let sink = Arc::new(MemorySink::default());
-        let state = AppState::new(
-            ServerConfig::default(),
-            model,
-            OutputFormat::test_model(),
-            vec![Arc::new(engine)],
-            sink.clone(),
-        )
-        .expect("state");
+        let (state, sink) = gated_scripted_state(&script);
+        let messages = vec![json!({"role": "user", "content": "List /a and /b."})];
+        // Streamed: the re-send streams the same blocks to the end.
+        let (_, streaming) = state.open_execution(None, None).expect("open");
+        call_then_vanish(&state, &sink, "/v1/messages", &streaming, messages_body(&messages, true))
+            .await;
+        let (status, streamed) =
+            post(&state, "/v1/messages", &streaming, messages_body(&messages, true)).await;
+        assert_eq!(status, 200, "{streamed}");
+        assert!(
+            streamed.trim_end().ends_with("data: {\"type\":\"message_stop\"}"),
+            "{streamed}"
+        );
+        assert_eq!(streamed.matches("\"type\":\"tool_use\"").count(), 2, "{streamed}");
+        assert!(streamed.contains("\"type\":\"thinking\""), "{streamed}");
+        // Not streamed (Claude Code's fallback after a broken stream).
         let (_, token) = state.open_execution(None, None).expect("open");
-        let mut messages = vec![json!({"role": "user", "content": "List /a and /b."})];
-        let request = |messages: &[Value], stream: bool| {
-            json!({"model": "gyre-test", "max_tokens": 400, "stream": stream,
-                   "system": "You are a test agent.", "messages": messages})
-            .to_string()
-        };
-        let (status, first) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
-        assert_eq!(status, 200, "{first}");
-        let first: Value = serde_json::from_str(&first).expect("json");
-        let kinds: Vec<&str> = first["content"]
+        call_then_vanish(&state, &sink, "/v1/messages", &token, messages_body(&messages, false))
+            .await;
+        assert_eq!(sink.records(), 2);
+        let (status, answer) =
+            post(&state, "/v1/messages", &token, messages_body(&messages, false)).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("json");
+        let kinds: Vec<&str> = answer["content"]
             .as_array()
             .expect("content")
             .iter()
             .map(|block| block["type"].as_str().expect("type"))
             .collect();
-        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"], "{first}");
-        // The same body again, then once more as a stream (Claude Code's fallback direction
-        // differs, the history is the same).
-        let (status, again) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
-        assert_eq!(status, 200, "{again}");
-        let again: Value = serde_json::from_str(&again).expect("json");
-        assert_eq!(again["content"], first["content"], "the committed answer, ids included");
-        assert_eq!(again["stop_reason"], "tool_use");
-        assert_eq!(again["usage"]["output_tokens"], first["usage"]["output_tokens"]);
-        let (status, streamed) = post(&state, "/v1/messages", &token, request(&messages, true)).await;
-        assert_eq!(status, 200, "{streamed}");
-        for block in first["content"].as_array().expect("content") {
-            if let Some(id) = block["id"].as_str().or(block["signature"].as_str()) {
-                assert!(streamed.contains(id), "{id} in {streamed}");
-            }
-        }
-        assert!(
-            streamed.trim_end().ends_with("data: {\"type\":\"message_stop\"}"),
-            "{streamed}"
-        );
-        assert_eq!(sink.events.lock().expect("sink").len(), 1, "one record for one answer");
+        assert_eq!(kinds, ["thinking", "text", "tool_use", "tool_use"], "{answer}");
+        assert_eq!(answer["stop_reason"], "tool_use");
+        assert_eq!(sink.records(), 2, "one record per answer");
         assert_eq!(state.metrics.replayed_count(), 2);
-        // The next turn: the harness sends the answer back with both results.
-        messages.push(json!({"role": "assistant", "content": first["content"].clone()}));
-        let results: Vec<Value> = first["content"]
+        // The harness goes on, sending the answer back with both results.
+        let mut messages = messages;
+        messages.push(json!({"role": "assistant", "content": answer["content"].clone()}));
+        let results: Vec<Value> = answer["content"]
             .as_array()
             .expect("content")
             .iter()
@@ -633,45 +720,71 @@ fn a_re_sent_call_gets_its_committed_answer_again() {
             .map(|block| json!({"type": "tool_result", "tool_use_id": block["id"], "content": "(empty)"}))
             .collect();
         messages.push(json!({"role": "user", "content": results}));
-        let (status, next) = post(&state, "/v1/messages", &token, request(&messages, false)).await;
+        let (status, next) =
+            post(&state, "/v1/messages", &token, messages_body(&messages, false)).await;
         assert_eq!(status, 200, "{next}");
         let next: Value = serde_json::from_str(&next).expect("json");
         assert_eq!(next["content"][0]["text"], "Both are empty.", "the script's next line");
-        let events = sink.events.lock().expect("sink");
-        assert_eq!(events.len(), 2);
-        let EventBody::ModelCall(record) = &events[1].body else {
-            panic!("a model call");
+        let events = sink.memory.events.lock().expect("sink");
+        assert_eq!(events.len(), 3);
+        let (EventBody::ModelCall(first), EventBody::ModelCall(record)) =
+            (&events[1].body, &events[2].body)
+        else {
+            panic!("model calls");
         };
-        assert_eq!(record.parent_call, Some(gyre_event::CallId(0)), "extends the first call");
+        assert_eq!(record.execution, first.execution);
+        assert_eq!(record.parent_call, Some(first.call), "extends the first call");
+        assert_eq!(
+            record.reused_prefix_tokens_count,
+            (first.input_ids.len() + first.output_ids.len()) as u64,
+            "the replayed answer came back as the recorded tokens"
+        );
     });
 }
 
-/// The same through the OpenAI APIs: a re-sent Chat Completions or Responses call gets the
-/// committed answer (same tool-call ids, same reasoning item) and records nothing.
+/// An answer the harness received whole: the same question again is asked on purpose and is
+/// sampled anew (a second record), not replayed.
+#[test]
+fn the_same_question_after_a_delivered_answer_is_sampled_anew() {
+    use serde_json::json;
+    runtime().block_on(async {
+        let (state, sink) = gated_scripted_state(&format!("{TWO_TOOLS}\n{BOTH_EMPTY}\n"));
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let messages = vec![json!({"role": "user", "content": "List /a and /b."})];
+        let (status, first) = post(
+            &state,
+            "/v1/messages",
+            &token,
+            messages_body(&messages, false),
+        )
+        .await;
+        assert_eq!(status, 200, "{first}");
+        let (status, again) = post(
+            &state,
+            "/v1/messages",
+            &token,
+            messages_body(&messages, false),
+        )
+        .await;
+        assert_eq!(status, 200, "{again}");
+        assert!(
+            again.contains("Both are empty."),
+            "the script's next line: {again}"
+        );
+        assert_eq!(state.metrics.replayed_count(), 0);
+        assert_eq!(sink.records(), 2);
+    });
+}
+
+/// The same through the OpenAI APIs: a re-sent Chat Completions or Responses call whose answer
+/// never reached the harness gets the committed answer (its tool call, and for Responses its
+/// encrypted reasoning) and records nothing.
 #[test]
 fn re_sent_openai_calls_get_their_committed_answers_again() {
-    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
     use serde_json::{json, Value};
     const LINE: &str = r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "List it."}, {"type": "tool_use", "id": "a", "name": "exec_command", "input": {"cmd": "ls"}}]}"#;
     runtime().block_on(async {
-        let model = test_model();
-        let script = Script::parse(&format!("{LINE}\n{LINE}\n"), None).expect("script");
-        let engine = ScriptedEngine::new(
-            &script,
-            &model,
-            &OutputFormat::test_model(),
-            ScriptedOptions::default(),
-        )
-        .expect("engine");
-        let sink = Arc::new(MemorySink::default());
-        let state = AppState::new(
-            ServerConfig::default(),
-            model,
-            OutputFormat::test_model(),
-            vec![Arc::new(engine)],
-            sink.clone(),
-        )
-        .expect("state");
+        let (state, sink) = gated_scripted_state(&format!("{LINE}\n{LINE}\n"));
         let tool = json!({"type": "function", "function": {"name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}});
         let chat = json!({"model": "m", "max_tokens": 200, "tools": [tool],
                           "messages": [{"role": "user", "content": "List."}]})
@@ -681,37 +794,18 @@ fn re_sent_openai_calls_get_their_committed_answers_again() {
             "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List."}]}]})
         .to_string();
-        for (path, body, answer) in [
-            ("/v1/chat/completions", chat, "/choices/0/message"),
-            ("/v1/responses", responses, "/output"),
+        for (path, body, expected) in [
+            ("/v1/chat/completions", chat, "\"tool_calls\""),
+            ("/v1/responses", responses, "\"encrypted_content\""),
         ] {
             let (_, token) = state.open_execution(None, None).expect("open");
-            let (status, first) = post(&state, path, &token, body.clone()).await;
-            assert_eq!(status, 200, "{first}");
+            call_then_vanish(&state, &sink, path, &token, body.clone()).await;
             let (status, again) = post(&state, path, &token, body).await;
             assert_eq!(status, 200, "{again}");
-            let (first, again): (Value, Value) = (
-                serde_json::from_str(&first).expect("json"),
-                serde_json::from_str(&again).expect("json"),
-            );
-            assert!(
-                first.pointer(answer).is_some_and(|value| value.to_string().contains("exec_command")),
-                "{path}: a tool call in {first}"
-            );
-            // Output items are named after their response (`rs_<response>_0`), which is a new
-            // object; what the harness pairs and echoes (call ids, encrypted reasoning) is equal.
-            let items = |value: &Value| {
-                let mut answer = value.pointer(answer).cloned().expect("answer");
-                if let Value::Array(items) = &mut answer {
-                    for item in items {
-                        item.as_object_mut().map(|item| item.remove("id"));
-                    }
-                }
-                answer
-            };
-            assert_eq!(items(&first), items(&again), "{path}");
+            assert!(again.contains("exec_command") && again.contains(expected), "{path}: {again}");
+            let _: Value = serde_json::from_str(&again).expect("json");
         }
-        assert_eq!(sink.events.lock().expect("sink").len(), 2, "one record per execution");
+        assert_eq!(sink.records(), 2, "one record per execution");
         assert_eq!(state.metrics.replayed_count(), 2);
     });
 }

@@ -128,12 +128,16 @@ impl Outlet {
             .await;
     }
 
-    /// The end of the answer: the closing frames, or the whole body.
-    async fn end(&self, builder: &mut Builder, stop: &StopReason, usage: &Usage) {
+    /// The end of the answer: the closing frames, or the whole body. `false` when the harness
+    /// went away before it.
+    async fn end(&self, builder: &mut Builder, stop: &StopReason, usage: &Usage) -> bool {
         if self.streaming {
-            let _ = self.frames(builder.finish(stop, usage)).await;
+            self.frames(builder.finish(stop, usage)).await
         } else {
-            let _ = self.out.send(Piece::Body(builder.body(stop, usage))).await;
+            self.out
+                .send(Piece::Body(builder.body(stop, usage)))
+                .await
+                .is_ok()
         }
     }
 }
@@ -508,7 +512,9 @@ pub async fn run(
     execution.lock().record_committed(&record);
     app.metrics
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
-    outlet.end(&mut builder, &stop, &usage).await;
+    if outlet.end(&mut builder, &stop, &usage).await {
+        execution.lock().mark_delivered(&record.agent, record.call);
+    }
 }
 
 /// The new-token limit of a call: the request's, capped by the proxy's.
@@ -598,7 +604,11 @@ async fn run_replay(
         "a re-sent call was answered with its committed answer"
     );
     app.metrics.replayed();
-    outlet.end(&mut builder, &stop, &usage).await;
+    if outlet.end(&mut builder, &stop, &usage).await {
+        execution
+            .lock()
+            .mark_delivered(&prepared.agent, replay.call);
+    }
 }
 
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.

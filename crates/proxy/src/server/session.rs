@@ -65,6 +65,10 @@ struct AgentContext {
     /// The last call's record is in the log (the sink confirmed it, or the context was rebuilt
     /// from the log): only then is a re-send of its prompt answered from it.
     committed: bool,
+    /// The last call's answer was handed whole to the harness's connection: a re-send of its
+    /// prompt is then a new question (a harness asking again on purpose), not a retry. Unknown
+    /// (false) for contexts rebuilt after a restart.
+    delivered: bool,
 }
 
 /// The token buffers of an agent context, handed from one call to the next.
@@ -83,6 +87,7 @@ impl AgentContext {
         self.output_start = 0;
         self.prompt_len = 0;
         self.committed = false;
+        self.delivered = false;
         ContextBuffers {
             ids: std::mem::take(&mut self.ids),
             ids_json: std::mem::take(&mut self.ids_json),
@@ -503,7 +508,8 @@ impl Session {
     ) -> Option<Replay> {
         let call = previous.call?;
         let prompt = previous.output_start;
-        if !previous.committed || prompt == 0 || prompt >= previous.ids.len() {
+        if !previous.committed || previous.delivered || prompt == 0 || prompt >= previous.ids.len()
+        {
             return None;
         }
         if text.len() != previous.prompt_len || matched < previous.prompt_len {
@@ -574,6 +580,7 @@ impl Session {
             output_start: prepared.context_ids.len(),
             prompt_len: prepared.text.len(),
             committed: false,
+            delivered: false,
             text: prepared.text,
             ids: Arc::try_unwrap(prepared.context_ids).unwrap_or_else(|shared| (*shared).clone()),
             ids_json: Arc::try_unwrap(prepared.context_json)
@@ -610,6 +617,16 @@ impl Session {
         if let Some(context) = self.agents.get_mut(&record.agent) {
             if context.call == Some(record.call) {
                 context.committed = true;
+            }
+        }
+    }
+
+    /// The answer of `call` of `agent` was handed whole to the harness's connection: a re-send
+    /// of its prompt is sampled anew from now on.
+    pub fn mark_delivered(&mut self, agent: &str, call: CallId) {
+        if let Some(context) = self.agents.get_mut(agent) {
+            if context.call == Some(call) {
+                context.delivered = true;
             }
         }
     }
@@ -809,8 +826,10 @@ impl Session {
                     provenance,
                     output_start,
                     prompt_len,
-                    // Rebuilt from the log: every record here is committed.
+                    // Rebuilt from the log: every record here is committed; whether its
+                    // answer reached the harness before the restart is unknown.
                     committed: true,
+                    delivered: false,
                 },
             );
         }

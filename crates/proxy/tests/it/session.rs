@@ -61,11 +61,16 @@ enum Turn {
     /// The call is answered but its record is not committed (the sink failed): the harness
     /// gets an error and will send the same request again.
     CommitFails,
+    /// The harness received the last answer of this agent whole and asks the same again on
+    /// purpose: a new question, sampled anew.
+    ReAsk,
 }
 
 /// An agent's last finished call, as the test tracks it.
 #[derive(Clone)]
 struct LastCall {
+    call: gyre_event::CallId,
+    delivered: bool,
     prompt: String,
     answer: String,
     output_ids: Vec<u32>,
@@ -87,6 +92,7 @@ fn step() -> impl Strategy<Value = (usize, usize, Turn)> {
             1 => Just(Turn::NoTools),
             2 => Just(Turn::Resend),
             1 => Just(Turn::CommitFails),
+            1 => Just(Turn::ReAsk),
         ],
     )
 }
@@ -116,7 +122,13 @@ proptest! {
             .collect();
         for (call, (agent, size, turn)) in steps.into_iter().enumerate() {
             let request = &mut histories[agent];
-            let resend = owed[agent] || (matches!(turn, Turn::Resend) && last[agent].is_some());
+            let resend = owed[agent]
+                || (matches!(turn, Turn::Resend | Turn::ReAsk) && last[agent].is_some());
+            if resend && !owed[agent] && matches!(turn, Turn::ReAsk) {
+                let delivered = last[agent].as_mut().expect("a last call");
+                session.mark_delivered(agents[agent], delivered.call);
+                delivered.delivered = true;
+            }
             if resend {
                 // The same request again: without the answer the harness never received.
                 if !owed[agent] {
@@ -127,20 +139,20 @@ proptest! {
                 request.messages.truncate(request.messages.len() - 2);
             }
             if !resend {
-            let a = r#""a":{"type":"string"}"#;
-            let b = r#""b":{"type":"number","minimum":0}"#;
-            let (first, second) = if matches!(turn, Turn::ToolsReordered) { (b, a) } else { (a, b) };
-            request.tools = if matches!(turn, Turn::NoTools) {
-                Vec::new()
-            } else {
-                let parameters: serde_json::Value = serde_json::from_str(&format!(
-                    r#"{{"type":"object","properties":{{{first},{second}}}}}"#
-                ))
-                .expect("a schema");
-                vec![Tool { name: "probe".into(), description: Some("Probes.".into()), parameters }]
-            };
-            let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
-            request.messages.push(Message::new(Role::User, words));
+                let a = r#""a":{"type":"string"}"#;
+                let b = r#""b":{"type":"number","minimum":0}"#;
+                let (first, second) = if matches!(turn, Turn::ToolsReordered) { (b, a) } else { (a, b) };
+                request.tools = if matches!(turn, Turn::NoTools) {
+                    Vec::new()
+                } else {
+                    let parameters: serde_json::Value = serde_json::from_str(&format!(
+                        r#"{{"type":"object","properties":{{{first},{second}}}}}"#
+                    ))
+                    .expect("a schema");
+                    vec![Tool { name: "probe".into(), description: Some("Probes.".into()), parameters }]
+                };
+                let words: String = (0..size).map(|i| format!("w{} ", (i * 31 + call) % 97)).collect();
+                request.messages.push(Message::new(Role::User, words));
             }
             let prepared = session
                 .prepare(&model, request, Some(agents[agent]), reference_now())
@@ -156,10 +168,10 @@ proptest! {
                 .expect("renders");
             prop_assert_eq!(&prepared.text, &text);
             // A re-send is answered from the record exactly when the agent's last call is
-            // committed and this is its prompt again.
+            // committed, its answer was not delivered, and this is its prompt again.
             let expected = last[agent]
                 .as_ref()
-                .filter(|call| call.committed && call.prompt == text);
+                .filter(|call| call.committed && !call.delivered && call.prompt == text);
             prop_assert_eq!(prepared.replay.is_some(), expected.is_some(), "{:?}", turn);
             if let (Some(replay), Some(expected)) = (&prepared.replay, expected) {
                 prop_assert_eq!(&replay.output_ids, &expected.output_ids);
@@ -190,6 +202,8 @@ proptest! {
                 session.record_committed(&record);
             }
             last[agent] = Some(LastCall {
+                call: record.call,
+                delivered: false,
                 prompt: text,
                 answer: answer.clone(),
                 output_ids: record.output_ids,
