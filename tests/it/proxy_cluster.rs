@@ -17,6 +17,46 @@ use tower::ServiceExt;
 
 use crate::support::InProcessCluster;
 
+/// The repository's test model and a deterministic engine factory for it.
+fn model_and_engines() -> (Arc<ChatModel>, impl Fn(&str) -> Arc<dyn TokenEngine>) {
+    let model = Arc::new(
+        ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            ToolArgumentsForm::RawText,
+        )
+        .expect("test model"),
+    );
+    let end = model.token_id("<|im_end|>").expect("end token");
+    let engine = move |name: &str| -> Arc<dyn TokenEngine> {
+        Arc::new(DeterministicEngine::new(DeterministicOptions {
+            name: name.into(),
+            end_token_id: Some(end),
+            ..DeterministicOptions::default()
+        }))
+    };
+    (model, engine)
+}
+
+/// Waits until every node has applied everything committed so far (a Tick appended after it).
+async fn every_node_applied(cluster: &InProcessCluster) {
+    let mut client = cluster.client.clone();
+    let (last, _) = client
+        .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+        .await
+        .expect("append");
+    let last = last[0].index;
+    for node in &cluster.nodes {
+        let mut metrics = node.raft.raft.metrics();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
+                metrics.changed().await.expect("metrics");
+            }
+        })
+        .await
+        .expect("every node applies the records");
+    }
+}
+
 #[test]
 fn records_commit_to_the_quorum_and_routes_follow_the_log() {
     let runtime = crate::support::runtime();
@@ -26,21 +66,7 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         let mut client = cluster.client.clone();
         let nodes = &cluster.nodes;
 
-        let model = Arc::new(
-            ChatModel::load(
-                &gyre_proxy::test_model::directory(),
-                ToolArgumentsForm::RawText,
-            )
-            .expect("test model"),
-        );
-        let end = model.token_id("<|im_end|>").expect("end token");
-        let engine = |name: &str| -> Arc<dyn TokenEngine> {
-            Arc::new(DeterministicEngine::new(DeterministicOptions {
-                name: name.into(),
-                end_token_id: Some(end),
-                ..DeterministicOptions::default()
-            }))
-        };
+        let (model, engine) = model_and_engines();
         let sink = Arc::new(ControlSink::new(&addresses).expect("control sink"));
         let state = AppState::new(
             ServerConfig::default(),
@@ -77,20 +103,8 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         };
         call("first question").await;
         // Answered means committed: the leader folded it; wait for every node to apply it.
-        let (last, _) = client
-            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-            .await
-            .expect("append");
-        let last = last[0].index;
+        every_node_applied(&cluster).await;
         for node in nodes {
-            let mut metrics = node.raft.raft.metrics();
-            tokio::time::timeout(Duration::from_secs(30), async {
-                while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
-                    metrics.changed().await.expect("metrics");
-                }
-            })
-            .await
-            .expect("every node applies the record");
             let present = node.raft.state_machine.with_projection(|projection, _| {
                 projection
                     .state
@@ -155,21 +169,8 @@ fn proxies_sharing_a_quorum_number_executions_apart() {
     runtime.block_on(async {
         let cluster = InProcessCluster::start().await;
         let addresses = cluster.addresses.join(",");
-        let model = Arc::new(
-            ChatModel::load(
-                &gyre_proxy::test_model::directory(),
-                ToolArgumentsForm::RawText,
-            )
-            .expect("test model"),
-        );
-        let end = model.token_id("<|im_end|>").expect("end token");
+        let (model, engine) = model_and_engines();
         let proxy = |offset: u64| {
-            let engine: Arc<dyn TokenEngine> =
-                Arc::new(DeterministicEngine::new(DeterministicOptions {
-                    name: format!("e{offset}"),
-                    end_token_id: Some(end),
-                    ..DeterministicOptions::default()
-                }));
             AppState::new(
                 ServerConfig {
                     numbering: ExecutionNumbering::new(2, offset).expect("numbering"),
@@ -177,7 +178,7 @@ fn proxies_sharing_a_quorum_number_executions_apart() {
                 },
                 model.clone(),
                 OutputFormat::test_model(),
-                vec![engine],
+                vec![engine(&format!("e{offset}"))],
                 Arc::new(ControlSink::new(&addresses).expect("control sink")),
             )
             .expect("state")
@@ -208,21 +209,8 @@ fn proxies_sharing_a_quorum_number_executions_apart() {
             }
         }
         assert_eq!(opened, [1, 3, 2, 4], "odd ids from offset 1, even from offset 0");
-        let mut client = cluster.client.clone();
-        let (last, _) = client
-            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-            .await
-            .expect("append");
-        let last = last[0].index;
+        every_node_applied(&cluster).await;
         for node in &cluster.nodes {
-            let mut metrics = node.raft.raft.metrics();
-            tokio::time::timeout(Duration::from_secs(30), async {
-                while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
-                    metrics.changed().await.expect("metrics");
-                }
-            })
-            .await
-            .expect("every node applies the records");
             let sizes: Vec<(u64, usize)> = node.raft.state_machine.with_projection(|projection, _| {
                 projection
                     .state
