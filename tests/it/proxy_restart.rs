@@ -467,6 +467,10 @@ fn a_proxy_killed_repeatedly_under_load_loses_no_answered_call() {
         stdout.contains(&format!("in {HARNESSES} executions")),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("prompts sampled more than once: 0"),
+        "no retry across the crashes left a second sample: {stdout}"
+    );
     eprintln!("{retried} calls were retried across the three crashes");
 }
 

@@ -260,7 +260,9 @@ fn a_proxy_event_file_replays_and_audits() {
     let opened = proxy.next_json();
     let address = proxy.address.clone();
     let token = opened["token"].as_str().unwrap();
-    for text in ["hello", "and again"] {
+    // The last question is asked twice (after its answer arrived): sampled anew, and the
+    // post-mortem counts the repeated prompt.
+    for text in ["hello", "and again", "and again"] {
         let body = serde_json::json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]});
         let (status, answer) = crate::support::http(
             &address,
@@ -277,12 +279,16 @@ fn a_proxy_event_file_replays_and_audits() {
     let (code, stdout, stderr) = gyre(&["replay", path]);
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stdout.contains("model_call                           2"),
+        stdout.contains("model_call                           3"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("model calls: 2 in 1 executions (1 agents): 2 roots, 0 branches"),
+        stdout.contains("model calls: 3 in 1 executions (1 agents): 2 roots, 0 branches"),
         "two separate conversations are two roots: {stdout}"
+    );
+    assert!(
+        stdout.contains("prompts sampled more than once: 1"),
+        "{stdout}"
     );
     let bundle = dir.path().join("bundle.json");
     let bundle_path = bundle.to_str().expect("utf-8");
@@ -292,7 +298,7 @@ fn a_proxy_event_file_replays_and_audits() {
     assert!(value["facts"]["started"].is_null());
     assert_eq!(
         value["facts"]["model_calls"].as_array().map(Vec::len),
-        Some(2)
+        Some(3)
     );
     let head = value["head"].as_str().unwrap().to_string();
     let (code, stdout, stderr) = gyre(&["audit", "verify", bundle_path, "--head", &head]);

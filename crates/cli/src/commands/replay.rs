@@ -86,6 +86,12 @@ struct ModelCalls {
     summaries: u64,
     /// Abandoned attempts (engine died or was switched mid-answer), kept for audit only.
     aborted: u64,
+    /// Calls whose whole prompt an earlier call of the execution already had: a call with no
+    /// new input hanging where its parent's prompt ends, or a root whose input an earlier root
+    /// had. The same prompt sampled again. A harness's retry answered
+    /// anew (a proxy now answers a re-sent call from its record), or a question asked again on
+    /// purpose; each extra sample is a sibling that may be a leaf no harness continued.
+    resampled_prompts: u64,
     input_tokens_new: u64,
     input_tokens_reused: u64,
     output_tokens: u64,
@@ -97,6 +103,12 @@ struct ModelCalls {
     seen_agents: BTreeSet<(u64, String)>,
     #[serde(skip)]
     parents: BTreeSet<(u64, u64)>,
+    /// (execution, call) → where that call's prompt ends on its path (reused + new input).
+    #[serde(skip)]
+    prompt_ends: BTreeMap<(u64, u64), u64>,
+    /// (execution, hash of a root's input tokens).
+    #[serde(skip)]
+    root_prompts: BTreeSet<(u64, u64)>,
 }
 
 impl ModelCalls {
@@ -119,6 +131,26 @@ impl ModelCalls {
             CallKind::Turn => {}
             CallKind::Summary => self.summaries += 1,
             CallKind::Aborted => self.aborted += 1,
+        }
+        if record.kind != CallKind::Aborted {
+            let reused = record.reused_prefix_tokens_count;
+            let again = match record.parent_call {
+                Some(parent) => {
+                    record.input_ids.is_empty()
+                        && self.prompt_ends.get(&(execution, parent.get())) == Some(&reused)
+                }
+                None => {
+                    use std::hash::{Hash, Hasher};
+                    let mut input = std::collections::hash_map::DefaultHasher::new();
+                    record.input_ids.hash(&mut input);
+                    !self.root_prompts.insert((execution, input.finish()))
+                }
+            };
+            self.resampled_prompts += u64::from(again);
+            self.prompt_ends.insert(
+                (execution, record.call.get()),
+                reused + record.input_ids.len() as u64,
+            );
         }
         self.input_tokens_new += record.input_ids.len() as u64;
         self.input_tokens_reused += record.reused_prefix_tokens_count;
@@ -790,6 +822,10 @@ fn print_text(report: &PostMortem) {
         println!(
             "\nmodel calls: {} in {} executions ({} agents): {} roots, {} branches, {} compactions, {} aborted attempts",
             calls.calls, calls.executions, calls.agents, calls.roots, calls.branches, calls.summaries, calls.aborted
+        );
+        println!(
+            "  prompts sampled more than once: {} (a retry answered anew, or the same question asked again)",
+            calls.resampled_prompts
         );
         println!(
             "  input tokens: {} new, {} reused ({:.1}% reused); output tokens: {}",
