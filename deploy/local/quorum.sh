@@ -10,14 +10,17 @@
 #
 # DIR (default ./gyre-local) holds each node's data dir, logs and pid files. Starting again on
 # the same DIR restarts the nodes on their data: nothing committed is lost. `GYRE` names the
-# binary (default: `gyre` on PATH).
+# binary (default: `gyre` on PATH). `GYRE_PORT_BASE=B` moves the ports to B+1..B+3 (control)
+# and B+10 (proxy), overriding the files' addresses, for a second quorum on one machine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 gyre=${GYRE:-gyre}
 command=${1:-}
 dir=${2:-./gyre-local}
-nodes=1=127.0.0.1:17001,2=127.0.0.1:17002,3=127.0.0.1:17003
-cluster=127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003
+base=${GYRE_PORT_BASE:-17000}
+proxy_port=$((base == 17000 ? 18080 : base + 10))
+nodes=1=127.0.0.1:$((base + 1)),2=127.0.0.1:$((base + 2)),3=127.0.0.1:$((base + 3))
+cluster=127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2)),127.0.0.1:$((base + 3))
 
 # Waits (up to 30 s) until FILE has a line matching PATTERN or PID has exited.
 wait_for_line() {
@@ -46,7 +49,7 @@ start)
   done
   for id in 1 2 3; do
     "$gyre" control run --config "$here/control-$id.toml" --data-dir "$dir/node-$id" \
-      > "$dir/node-$id.log" 2>&1 &
+      --listen "127.0.0.1:$((base + id))" --peers "$nodes" > "$dir/node-$id.log" 2>&1 &
     echo $! > "$dir/node-$id.pid"
   done
   for id in 1 2 3; do
@@ -62,7 +65,7 @@ proxy)
     exit 1
   fi
   "$gyre" proxy --config "$here/proxy.toml" --credentials "$dir/proxy.credentials" \
-    > "$dir/proxy.out" 2> "$dir/proxy.log" &
+    --listen "127.0.0.1:$proxy_port" --cluster "$cluster" > "$dir/proxy.out" 2> "$dir/proxy.log" &
   echo $! > "$dir/proxy.pid"
   wait_for_line "$dir/proxy.out" '"anthropic_base_url"' "$(cat "$dir/proxy.pid")"
   cat "$dir/proxy.out"
@@ -86,7 +89,7 @@ stop)
   done
   ;;
 *)
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac

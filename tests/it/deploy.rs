@@ -135,12 +135,27 @@ fn config_errors_name_the_field() {
     assert_eq!(settings["listen"], "127.0.0.1:7001");
 }
 
-fn script(dir: &Path, args: &[&str]) -> (bool, String) {
+/// A `GYRE_PORT_BASE` for `quorum.sh` whose four ports (base+1..3, base+10) are free now, so
+/// the test neither collides with another run on this machine nor with nodes a killed run left.
+fn free_port_base() -> u16 {
+    let start = 20_000 + (std::process::id() % 400) as u16 * 100;
+    (0..400u16)
+        .map(|step| 20_000 + (start - 20_000 + step * 100) % 40_000)
+        .find(|base| {
+            [1, 2, 3, 10]
+                .iter()
+                .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok())
+        })
+        .expect("a free block of ports")
+}
+
+fn script(dir: &Path, base: u16, args: &[&str]) -> (bool, String) {
     let output = Command::new("bash")
         .arg(deploy_dir().join("local/quorum.sh"))
         .args(args)
         .arg(dir)
         .env("GYRE", env!("CARGO_BIN_EXE_gyre"))
+        .env("GYRE_PORT_BASE", base.to_string())
         .output()
         .expect("bash runs");
     let text = format!(
@@ -152,11 +167,11 @@ fn script(dir: &Path, args: &[&str]) -> (bool, String) {
 }
 
 /// Stops whatever the script started, even when the test fails half-way.
-struct StopOnDrop(PathBuf);
+struct StopOnDrop(PathBuf, u16);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        let _ = script(&self.0, &["stop"]);
+        let _ = script(&self.0, self.1, &["stop"]);
     }
 }
 
@@ -164,16 +179,23 @@ impl Drop for StopOnDrop {
 fn local_quorum_script_records_a_call_and_restarts_on_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let _stop = StopOnDrop(run.clone());
-    let cluster = "127.0.0.1:17001,127.0.0.1:17002,127.0.0.1:17003";
+    let base = free_port_base();
+    let _stop = StopOnDrop(run.clone(), base);
+    let cluster = format!(
+        "127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        base + 1,
+        base + 2,
+        base + 3
+    );
+    let cluster = cluster.as_str();
 
-    let (ok, text) = script(&run, &["start"]);
+    let (ok, text) = script(&run, base, &["start"]);
     assert!(ok, "{text}");
     assert!(text.contains("cluster initialised: 3 voters"), "{text}");
-    let (ok, text) = script(&run, &["start"]);
+    let (ok, text) = script(&run, base, &["start"]);
     assert!(!ok && text.contains("already running"), "{text}");
 
-    let (ok, text) = script(&run, &["proxy"]);
+    let (ok, text) = script(&run, base, &["proxy"]);
     assert!(ok, "{text}");
     let opened: serde_json::Value = text
         .lines()
@@ -182,7 +204,7 @@ fn local_quorum_script_records_a_call_and_restarts_on_its_data() {
         .unwrap_or_else(|| panic!("an execution line: {text}"));
     let token = opened["token"].as_str().unwrap();
     let (status, body) = http(
-        "127.0.0.1:18080",
+        &format!("127.0.0.1:{}", base + 10),
         "POST",
         "/v1/messages",
         &[("x-api-key", token), ("content-type", "application/json")],
@@ -203,9 +225,9 @@ fn local_quorum_script_records_a_call_and_restarts_on_its_data() {
 
     // Stop everything, start again on the same data: the cluster is formed already and the
     // record is still there.
-    let (ok, text) = script(&run, &["stop"]);
+    let (ok, text) = script(&run, base, &["stop"]);
     assert!(ok, "{text}");
-    let (ok, text) = script(&run, &["start"]);
+    let (ok, text) = script(&run, base, &["start"]);
     assert!(ok, "{text}");
     assert!(
         text.contains("cluster already initialised: 3 voters"),

@@ -23,6 +23,10 @@ use gyre_event::{CallKind, EventBody, ModelCallRecord};
 
 use crate::support::ProxyProcess;
 
+/// How long one run of a harness CLI may take: far above a healthy run (seconds), far below
+/// the CLIs' own retry budgets (Claude Code waits 10 min per request, then retries).
+const HARNESS_RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 fn harness_bin(variable: &str) -> Option<PathBuf> {
     let required = std::env::var("GYRE_HARNESS_REQUIRED").is_ok_and(|value| value == "1");
     match std::env::var_os(variable).map(PathBuf::from) {
@@ -90,7 +94,7 @@ fn claude_command(claude: &Path, work: &Path, home: &Path, proxy: &Proxy) -> Com
 
 /// Runs Claude Code to its end; its stdout (a failed run fails the test, showing its output).
 fn claude_stdout(mut command: Command) -> String {
-    let output = command.output().expect("claude runs");
+    let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -396,20 +400,21 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
         ),
     )
     .expect("codex config");
-    let output = Command::new(&codex)
-        .current_dir(&work)
-        .env("CODEX_HOME", &codex_home)
-        .env("GYRE_EXECUTION_KEY", &proxy.token)
-        .args([
-            "exec",
-            "--skip-git-repo-check",
-            "--dangerously-bypass-approvals-and-sandbox",
-            "--json",
-            "Create hello.txt and list the directory",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("codex runs");
+    let output = crate::support::output_within(
+        Command::new(&codex)
+            .current_dir(&work)
+            .env("CODEX_HOME", &codex_home)
+            .env("GYRE_EXECUTION_KEY", &proxy.token)
+            .args([
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--json",
+                "Create hello.txt and list the directory",
+            ])
+            .stdin(Stdio::null()),
+        HARNESS_RUN_LIMIT,
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),

@@ -37,26 +37,6 @@ fn model_and_engines() -> (Arc<ChatModel>, impl Fn(&str) -> Arc<dyn TokenEngine>
     (model, engine)
 }
 
-/// Waits until every node has applied everything committed so far (a Tick appended after it).
-async fn every_node_applied(cluster: &InProcessCluster) {
-    let mut client = cluster.client.clone();
-    let (last, _) = client
-        .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-        .await
-        .expect("append");
-    let last = last[0].index;
-    for node in &cluster.nodes {
-        let mut metrics = node.raft.raft.metrics();
-        tokio::time::timeout(Duration::from_secs(30), async {
-            while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
-                metrics.changed().await.expect("metrics");
-            }
-        })
-        .await
-        .expect("every node applies the records");
-    }
-}
-
 #[test]
 fn records_commit_to_the_quorum_and_routes_follow_the_log() {
     let runtime = crate::support::runtime();
@@ -103,7 +83,7 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         };
         call("first question").await;
         // Answered means committed: the leader folded it; wait for every node to apply it.
-        every_node_applied(&cluster).await;
+        cluster.every_node_applied().await;
         for node in nodes {
             let present = node.raft.state_machine.with_projection(|projection, _| {
                 projection
@@ -209,7 +189,7 @@ fn proxies_sharing_a_quorum_number_executions_apart() {
             }
         }
         assert_eq!(opened, [1, 3, 2, 4], "odd ids from offset 1, even from offset 0");
-        every_node_applied(&cluster).await;
+        cluster.every_node_applied().await;
         for node in &cluster.nodes {
             let sizes: Vec<(u64, usize)> = node.raft.state_machine.with_projection(|projection, _| {
                 projection

@@ -74,6 +74,14 @@ fn one_engine_state(config: ServerConfig, sink: Arc<MemorySink>) -> Arc<AppState
     .expect("state")
 }
 
+/// Awaits `future`, failing the test if it takes over two minutes: a regression (or a slow,
+/// loaded machine taking a path a fast one never does) fails instead of hanging CI.
+async fn bounded<F: std::future::Future>(future: F) -> F::Output {
+    tokio::time::timeout(std::time::Duration::from_secs(120), future)
+        .await
+        .expect("finished within 120 s")
+}
+
 /// POSTs `body` to `path` with `token` as the API key; the status and the body's text.
 async fn post(state: &Arc<AppState>, path: &str, token: &str, body: String) -> (u16, String) {
     let request = Request::post(path)
@@ -81,15 +89,18 @@ async fn post(state: &Arc<AppState>, path: &str, token: &str, body: String) -> (
         .header("content-type", "application/json")
         .body(Body::from(body))
         .expect("request");
-    let response = router(state.clone())
-        .oneshot(request)
-        .await
-        .expect("infallible");
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body");
-    (status, String::from_utf8_lossy(&bytes).to_string())
+    bounded(async {
+        let response = router(state.clone())
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&bytes).to_string())
+    })
+    .await
 }
 
 fn body(turn: usize) -> String {
@@ -143,9 +154,11 @@ fn scenario(fault: Fault, partial: usize) {
                         .header("content-type", "application/json")
                         .body(Body::from(body(turn)))
                         .expect("request");
-                    let response = app.clone().oneshot(request).await.expect("infallible");
+                    let response = bounded(app.clone().oneshot(request))
+                        .await
+                        .expect("infallible");
                     let status = response.status().as_u16();
-                    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    let bytes = bounded(axum::body::to_bytes(response.into_body(), usize::MAX))
                         .await
                         .expect("body");
                     answers.push((status, String::from_utf8(bytes.to_vec()).expect("utf-8")));
@@ -304,9 +317,9 @@ fn route_events_from_the_log_move_executions() {
                     .header("content-type", "application/json")
                     .body(Body::from(body(turn)))
                     .expect("request");
-                let response = app.oneshot(request).await.expect("infallible");
+                let response = bounded(app.oneshot(request)).await.expect("infallible");
                 assert_eq!(response.status().as_u16(), 200);
-                axum::body::to_bytes(response.into_body(), usize::MAX)
+                bounded(axum::body::to_bytes(response.into_body(), usize::MAX))
                     .await
                     .expect("body");
             }
@@ -441,8 +454,21 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
             .expect("infallible");
         assert_eq!(response.status().as_u16(), 200);
         let mut stream = response.into_body().into_data_stream();
-        let first = stream.next().await.expect("a first frame").expect("bytes");
+        let first = bounded(stream.next())
+            .await
+            .expect("a first frame")
+            .expect("bytes");
         assert!(String::from_utf8_lossy(&first).contains("message_start"));
+        // `message_start` leaves the proxy before its engine request starts. Cut only once the
+        // engine holds the request (it took the stall fault and stays in flight until aborted):
+        // cutting earlier let the retry's request take the fault and stall for ever.
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while deterministic.in_flight_count() == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the first call reached the engine");
         drop(stream); // the harness's connection is cut
                       // The proxy aborts the engine request (bounded: a regression fails instead of hanging).
         tokio::time::timeout(
@@ -456,13 +482,18 @@ fn a_harness_retry_after_a_cut_stream_records_one_call() {
             "a cut call records nothing"
         );
 
-        let response = router(state.clone())
-            .oneshot(request())
+        let retry = async {
+            let response = router(state.clone())
+                .oneshot(request())
+                .await
+                .expect("infallible");
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body")
+        };
+        let bytes = tokio::time::timeout(std::time::Duration::from_secs(60), retry)
             .await
-            .expect("infallible");
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
+            .expect("the retry is answered");
         let text = String::from_utf8_lossy(&bytes);
         assert!(
             text.trim_end()
@@ -632,7 +663,7 @@ async fn call_then_vanish(
         let (state, token) = (state.clone(), token.to_string());
         async move { post(&state, path, &token, body).await }
     });
-    sink.gate.arrived.notified().await;
+    bounded(sink.gate.arrived.notified()).await;
     call.abort();
     assert!(
         call.await.is_err(),

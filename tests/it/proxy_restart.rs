@@ -127,6 +127,8 @@ fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
     };
     let check = || {
         runtime.block_on(async {
+            // Node 1 may be the follower the acknowledging quorum did not wait for.
+            cluster.every_node_applied().await;
             let mut client = cluster.client.clone();
             let (events, closed) = client
                 .read_execution(&cluster.addresses[0], 1)
@@ -421,9 +423,21 @@ fn a_proxy_killed_repeatedly_under_load_loses_no_answered_call() {
     let total = HARNESSES * TURNS;
     for kill_after in [total / 8, total / 2, total * 3 / 4] {
         let (count, signal) = &*answered;
-        let guard = signal
-            .wait_while(count.lock().expect("count"), |count| *count < kill_after)
-            .expect("count");
+        // Bounded: if the harness threads stall or panic (their panics surface only at `join`),
+        // the test fails with the count reached instead of waiting for ever.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        let mut guard = count.lock().expect("count");
+        while *guard < kill_after {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the harnesses stalled at {} of {kill_after} answers",
+                *guard
+            );
+            guard = signal
+                .wait_timeout(guard, std::time::Duration::from_secs(1))
+                .expect("count")
+                .0;
+        }
         drop(guard);
         proxy.kill();
         let before = records_by_execution(&log);

@@ -101,6 +101,28 @@ impl InProcessCluster {
             node.shutdown().await.expect("shutdown");
         }
     }
+
+    /// Commits a `Tick` and waits until every node has applied it (so each node's projection
+    /// holds everything acknowledged before).
+    pub async fn every_node_applied(&self) {
+        use gyre_event::{Event, EventBody, Timestamp};
+        let mut client = self.client.clone();
+        let (last, _) = client
+            .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+            .await
+            .expect("append");
+        let last = last[0].index;
+        for node in &self.nodes {
+            let mut metrics = node.raft.raft.metrics();
+            tokio::time::timeout(std::time::Duration::from_secs(60), async {
+                while metrics.borrow().last_applied.map_or(0, |id| id.index) < last {
+                    metrics.changed().await.expect("metrics");
+                }
+            })
+            .await
+            .expect("every node applies the records");
+        }
+    }
 }
 
 /// One HTTP/1.1 request, `Connection: close`; returns (status, body).
@@ -139,11 +161,16 @@ pub fn http(
     (status, body)
 }
 
-/// A `gyre proxy` process: the child, its stdout lines after the `listening` one, and the
-/// address it listens on (`host:port`).
+/// How long a `gyre proxy` may take to print its next line (startup, recovery from a log or a
+/// quorum) before the test fails instead of hanging.
+pub const PROXY_LINE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A `gyre proxy` process: the child, its stdout lines after the `listening` one (read on a
+/// thread, so a stuck proxy fails the test at [`PROXY_LINE_DEADLINE`]), and the address it
+/// listens on (`host:port`).
 pub struct ProxyProcess {
     pub child: std::process::Child,
-    pub lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    lines: std::sync::mpsc::Receiver<std::io::Result<String>>,
     pub address: String,
 }
 
@@ -158,32 +185,53 @@ impl ProxyProcess {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .expect("gyre proxy starts");
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let line = lines
-            .next()
-            .expect("a line from gyre proxy")
-            .expect("stdout");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, lines) = std::sync::mpsc::channel();
+        // Ends with the child's stdout (or when the test dropped the receiver).
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut proxy = ProxyProcess {
+            child,
+            lines,
+            address: String::new(),
+        };
+        let line = proxy.next_line();
         let listening: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"));
-        let address = listening["listening"]
+        proxy.address = listening["listening"]
             .as_str()
             .unwrap_or_else(|| panic!("the first line says where it listens: {line}"))
             .trim_start_matches("http://")
             .to_string();
-        ProxyProcess {
-            child,
-            lines,
-            address,
+        proxy
+    }
+
+    /// The next stdout line; panics (killing the child on drop) if none comes in
+    /// [`PROXY_LINE_DEADLINE`] or stdout closed.
+    fn next_line(&mut self) -> String {
+        match self.lines.recv_timeout(PROXY_LINE_DEADLINE) {
+            Ok(line) => line.expect("stdout"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                "gyre proxy printed no line in {} s",
+                PROXY_LINE_DEADLINE.as_secs()
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!(
+                    "gyre proxy closed its stdout (exited: {:?})",
+                    self.child.try_wait()
+                )
+            }
         }
     }
 
     /// The next stdout line, as JSON.
     pub fn next_json(&mut self) -> serde_json::Value {
-        let line = self
-            .lines
-            .next()
-            .expect("a line from gyre proxy")
-            .expect("stdout");
+        let line = self.next_line();
         serde_json::from_str(&line).unwrap_or_else(|_| panic!("a JSON line: {line}"))
     }
 
@@ -201,5 +249,49 @@ impl ProxyProcess {
 impl Drop for ProxyProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Runs `command` to its end like [`Command::output`], but kills it and fails the test if it
+/// runs longer than `limit` (a harness CLI whose model stream stalled retries for many minutes
+/// instead of failing). stdin is null, as with `output`; stdout and stderr are read on threads
+/// so a chatty child cannot block.
+pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    use wait_timeout::ChildExt;
+    let mut child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout.read_to_end(&mut bytes);
+        bytes
+    });
+    let err = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        bytes
+    });
+    let status = match child.wait_timeout(limit).expect("waiting for the command") {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.join().unwrap_or_default();
+            panic!(
+                "{command:?} ran longer than {} s and was killed; stderr: {}",
+                limit.as_secs(),
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
     }
 }

@@ -603,6 +603,10 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         node.log.segment_bytes = args.segment_bytes.max(4096);
         node.snapshot_every_entries = args.snapshot_every.max(1);
         node.entries_kept_behind_snapshot = args.keep_behind_snapshot;
+        // No idle `Tick`s: the digests are compared (and printed for replay to check) after the
+        // writers stop, and a Tick committed between one node's reading and another's, or
+        // while the nodes shut down one by one, would make equal logs look different.
+        node.controller.idle_tick = Duration::from_secs(86_400);
         options.push(node);
     }
     let mut nodes: Vec<Option<ControlNode>> = Vec::new();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gyre_event::{Duration as EventDuration, EngineId, Event, EventBody, PolicyVersion};
+use gyre_event::{CallId, Duration as EventDuration, EngineId, Event, EventBody, PolicyVersion};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -128,16 +128,29 @@ impl Outlet {
             .await;
     }
 
-    /// The end of the answer: the closing frames, or the whole body. `false` when the harness
-    /// went away before it.
-    async fn end(&self, builder: &mut Builder, stop: &StopReason, usage: &Usage) -> bool {
-        if self.streaming {
+    /// The end of the answer: the closing frames, or the whole body. The call counts as
+    /// delivered (see [`super::session::Session::mark_delivered`]) from just before the hand-over, since the
+    /// harness may have the answer and re-ask before this task runs again; a failed hand-over
+    /// (the harness went away) clears it.
+    async fn end(
+        &self,
+        builder: &mut Builder,
+        stop: &StopReason,
+        usage: &Usage,
+        execution: &ExecutionHandle,
+        (agent, call): (&str, CallId),
+    ) {
+        execution.lock().mark_delivered(agent, call, true);
+        let handed = if self.streaming {
             self.frames(builder.finish(stop, usage)).await
         } else {
             self.out
                 .send(Piece::Body(builder.body(stop, usage)))
                 .await
                 .is_ok()
+        };
+        if !handed {
+            execution.lock().mark_delivered(agent, call, false);
         }
     }
 }
@@ -512,9 +525,15 @@ pub async fn run(
     execution.lock().record_committed(&record);
     app.metrics
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
-    if outlet.end(&mut builder, &stop, &usage).await {
-        execution.lock().mark_delivered(&record.agent, record.call);
-    }
+    outlet
+        .end(
+            &mut builder,
+            &stop,
+            &usage,
+            &execution,
+            (&record.agent, record.call),
+        )
+        .await;
 }
 
 /// The new-token limit of a call: the request's, capped by the proxy's.
@@ -604,11 +623,15 @@ async fn run_replay(
         "a re-sent call was answered with its committed answer"
     );
     app.metrics.replayed();
-    if outlet.end(&mut builder, &stop, &usage).await {
-        execution
-            .lock()
-            .mark_delivered(&prepared.agent, replay.call);
-    }
+    outlet
+        .end(
+            &mut builder,
+            &stop,
+            &usage,
+            &execution,
+            (&prepared.agent, replay.call),
+        )
+        .await;
 }
 
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.

@@ -621,12 +621,14 @@ impl Session {
         }
     }
 
-    /// The answer of `call` of `agent` was handed whole to the harness's connection: a re-send
-    /// of its prompt is sampled anew from now on.
-    pub fn mark_delivered(&mut self, agent: &str, call: CallId) {
+    /// Whether the answer of `call` of `agent` was handed whole to the harness's connection:
+    /// once it was, a re-send of its prompt is sampled anew. Set just before the hand-over
+    /// (so a harness that re-asks the moment it has the answer never races it) and cleared
+    /// again when the hand-over fails.
+    pub fn mark_delivered(&mut self, agent: &str, call: CallId, delivered: bool) {
         if let Some(context) = self.agents.get_mut(agent) {
             if context.call == Some(call) {
-                context.delivered = true;
+                context.delivered = delivered;
             }
         }
     }

@@ -320,7 +320,7 @@ async fn faults_end_streams_and_give_the_line_back() {
         "{:?}",
         died.end
     );
-    engine.wait_idle().await;
+    within(engine.wait_idle()).await;
     assert_eq!(engine.remaining("main"), 2, "the interrupted line is back");
 
     engine.inject(Fault::AbortAfterTokens(5));
@@ -330,7 +330,7 @@ async fn faults_end_streams_and_give_the_line_back() {
     .await;
     assert_eq!(aborted.ids, full[..5]);
     assert_eq!(aborted.finish(), Some(FinishKind::Abort));
-    engine.wait_idle().await;
+    within(engine.wait_idle()).await;
 
     // A sibling (the failover destination) replays the same line in full.
     let sibling = engine.sibling(options("scripted-2"));
@@ -371,7 +371,7 @@ async fn aborts_and_drops_interrupt_at_a_known_point() {
     let rest = within(collect(stream)).await;
     assert_eq!(rest.ids, Vec::<u32>::new());
     assert_eq!(rest.finish(), Some(FinishKind::Abort));
-    engine.wait_idle().await;
+    within(engine.wait_idle()).await;
     assert_eq!(engine.remaining("main"), 2, "an aborted line is given back");
 
     engine.inject(Fault::StallAfterTokens(2));

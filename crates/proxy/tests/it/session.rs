@@ -126,7 +126,7 @@ proptest! {
                 || (matches!(turn, Turn::Resend | Turn::ReAsk) && last[agent].is_some());
             if resend && !owed[agent] && matches!(turn, Turn::ReAsk) {
                 let delivered = last[agent].as_mut().expect("a last call");
-                session.mark_delivered(agents[agent], delivered.call);
+                session.mark_delivered(agents[agent], delivered.call, true);
                 delivered.delivered = true;
             }
             if resend {
