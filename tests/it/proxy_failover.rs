@@ -898,3 +898,149 @@ fn a_re_sent_call_whose_record_failed_to_commit_is_sampled_anew() {
         );
     });
 }
+
+/// A script line whose text holds a stop sequence part-way.
+const STOPPED: &str = r#"{"agent": "main", "blocks": [{"type": "text", "text": "The answer is 42. END of story, and more after it."}]}"#;
+
+/// The record committed last.
+fn last_record(sink: &GatedSink) -> gyre_event::ModelCallRecord {
+    let events = sink.memory.events.lock().expect("sink lock");
+    match &events.last().expect("a record").body {
+        EventBody::ModelCall(record) => (**record).clone(),
+        other => panic!("a model call, not {other:?}"),
+    }
+}
+
+/// Stop sequences (Anthropic `stop_sequences`, OpenAI `stop`) end the answer where the first
+/// one is complete: the harness gets the text before it and the API's stop reason, the engine
+/// is stopped, and the record holds every sampled token through the one that completed the
+/// sequence (what the policy produced), none after. A re-send of the call whose answer never
+/// arrived replays the same cut answer.
+#[test]
+fn stop_sequences_end_the_answer_and_its_record_there() {
+    use serde_json::{json, Value};
+    runtime().block_on(async {
+        let (state, sink) = gated_scripted_state(&format!("{STOPPED}\n").repeat(6));
+        let model = test_model();
+        let messages = vec![json!({"role": "user", "content": "What is it?"})];
+        let mut anthropic: Value =
+            serde_json::from_str(&messages_body(&messages, false)).expect("json");
+        anthropic["stop_sequences"] = json!(["NEVER", "END"]);
+
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let (status, text) = post(&state, "/v1/messages", &token, anthropic.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(answer["stop_reason"], "stop_sequence", "{text}");
+        assert_eq!(answer["stop_sequence"], "END", "{text}");
+        let content = answer["content"][0]["text"].as_str().expect("a text block");
+        assert!(
+            content.starts_with("The answer is 42.") && !content.contains("EN"),
+            "{text}"
+        );
+        let record = last_record(&sink);
+        let sampled = model.decode(&record.output_ids).expect("decode");
+        assert!(
+            sampled.starts_with("The answer is 42. ")
+                && sampled.contains("END")
+                && !sampled.contains("more after"),
+            "the record ends with the token that completed the sequence: {sampled:?}"
+        );
+        assert_eq!(record.output_ids.len(), record.output_logprobs.len());
+        assert_eq!(
+            answer["usage"]["output_tokens"].as_u64(),
+            Some(record.output_ids.len() as u64)
+        );
+
+        // OpenAI Chat, streamed, `stop` as one string.
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let chat = json!({"model": "m", "max_tokens": 200, "stream": true, "stop": "END",
+                          "messages": [{"role": "user", "content": "What is it?"}]});
+        let (status, text) = post(&state, "/v1/chat/completions", &token, chat.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let chunks: Vec<Value> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
+            .collect();
+        let streamed: String = chunks
+            .iter()
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert!(
+            streamed.starts_with("The answer is 42.") && !streamed.contains("EN"),
+            "{text}"
+        );
+        assert!(
+            chunks
+                .iter()
+                .any(|chunk| chunk["choices"][0]["finish_reason"] == "stop"),
+            "{text}"
+        );
+        assert_eq!(
+            model
+                .decode(&last_record(&sink).output_ids)
+                .expect("decode"),
+            sampled,
+            "the same line cut at the same token"
+        );
+
+        // The answer never reached the harness: its re-send replays the cut answer.
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let mut streaming = anthropic.clone();
+        streaming["stream"] = json!(true);
+        call_then_vanish(&state, &sink, "/v1/messages", &token, streaming.to_string()).await;
+        let records = sink.records();
+        let (status, text) = post(&state, "/v1/messages", &token, streaming.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(state.metrics.replayed_count(), 1);
+        assert_eq!(sink.records(), records, "a replay records nothing");
+        let replayed: String = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(|data| serde_json::from_str::<Value>(data).expect("a JSON event"))
+            .filter_map(|event| event["delta"]["text"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(replayed, content, "the same cut text");
+        assert!(
+            text.contains("\"stop_reason\":\"stop_sequence\"")
+                && text.contains("\"stop_sequence\":\"END\""),
+            "{text}"
+        );
+
+        // Bad stop lists are refused in the API's format, naming the field.
+        let (_, token) = state.open_execution(None, None).expect("open");
+        for (field, value, problem) in [
+            (
+                "stop_sequences",
+                json!([""]),
+                "stop_sequences[0]: a stop sequence must not be empty",
+            ),
+            (
+                "stop_sequences",
+                json!([7]),
+                "stop_sequences[0]: expected a string",
+            ),
+            (
+                "stop_sequences",
+                json!(vec!["x"; 65]),
+                "at most 64 stop sequences",
+            ),
+            (
+                "stop_sequences",
+                json!(["y".repeat(1025)]),
+                "at most 1024 bytes",
+            ),
+        ] {
+            let mut bad = anthropic.clone();
+            bad[field] = value;
+            let (status, text) = post(&state, "/v1/messages", &token, bad.to_string()).await;
+            assert_eq!(status, 400, "{text}");
+            assert!(
+                text.contains("invalid_request_error") && text.contains(problem),
+                "{problem}: {text}"
+            );
+        }
+    });
+}

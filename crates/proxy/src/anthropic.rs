@@ -235,7 +235,7 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_u32("top_k")?,
-        stop_sequences: root.optional_strings("stop_sequences")?,
+        stop_sequences: root.stop_sequences("stop_sequences")?,
         user_id,
         thinking,
         ignored_fields,

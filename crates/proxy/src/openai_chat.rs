@@ -203,7 +203,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_u32("top_k")?,
-        stop: root.optional_strings("stop")?,
+        stop: root.stop_sequences("stop")?,
         seed: root.optional_i64("seed")?,
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
         user: root.optional_str("user")?.map(str::to_string),

@@ -216,19 +216,43 @@ impl<'a> Node<'a> {
         self.required_str("type")
     }
 
-    /// A `string | [string]` field (OpenAI `stop`, Anthropic `stop_sequences`).
-    pub fn optional_strings(&self, key: &str) -> Read<Vec<String>> {
+    /// A stop-sequence list (a string or an array of strings): each non-empty, within
+    /// [`crate::output::stop::STOP_SEQUENCE_BYTES_MAX`] bytes, at most
+    /// [`crate::output::stop::STOP_SEQUENCES_MAX`] of them.
+    pub fn stop_sequences(&self, key: &str) -> Read<Vec<String>> {
+        use crate::output::stop::{STOP_SEQUENCES_MAX, STOP_SEQUENCE_BYTES_MAX};
         let Some(child) = self.get(key)? else {
             return Ok(Vec::new());
         };
-        if let Some(text) = child.value.as_str() {
-            return Ok(vec![text.to_string()]);
+        let items = match child.value.as_str() {
+            Some(_) => vec![Child {
+                value: child.value,
+                path: child.path.clone(),
+                api: child.api,
+            }],
+            None => child.node().array()?,
+        };
+        if items.len() > STOP_SEQUENCES_MAX {
+            return Err(child.node().error(format!(
+                "at most {STOP_SEQUENCES_MAX} stop sequences, got {}",
+                items.len()
+            )));
         }
-        child
-            .node()
-            .array()?
+        items
             .iter()
-            .map(|item| item.node().str().map(str::to_string))
+            .map(|item| {
+                let text = item.node().str()?;
+                if text.is_empty() {
+                    return Err(item.node().error("a stop sequence must not be empty"));
+                }
+                if text.len() > STOP_SEQUENCE_BYTES_MAX {
+                    return Err(item.node().error(format!(
+                        "a stop sequence may be at most {STOP_SEQUENCE_BYTES_MAX} bytes, got {}",
+                        text.len()
+                    )));
+                }
+                Ok(text.to_string())
+            })
             .collect()
     }
 }

@@ -73,6 +73,8 @@ pub struct EngineRequest {
     pub max_new_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
+    /// Sample among the `k` likeliest tokens only; `None`: no top-k cut (the engine's default).
+    pub top_k: Option<u32>,
     /// The engine stops after sampling one of these (the id is kept in the output).
     pub stop_token_ids: Vec<u32>,
     pub seed: Option<u64>,
@@ -89,6 +91,7 @@ impl EngineRequest {
             max_new_tokens,
             temperature: 1.0,
             top_p: 1.0,
+            top_k: None,
             stop_token_ids: Vec::new(),
             seed: None,
         }

@@ -1,6 +1,6 @@
 //! The SGLang adapter: native `POST /generate` with `input_ids`, streaming.
 //!
-//! Request: `{rid, input_ids, sampling_params: {max_new_tokens, temperature, top_p,
+//! Request: `{rid, input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k?,
 //! stop_token_ids, no_stop_trim: true, skip_special_tokens: false, sampling_seed?},
 //! return_logprob: true, stream: true}`. The stream is SSE `data: {…}` events ending with
 //! `data: [DONE]`; each event carries `output_ids` and `meta_info.output_token_logprobs`
@@ -76,6 +76,8 @@ struct SamplingParams<'a> {
     max_new_tokens: u32,
     temperature: f32,
     top_p: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
     stop_token_ids: &'a [u32],
     /// Keep the stop token in the output: the record needs every sampled id.
     no_stop_trim: bool,
@@ -95,6 +97,7 @@ pub(crate) fn generate_body(request: &EngineRequest) -> Vec<u8> {
                 max_new_tokens: request.max_new_tokens,
                 temperature: request.temperature,
                 top_p: request.top_p,
+                top_k: request.top_k,
                 stop_token_ids: &request.stop_token_ids,
                 no_stop_trim: true,
                 skip_special_tokens: false,
@@ -377,5 +380,24 @@ impl EventParser for SglangParser {
         Err(ParseProblem::Protocol(format!(
             "meta_info.finish_reason: the stream ended ({how}) before a finish_reason"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `top_k` reaches the engine when the request gives it; without it the engine's default
+    /// (no top-k cut) stands.
+    #[test]
+    fn top_k_is_sent_only_when_set() {
+        let mut request = EngineRequest::new("r", vec![1, 2], 8);
+        let body: serde_json::Value =
+            serde_json::from_slice(&generate_body(&request)).expect("json");
+        assert!(body["sampling_params"].get("top_k").is_none(), "{body}");
+        request.top_k = Some(20);
+        let body: serde_json::Value =
+            serde_json::from_slice(&generate_body(&request)).expect("json");
+        assert_eq!(body["sampling_params"]["top_k"], 20, "{body}");
     }
 }

@@ -1,7 +1,7 @@
 //! The vLLM adapter: the token-in/token-out `POST /inference/v1/generate` (vLLM's
 //! `ServingTokens`, `vllm/entrypoints/serve/disagg/`), streaming.
 //!
-//! Request: `{request_id, token_ids, sampling_params: {max_tokens, temperature, top_p,
+//! Request: `{request_id, token_ids, sampling_params: {max_tokens, temperature, top_p, top_k?,
 //! logprobs: 0, stop_token_ids, skip_special_tokens: false, seed?}, stream: true}`. `logprobs:
 //! 0` asks for the sampled token's log-prob only. The stream is SSE `data: {…}` events ending
 //! with `data: [DONE]`, each a **delta** (`RequestOutputKind.DELTA`): `{request_id, choices:
@@ -88,6 +88,8 @@ struct SamplingParams<'a> {
     max_tokens: u32,
     temperature: f32,
     top_p: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
     /// 0 top alternatives: only the sampled token's log-prob.
     logprobs: u32,
     stop_token_ids: &'a [u32],
@@ -106,6 +108,7 @@ fn generate_body(request: &EngineRequest) -> Vec<u8> {
                 max_tokens: request.max_new_tokens,
                 temperature: request.temperature,
                 top_p: request.top_p,
+                top_k: request.top_k,
                 logprobs: 0,
                 stop_token_ids: &request.stop_token_ids,
                 skip_special_tokens: false,
@@ -389,5 +392,24 @@ impl EventParser for VllmParser {
         Err(ParseProblem::Protocol(
             "choices[0].finish_reason: the stream ended without [DONE] or a finish_reason".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `top_k` reaches the engine when the request gives it; without it the engine's default
+    /// (no top-k cut) stands.
+    #[test]
+    fn top_k_is_sent_only_when_set() {
+        let mut request = EngineRequest::new("r", vec![1, 2], 8);
+        let body: serde_json::Value =
+            serde_json::from_slice(&generate_body(&request)).expect("json");
+        assert!(body["sampling_params"].get("top_k").is_none(), "{body}");
+        request.top_k = Some(20);
+        let body: serde_json::Value =
+            serde_json::from_slice(&generate_body(&request)).expect("json");
+        assert_eq!(body["sampling_params"]["top_k"], 20, "{body}");
     }
 }

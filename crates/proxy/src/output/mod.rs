@@ -8,8 +8,10 @@ pub mod openai_chat;
 pub mod openai_responses;
 mod parser;
 pub mod sse;
+pub mod stop;
 
 pub use parser::{parse_output, OutputParser};
+pub use stop::StopStrings;
 
 /// How a model writes reasoning and tool calls. Add a constructor per model family.
 #[derive(Clone, Debug, PartialEq, Eq)]

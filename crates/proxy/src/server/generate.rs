@@ -16,7 +16,8 @@ use crate::output::openai_chat::ChatCompletionResponse;
 use crate::output::openai_responses::ResponsesResponse;
 use crate::output::sse::SseEvent;
 use crate::output::{
-    EngineFinish, OutputEvent, OutputParser, ResponseMeta, StopReason, StreamItem, Usage,
+    EngineFinish, OutputEvent, OutputParser, ResponseMeta, StopReason, StopStrings, StreamItem,
+    Usage,
 };
 use crate::{ApiError, ApiErrorKind};
 
@@ -159,6 +160,8 @@ impl Outlet {
 /// minted (and cached in the session), built into frames.
 struct Answer<'m> {
     text_stream: crate::model_dir::TextStream<'m>,
+    /// The request's stop sequences, between the detokenizer and the parser.
+    stop: StopStrings,
     parser: OutputParser,
     reasoning_text: String,
     reasoning_tokens: u64,
@@ -173,11 +176,13 @@ impl<'m> Answer<'m> {
         app: &AppState,
         model: &'m crate::ChatModel,
         execution: &ExecutionHandle,
+        request: &ChatRequest,
         prepared: &Prepared,
         prompt_tokens: usize,
     ) -> Self {
         Answer {
             text_stream: model.text_stream(),
+            stop: StopStrings::new(&request.sampling.stop),
             parser: OutputParser::new(app.output_format.clone()),
             reasoning_text: String::new(),
             reasoning_tokens: 0,
@@ -190,8 +195,15 @@ impl<'m> Answer<'m> {
         }
     }
 
+    /// The stop sequence the output reached, if any: the answer ends there (the text before
+    /// it is out; the token that completed it is the output's last).
+    fn stopped(&self) -> Option<&str> {
+        self.stop.matched()
+    }
+
     /// One output token (`so_far`: the output up to and including it): the text it completes,
-    /// if any, and the frames that text produces.
+    /// if any (all of it: the record keeps every sampled token's text), and the frames that
+    /// text produces (none past a stop sequence).
     fn token(
         &mut self,
         app: &AppState,
@@ -208,7 +220,8 @@ impl<'m> Answer<'m> {
         else {
             return Ok(None);
         };
-        let events = self.parser.push(&delta);
+        let release = self.stop.push(&delta).release;
+        let events = self.parser.push(&release);
         if events
             .iter()
             .any(|event| matches!(event, OutputEvent::ReasoningDelta(_)))
@@ -228,7 +241,10 @@ impl<'m> Answer<'m> {
         builder: &mut Builder,
         output: &[u32],
     ) -> Vec<SseEvent> {
-        let events = self.parser.finish();
+        // Text held as a possible stop sequence's start is ordinary text after all.
+        let tail = self.stop.finish();
+        let mut events = self.parser.push(&tail);
+        events.extend(self.parser.finish());
         self.emit(app, execution, api, builder, events, output)
     }
 
@@ -305,7 +321,7 @@ pub async fn run(
         return;
     }
     let model = app.model.clone();
-    let mut answer = Answer::new(&app, &model, &execution, &prepared, prompt_tokens);
+    let mut answer = Answer::new(&app, &model, &execution, &request, &prepared, prompt_tokens);
     let mut sampled = Sampled {
         requested_at,
         ..Sampled::default()
@@ -340,6 +356,7 @@ pub async fn run(
             max_new_tokens: max_new.saturating_sub(produced).max(1),
             temperature: request.sampling.temperature.unwrap_or(1.0) as f32,
             top_p: request.sampling.top_p.unwrap_or(1.0) as f32,
+            top_k: request.sampling.top_k,
             stop_token_ids: app.stop_token_ids.clone(),
             seed: request.sampling.seed.map(|seed| seed as u64),
             agent: Some(if prepared.agent == "main" {
@@ -417,6 +434,14 @@ pub async fn run(
                                 }
                             }
                             sampled.output_ends.push(sampled.output_text.len() as u32);
+                            if answer.stopped().is_some() {
+                                // A stop sequence ends the answer: the engine stops here and
+                                // its end reports the policy version.
+                                sampled.policy_version =
+                                    stop_engine(&*engine, &rid, &mut chunks).await;
+                                sampled.engine = EngineId(engine_index as u32);
+                                break 'engines FinishKind::Stop;
+                            }
                         }
                     }
                 }
@@ -472,6 +497,9 @@ pub async fn run(
         }
     };
     let finish = match finish {
+        _ if answer.stopped().is_some() => {
+            EngineFinish::StopSequence(answer.stopped().unwrap_or_default().to_string())
+        }
         FinishKind::Stop => EngineFinish::EndOfTurn,
         FinishKind::Length => EngineFinish::Length,
         FinishKind::Abort => EngineFinish::Length,
@@ -536,6 +564,32 @@ pub async fn run(
         .await;
 }
 
+/// Stops request `rid` after the output reached a stop sequence, and reads its stream to the
+/// end (the tokens the engine sent meanwhile are dropped) for the policy version its end
+/// reports; 0 if the stream fails instead (the answer is complete either way).
+async fn stop_engine(
+    engine: &dyn crate::engine::TokenEngine,
+    rid: &str,
+    chunks: &mut crate::engine::ChunkStream,
+) -> PolicyVersion {
+    if let Err(error) = engine.abort(rid).await {
+        tracing::warn!(%error, rid, "stopping the engine after a stop sequence failed");
+    }
+    while let Some(chunk) = chunks.recv().await {
+        match chunk {
+            Ok(EngineChunk::Tokens { .. }) => {}
+            Ok(EngineChunk::Finished { policy_version, .. }) => {
+                return PolicyVersion(policy_version)
+            }
+            Err(failure) => {
+                tracing::warn!(%failure, rid, "the engine's stream failed after a stop sequence");
+                break;
+            }
+        }
+    }
+    PolicyVersion(0)
+}
+
 /// The new-token limit of a call: the request's, capped by the proxy's.
 fn max_new_tokens(app: &AppState, request: &ChatRequest) -> u32 {
     request
@@ -568,7 +622,14 @@ async fn run_replay(
         return;
     }
     let model = app.model.clone();
-    let mut answer = Answer::new(&app, &model, &execution, &prepared, replay.prompt_tokens);
+    let mut answer = Answer::new(
+        &app,
+        &model,
+        &execution,
+        &request,
+        &prepared,
+        replay.prompt_tokens,
+    );
     let output = &replay.output_ids;
     for at in 0..output.len() {
         match answer.token(
@@ -591,6 +652,11 @@ async fn run_replay(
                 }
             }
         }
+        if answer.stopped().is_some() {
+            // The same request's stop sequence ends the replay where it ended the answer
+            // (its token is the record's last).
+            break;
+        }
     }
     let frames = answer.finish(&app, &execution, api, &mut builder, output);
     if !outlet.frames(frames).await {
@@ -600,7 +666,9 @@ async fn run_replay(
     // The same request has the same token limit: an output that ends in a stop token or stops
     // short of the limit ended its turn; one that reached the limit without a stop token was
     // cut there.
-    let finish = if output.len() < max_new_tokens(&app, &request) as usize
+    let finish = if let Some(sequence) = answer.stopped() {
+        EngineFinish::StopSequence(sequence.to_string())
+    } else if output.len() < max_new_tokens(&app, &request) as usize
         || output
             .last()
             .is_some_and(|id| app.stop_token_ids.contains(id))

@@ -86,6 +86,7 @@ pub(crate) async fn chat_completions(
     );
     request.temperature = chat.sampling.temperature.unwrap_or(1.0) as f32;
     request.top_p = chat.sampling.top_p.unwrap_or(1.0) as f32;
+    request.top_k = chat.sampling.top_k;
     request.stop_token_ids = end_ids.clone();
     request.seed = chat.sampling.seed.and_then(|seed| u64::try_from(seed).ok());
     request.agent = agent_from(&headers);

@@ -69,6 +69,7 @@ fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<G
     request.top_p = number_field(sampling, "top_p")
         .map_err(field)?
         .unwrap_or(1.0);
+    request.top_k = number_field(sampling, "top_k").map_err(field)?;
     request.stop_token_ids = number_field(sampling, "stop_token_ids")
         .map_err(field)?
         .unwrap_or_default();
