@@ -951,6 +951,27 @@ fn stop_sequences_end_the_answer_and_its_record_there() {
             answer["usage"]["output_tokens"].as_u64(),
             Some(record.output_ids.len() as u64)
         );
+        // The next turn sends the cut text back and extends the whole sampled answer: the
+        // model's context keeps every sampled token (the stop's included), then the template.
+        let mut next = anthropic.clone();
+        next["messages"] = json!([
+            {"role": "user", "content": "What is it?"},
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": "And then?"},
+        ]);
+        let (status, text) = post(&state, "/v1/messages", &token, next.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let second = last_record(&sink);
+        assert_eq!(
+            second.parent_call,
+            Some(record.call),
+            "the next turn extends the cut call"
+        );
+        assert_eq!(
+            second.reused_prefix_tokens_count as usize,
+            record.input_ids.len() + record.output_ids.len(),
+            "the whole sampled answer is reused, never re-encoded"
+        );
 
         // OpenAI Chat, streamed, `stop` as one string.
         let (_, token) = state.open_execution(None, None).expect("open");
@@ -986,12 +1007,17 @@ fn stop_sequences_end_the_answer_and_its_record_there() {
             "the same line cut at the same token"
         );
 
-        // The answer never reached the harness: its re-send replays the cut answer.
+        // The answer never reached the harness: its re-send replays the answer cut where it
+        // was cut, even when the re-send leaves the stop sequences out.
         let (_, token) = state.open_execution(None, None).expect("open");
         let mut streaming = anthropic.clone();
         streaming["stream"] = json!(true);
         call_then_vanish(&state, &sink, "/v1/messages", &token, streaming.to_string()).await;
         let records = sink.records();
+        streaming
+            .as_object_mut()
+            .expect("an object")
+            .remove("stop_sequences");
         let (status, text) = post(&state, "/v1/messages", &token, streaming.to_string()).await;
         assert_eq!(status, 200, "{text}");
         assert_eq!(state.metrics.replayed_count(), 1);
@@ -1032,6 +1058,7 @@ fn stop_sequences_end_the_answer_and_its_record_there() {
                 json!(["y".repeat(1025)]),
                 "at most 1024 bytes",
             ),
+            ("top_k", json!(0), "top_k: must be at least 1"),
         ] {
             let mut bad = anthropic.clone();
             bad[field] = value;

@@ -234,7 +234,7 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         stream: root.optional_bool("stream")?.unwrap_or(false),
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
-        top_k: root.optional_u32("top_k")?,
+        top_k: root.optional_positive_u32("top_k")?,
         stop_sequences: root.stop_sequences("stop_sequences")?,
         user_id,
         thinking,

@@ -207,6 +207,17 @@ impl<'a> Node<'a> {
         self.get(key)?.map(|child| child.node().i64()).transpose()
     }
 
+    /// An optional count that must be at least 1 when given (`top_k`).
+    pub fn optional_positive_u32(&self, key: &str) -> Read<Option<u32>> {
+        let Some(child) = self.get(key)? else {
+            return Ok(None);
+        };
+        match child.node().u32()? {
+            0 => Err(child.node().error("must be at least 1")),
+            value => Ok(Some(value)),
+        }
+    }
+
     pub fn optional_u32(&self, key: &str) -> Read<Option<u32>> {
         self.get(key)?.map(|child| child.node().u32()).transpose()
     }

@@ -27,6 +27,8 @@ pub struct StopStrings {
     stops: Vec<String>,
     /// Text received but not released: a suffix that is a proper prefix of some stop.
     held: String,
+    /// Bytes released so far; at a match, where the text was cut.
+    released: usize,
     matched: Option<String>,
 }
 
@@ -36,6 +38,7 @@ impl StopStrings {
         StopStrings {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            released: 0,
             matched: None,
         }
     }
@@ -45,12 +48,19 @@ impl StopStrings {
         self.matched.as_deref()
     }
 
+    /// After a match: the byte offset, in all the text pushed, where the sequence starts (the
+    /// length of what was released).
+    pub fn cut(&self) -> Option<usize> {
+        self.matched.as_ref().map(|_| self.released)
+    }
+
     /// The next piece of generated text.
     pub fn push(&mut self, text: &str) -> StopPush {
         if self.matched.is_some() {
             return StopPush::default();
         }
         if self.stops.is_empty() {
+            self.released += text.len();
             return StopPush {
                 release: text.to_string(),
                 matched: None,
@@ -68,6 +78,7 @@ impl StopStrings {
         if let Some((at, stop)) = earliest {
             let stop = stop.clone();
             let release = self.held[..at].to_string();
+            self.released += release.len();
             self.held.clear();
             self.matched = Some(stop.clone());
             return StopPush {
@@ -84,6 +95,7 @@ impl StopStrings {
             })
             .unwrap_or(self.held.len());
         let release = self.held[..keep_from].to_string();
+        self.released += release.len();
         self.held.drain(..keep_from);
         StopPush {
             release,
@@ -93,7 +105,9 @@ impl StopStrings {
 
     /// The output ended without a match: the held tail is ordinary text.
     pub fn finish(&mut self) -> String {
-        std::mem::take(&mut self.held)
+        let tail = std::mem::take(&mut self.held);
+        self.released += tail.len();
+        tail
     }
 }
 
@@ -227,6 +241,7 @@ mod tests {
             let pieces: Vec<&str> = bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect();
             let mut matcher = StopStrings::new(&sequences);
             let (out, stop) = run(&mut matcher, &pieces);
+            prop_assert_eq!(matcher.cut(), stop.as_ref().map(|_| out.len()));
             prop_assert_eq!(out, expected_text);
             prop_assert_eq!(stop, expected_stop);
         }

@@ -176,13 +176,13 @@ impl<'m> Answer<'m> {
         app: &AppState,
         model: &'m crate::ChatModel,
         execution: &ExecutionHandle,
-        request: &ChatRequest,
+        stops: &[String],
         prepared: &Prepared,
         prompt_tokens: usize,
     ) -> Self {
         Answer {
             text_stream: model.text_stream(),
-            stop: StopStrings::new(&request.sampling.stop),
+            stop: StopStrings::new(stops),
             parser: OutputParser::new(app.output_format.clone()),
             reasoning_text: String::new(),
             reasoning_tokens: 0,
@@ -199,6 +199,12 @@ impl<'m> Answer<'m> {
     /// it is out; the token that completed it is the output's last).
     fn stopped(&self) -> Option<&str> {
         self.stop.matched()
+    }
+
+    /// After a stop sequence: the byte offset in the output text where the harness's text
+    /// ends.
+    fn stop_cut(&self) -> Option<usize> {
+        self.stop.cut()
     }
 
     /// One output token (`so_far`: the output up to and including it): the text it completes,
@@ -321,9 +327,17 @@ pub async fn run(
         return;
     }
     let model = app.model.clone();
-    let mut answer = Answer::new(&app, &model, &execution, &request, &prepared, prompt_tokens);
+    let mut answer = Answer::new(
+        &app,
+        &model,
+        &execution,
+        &request.sampling.stop,
+        &prepared,
+        prompt_tokens,
+    );
     let mut sampled = Sampled {
         requested_at,
+        stop_sequences: request.sampling.stop.clone(),
         ..Sampled::default()
     };
     let max_new = max_new_tokens(&app, &request);
@@ -434,11 +448,16 @@ pub async fn run(
                                 }
                             }
                             sampled.output_ends.push(sampled.output_text.len() as u32);
-                            if answer.stopped().is_some() {
-                                // A stop sequence ends the answer: the engine stops here and
-                                // its end reports the policy version.
-                                sampled.policy_version =
-                                    stop_engine(&*engine, &rid, &mut chunks).await;
+                            if let Some(cut) = answer.stop_cut() {
+                                // A stop sequence ends the answer. The agent's context keeps
+                                // the text the harness saw (it sends that back next turn) and
+                                // every sampled token, those past the cut ending at it.
+                                sampled.output_text.truncate(cut);
+                                for end in &mut sampled.output_ends {
+                                    *end = (*end).min(cut as u32);
+                                }
+                                // The engine stops here; its end reports the policy version.
+                                sampled.policy_version = stop_engine(&*engine, &rid, chunks).await;
                                 sampled.engine = EngineId(engine_index as u32);
                                 break 'engines FinishKind::Stop;
                             }
@@ -570,25 +589,37 @@ pub async fn run(
 async fn stop_engine(
     engine: &dyn crate::engine::TokenEngine,
     rid: &str,
-    chunks: &mut crate::engine::ChunkStream,
+    mut chunks: crate::engine::ChunkStream,
 ) -> PolicyVersion {
     if let Err(error) = engine.abort(rid).await {
-        tracing::warn!(%error, rid, "stopping the engine after a stop sequence failed");
+        // Dropping the stream closes the request's connection, which ends it on the engine.
+        tracing::warn!(%error, rid, "stopping the engine after a stop sequence failed; the record's policy version is 0");
+        return PolicyVersion(0);
     }
-    while let Some(chunk) = chunks.recv().await {
-        match chunk {
-            Ok(EngineChunk::Tokens { .. }) => {}
-            Ok(EngineChunk::Finished { policy_version, .. }) => {
-                return PolicyVersion(policy_version)
-            }
-            Err(failure) => {
-                tracing::warn!(%failure, rid, "the engine's stream failed after a stop sequence");
-                break;
+    let drained = tokio::time::timeout(STOP_DRAIN, async {
+        while let Some(chunk) = chunks.recv().await {
+            match chunk {
+                Ok(EngineChunk::Tokens { .. }) => {}
+                Ok(EngineChunk::Finished { policy_version, .. }) => {
+                    return Some(PolicyVersion(policy_version))
+                }
+                Err(failure) => {
+                    tracing::warn!(%failure, rid, "the engine's stream failed after a stop sequence");
+                    return None;
+                }
             }
         }
-    }
-    PolicyVersion(0)
+        None
+    })
+    .await;
+    drained.ok().flatten().unwrap_or_else(|| {
+        tracing::warn!(rid, "the engine did not end its stream after a stop sequence; the record's policy version is 0");
+        PolicyVersion(0)
+    })
 }
+
+/// How long a stopped request's stream may take to end after its abort.
+const STOP_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The new-token limit of a call: the request's, capped by the proxy's.
 fn max_new_tokens(app: &AppState, request: &ChatRequest) -> u32 {
@@ -622,11 +653,17 @@ async fn run_replay(
         return;
     }
     let model = app.model.clone();
+    // The stops the answer ran with (a re-send normally carries the same ones); after a
+    // restart they are unknown and the re-send's are used.
+    let stops = replay
+        .stops
+        .clone()
+        .unwrap_or_else(|| request.sampling.stop.clone());
     let mut answer = Answer::new(
         &app,
         &model,
         &execution,
-        &request,
+        &stops,
         &prepared,
         replay.prompt_tokens,
     );

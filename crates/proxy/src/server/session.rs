@@ -69,6 +69,9 @@ struct AgentContext {
     /// prompt is then a new question (a harness asking again on purpose), not a retry. Unknown
     /// (false) for contexts rebuilt after a restart.
     delivered: bool,
+    /// The stop sequences the last call ran with; `None` when unknown (rebuilt after a
+    /// restart).
+    stops: Option<Vec<String>>,
 }
 
 /// The token buffers of an agent context, handed from one call to the next.
@@ -88,6 +91,7 @@ impl AgentContext {
         self.prompt_len = 0;
         self.committed = false;
         self.delivered = false;
+        self.stops = None;
         ContextBuffers {
             ids: std::mem::take(&mut self.ids),
             ids_json: std::mem::take(&mut self.ids_json),
@@ -138,6 +142,9 @@ pub struct Replay {
     pub output_logprobs: Vec<f32>,
     pub engine: EngineId,
     pub policy_version: PolicyVersion,
+    /// The stop sequences the call ran with (a replay cuts where the answer was cut); `None`
+    /// when unknown (the context was rebuilt after a restart).
+    pub stops: Option<Vec<String>>,
 }
 
 /// What the engine produced for a call.
@@ -147,7 +154,12 @@ pub struct Sampled {
     pub output_logprobs: Vec<f32>,
     /// Byte end of each output token within `output_text`.
     pub output_ends: Vec<u32>,
+    /// The output as the harness saw it: cut where a stop sequence started (the ends of the
+    /// tokens past the cut are clamped to it), so the next turn, which sends the cut text
+    /// back, extends the whole sampled output.
     pub output_text: String,
+    /// The request's stop sequences.
+    pub stop_sequences: Vec<String>,
     pub engine: EngineId,
     pub policy_version: PolicyVersion,
     pub requested_at: Timestamp,
@@ -529,6 +541,7 @@ impl Session {
             output_logprobs: node.output_logprobs.clone(),
             engine: node.engine,
             policy_version: node.policy_version,
+            stops: previous.stops.clone(),
         })
     }
 
@@ -581,6 +594,7 @@ impl Session {
             prompt_len: prepared.text.len(),
             committed: false,
             delivered: false,
+            stops: Some(sampled.stop_sequences),
             text: prepared.text,
             ids: Arc::try_unwrap(prepared.context_ids).unwrap_or_else(|shared| (*shared).clone()),
             ids_json: Arc::try_unwrap(prepared.context_json)
@@ -832,6 +846,7 @@ impl Session {
                     // answer reached the harness before the restart is unknown.
                     committed: true,
                     delivered: false,
+                    stops: None,
                 },
             );
         }
