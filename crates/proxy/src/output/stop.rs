@@ -43,6 +43,11 @@ impl StopStrings {
         }
     }
 
+    /// No stop sequences: every push releases its text unchanged (callers may skip it).
+    pub fn is_empty(&self) -> bool {
+        self.stops.is_empty()
+    }
+
     /// Whether a sequence has matched (everything pushed since is dropped).
     pub fn matched(&self) -> Option<&str> {
         self.matched.as_deref()

@@ -226,8 +226,12 @@ impl<'m> Answer<'m> {
         else {
             return Ok(None);
         };
-        let release = self.stop.push(&delta).release;
-        let events = self.parser.push(&release);
+        let events = if self.stop.is_empty() {
+            self.parser.push(&delta)
+        } else {
+            let release = self.stop.push(&delta).release;
+            self.parser.push(&release)
+        };
         if events
             .iter()
             .any(|event| matches!(event, OutputEvent::ReasoningDelta(_)))
@@ -249,7 +253,11 @@ impl<'m> Answer<'m> {
     ) -> Vec<SseEvent> {
         // Text held as a possible stop sequence's start is ordinary text after all.
         let tail = self.stop.finish();
-        let mut events = self.parser.push(&tail);
+        let mut events = if tail.is_empty() {
+            Vec::new()
+        } else {
+            self.parser.push(&tail)
+        };
         events.extend(self.parser.finish());
         self.emit(app, execution, api, builder, events, output)
     }
