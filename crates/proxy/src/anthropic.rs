@@ -82,8 +82,24 @@ pub enum ContentBlock {
     ToolResult {
         tool_use_id: String,
         /// A string `content` becomes one block.
-        content: Vec<TextBlock>,
+        content: Vec<ResultPart>,
         is_error: bool,
+    },
+}
+
+/// One block of a `tool_result`'s content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResultPart {
+    Text {
+        text: String,
+    },
+    /// Claude Code's `ToolSearch` answers with references to deferred tools, which the
+    /// Anthropic API expands into their definitions. Rendered as the named tool's definition
+    /// (the request's `tools` entry, deferred or not) in the function form the chat template
+    /// shows tools in, so the model learns the schema it may now call.
+    ToolReference {
+        tool_name: String,
     },
 }
 
@@ -274,6 +290,30 @@ fn read_text_blocks(node: Node<'_>) -> Read<Vec<TextBlock>> {
         .collect()
 }
 
+/// A `tool_result`'s `content`: a string, or text and `tool_reference` blocks.
+fn read_result_parts(node: Node<'_>) -> Read<Vec<ResultPart>> {
+    if let Some(text) = node.value.as_str() {
+        return Ok(vec![ResultPart::Text {
+            text: text.to_string(),
+        }]);
+    }
+    node.array()?
+        .iter()
+        .map(|child| {
+            let block = child.node();
+            match block.type_tag()? {
+                "text" => Ok(ResultPart::Text {
+                    text: block.required_str("text")?.to_string(),
+                }),
+                "tool_reference" => Ok(ResultPart::ToolReference {
+                    tool_name: block.required_str("tool_name")?.to_string(),
+                }),
+                kind => Err(unsupported_block(block, kind)),
+            }
+        })
+        .collect()
+}
+
 fn read_message(node: Node<'_>) -> Read<InputMessage> {
     let role_child = node.required("role")?;
     let role = match role_child.node().str()? {
@@ -356,7 +396,7 @@ fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
         _ => {
             let content = match node.get("content")? {
                 None => Vec::new(),
-                Some(child) => read_text_blocks(child.node())?,
+                Some(child) => read_result_parts(child.node())?,
             };
             ContentBlock::ToolResult {
                 tool_use_id: node.required_str("tool_use_id")?.to_string(),
@@ -455,6 +495,44 @@ fn join_text(blocks: &[TextBlock]) -> String {
         .join(TEXT_PART_SEPARATOR)
 }
 
+/// A `tool_result`'s content as one text: text blocks as they are, each `tool_reference` as
+/// the referenced tool's definition (`{"type": "function", "function": {"name",
+/// "description", "parameters"}}`, compact JSON, keys in that order). `at` names the content
+/// for errors; a reference to a tool the request does not define is refused.
+fn join_result(parts: &[ResultPart], tools: &[ToolDefinition], at: &str) -> Read<String> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (index, part) in parts.iter().enumerate() {
+        match part {
+            ResultPart::Text { text } => texts.push(text.clone()),
+            ResultPart::ToolReference { tool_name } => {
+                let tool = tools
+                    .iter()
+                    .find(|tool| tool.name == *tool_name && tool.input_schema.is_some())
+                    .ok_or_else(|| {
+                        ApiError::invalid_field(
+                            API,
+                            format!("{at}[{index}].tool_name"),
+                            format!("`{tool_name}` is not a client tool in this request's `tools`"),
+                        )
+                    })?;
+                let mut function = serde_json::Map::new();
+                function.insert("name".into(), Value::String(tool.name.clone()));
+                if let Some(description) = &tool.description {
+                    function.insert("description".into(), Value::String(description.clone()));
+                }
+                if let Some(schema) = &tool.input_schema {
+                    function.insert("parameters".into(), schema.clone());
+                }
+                let mut definition = serde_json::Map::new();
+                definition.insert("type".into(), Value::String("function".into()));
+                definition.insert("function".into(), Value::Object(function));
+                texts.push(Value::Object(definition).to_string());
+            }
+        }
+    }
+    Ok(texts.join(TEXT_PART_SEPARATOR))
+}
+
 impl MessagesRequest {
     /// Converts to internal messages. Each `tool_result` becomes its own `tool` message, in
     /// request order (parallel results arrive in completion order); text blocks around them
@@ -551,10 +629,17 @@ impl MessagesRequest {
                                         ),
                                     ));
                                 };
+                                let text = join_result(
+                                    content,
+                                    &self.tools,
+                                    &format!(
+                                        "messages[{message_index}].content[{block_index}].content"
+                                    ),
+                                )?;
                                 chat.messages.push(Message::tool_result(
                                     tool_use_id.clone(),
                                     Some(name.clone()),
-                                    join_text(content),
+                                    text,
                                     *is_error,
                                 ));
                                 emitted = true;

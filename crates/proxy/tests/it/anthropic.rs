@@ -292,3 +292,51 @@ fn errors_render_in_anthropic_shape() {
         json!({"type": "error", "error": {"type": "invalid_request_error", "message": "request body is not valid JSON: expected ident at line 1 column 2"}})
     );
 }
+
+/// Claude Code's `ToolSearch` answers with `tool_reference` blocks naming deferred tools (the
+/// Anthropic API expands them into definitions). The proxy renders each as the tool's
+/// definition in the function form the template shows tools in, beside the result's text, so
+/// the model sees the schema it may now call; the deferred tool stays out of the prompt's tool
+/// list (the prompt's prefix never changes). A reference to a tool the request does not define
+/// is refused, naming the block.
+#[test]
+fn tool_references_render_as_the_deferred_tools_definitions() {
+    let body = |tool_name: &str| {
+        json!({
+            "model": "m", "max_tokens": 5,
+            "tools": [
+                {"name": "ToolSearch", "description": "Find tools", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}},
+                {"name": "WebFetch", "description": "Fetch a URL", "defer_loading": true,
+                 "input_schema": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}},
+            ],
+            "messages": [
+                {"role": "user", "content": "fetch it"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "select:WebFetch"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "text", "text": "Found 1 tool"},
+                    {"type": "tool_reference", "tool_name": tool_name},
+                ]}]},
+            ],
+        })
+    };
+    let chat = parse_json(&body("WebFetch")).expect("parses");
+    let names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(names, ["ToolSearch"]);
+    assert_eq!(chat.omitted_tools, ["WebFetch"]);
+    let result = chat.messages.last().expect("the tool result");
+    assert_eq!(result.role, Role::Tool);
+    assert_eq!(
+        result.content,
+        "Found 1 tool\n{\"type\":\"function\",\"function\":{\"name\":\"WebFetch\",\"description\":\"Fetch a URL\",\"parameters\":{\"type\":\"object\",\"properties\":{\"url\":{\"type\":\"string\"}},\"required\":[\"url\"]}}}"
+    );
+    let error = parse_json(&body("Nowhere")).expect_err("refused");
+    assert_eq!(
+        error.param.as_deref(),
+        Some("messages[2].content[0].content[1].tool_name")
+    );
+    assert!(
+        error.body().contains("`Nowhere` is not a client tool"),
+        "{}",
+        error.body()
+    );
+}
