@@ -320,3 +320,15 @@ pub(crate) fn json_body_with_ids<T: serde::Serialize>(
     }
     body
 }
+
+/// Checks an adapter's body builder: `sampling_params.top_k` is present exactly when the
+/// request sets it.
+#[cfg(test)]
+pub(crate) fn top_k_is_sent_only_when_set(generate_body: fn(&EngineRequest) -> Vec<u8>) {
+    let mut request = EngineRequest::new("r", vec![1, 2], 8);
+    let body: serde_json::Value = serde_json::from_slice(&generate_body(&request)).expect("json");
+    assert!(body["sampling_params"].get("top_k").is_none(), "{body}");
+    request.top_k = Some(20);
+    let body: serde_json::Value = serde_json::from_slice(&generate_body(&request)).expect("json");
+    assert_eq!(body["sampling_params"]["top_k"], 20, "{body}");
+}

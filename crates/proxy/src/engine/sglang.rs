@@ -391,13 +391,6 @@ mod tests {
     /// (no top-k cut) stands.
     #[test]
     fn top_k_is_sent_only_when_set() {
-        let mut request = EngineRequest::new("r", vec![1, 2], 8);
-        let body: serde_json::Value =
-            serde_json::from_slice(&generate_body(&request)).expect("json");
-        assert!(body["sampling_params"].get("top_k").is_none(), "{body}");
-        request.top_k = Some(20);
-        let body: serde_json::Value =
-            serde_json::from_slice(&generate_body(&request)).expect("json");
-        assert_eq!(body["sampling_params"]["top_k"], 20, "{body}");
+        crate::engine::top_k_is_sent_only_when_set(generate_body);
     }
 }
