@@ -138,9 +138,10 @@ fn config_errors_name_the_field() {
 /// A `GYRE_PORT_BASE` for `quorum.sh` whose four ports (base+1..3, base+10) are free now, so
 /// the test neither collides with another run on this machine nor with nodes a killed run left.
 fn free_port_base() -> u16 {
-    let start = 20_000 + (std::process::id() % 400) as u16 * 100;
-    (0..400u16)
-        .map(|step| 20_000 + (start - 20_000 + step * 100) % 40_000)
+    // Blocks of 100 from 20000 to 59900, starting at one the process id picks.
+    let first = std::process::id() % 400;
+    (0..400u32)
+        .map(|step| 20_000 + ((first + step) % 400) as u16 * 100)
         .find(|base| {
             [1, 2, 3, 10]
                 .iter()
