@@ -130,9 +130,9 @@ impl Outlet {
     }
 
     /// The end of the answer: the closing frames, or the whole body. The call counts as
-    /// delivered (see [`super::session::Session::mark_delivered`]) from just before the hand-over, since the
-    /// harness may have the answer and re-ask before this task runs again; a failed hand-over
-    /// (the harness went away) clears it.
+    /// delivered ([`super::session::Session::mark_delivered`]) from just before the hand-over,
+    /// since the harness may have the answer and re-ask before this task runs again; a failed
+    /// hand-over (the harness went away) clears it.
     async fn end(
         &self,
         builder: &mut Builder,
@@ -523,13 +523,10 @@ pub async fn run(
             execution.lock().engine = engine_index;
         }
     };
-    let finish = match finish {
-        _ if answer.stopped().is_some() => {
-            EngineFinish::StopSequence(answer.stopped().unwrap_or_default().to_string())
-        }
-        FinishKind::Stop => EngineFinish::EndOfTurn,
-        FinishKind::Length => EngineFinish::Length,
-        FinishKind::Abort => EngineFinish::Length,
+    let finish = match (answer.stopped(), finish) {
+        (Some(sequence), _) => EngineFinish::StopSequence(sequence.to_string()),
+        (None, FinishKind::Stop) => EngineFinish::EndOfTurn,
+        (None, FinishKind::Length | FinishKind::Abort) => EngineFinish::Length,
     };
     let frames = answer.finish(&app, &execution, api, &mut builder, &sampled.output_ids);
     if !outlet.frames(frames).await {
@@ -601,7 +598,7 @@ async fn stop_engine(
 ) -> PolicyVersion {
     if let Err(error) = engine.abort(rid).await {
         // Dropping the stream closes the request's connection, which ends it on the engine.
-        tracing::warn!(%error, rid, "stopping the engine after a stop sequence failed; the record's policy version is 0");
+        tracing::warn!(%error, rid, "abort after a stop sequence failed; policy version 0");
         return PolicyVersion(0);
     }
     let drained = tokio::time::timeout(STOP_DRAIN, async {
@@ -612,7 +609,7 @@ async fn stop_engine(
                     return Some(PolicyVersion(policy_version))
                 }
                 Err(failure) => {
-                    tracing::warn!(%failure, rid, "the engine's stream failed after a stop sequence");
+                    tracing::warn!(%failure, rid, "stream failed after a stop sequence");
                     return None;
                 }
             }
@@ -621,7 +618,10 @@ async fn stop_engine(
     })
     .await;
     drained.ok().flatten().unwrap_or_else(|| {
-        tracing::warn!(rid, "the engine did not end its stream after a stop sequence; the record's policy version is 0");
+        tracing::warn!(
+            rid,
+            "no end after a stop sequence's abort; policy version 0"
+        );
         PolicyVersion(0)
     })
 }
@@ -698,8 +698,8 @@ async fn run_replay(
             }
         }
         if answer.stopped().is_some() {
-            // The same request's stop sequence ends the replay where it ended the answer
-            // (its token is the record's last).
+            // The answer's stop sequence ends the replay where it ended the answer (its
+            // token is the record's last).
             break;
         }
     }
