@@ -208,6 +208,22 @@ fn node_data_dirs_replay_to_the_cluster_digest() {
             report["started_from_snapshot"]
         );
         assert!(report["entries"].as_u64() >= report["started_from_snapshot"].as_u64());
+        // `--at` stops the fold early: the reading thread must stop too, and the state is the
+        // one at that entry.
+        let start = report["started_from_snapshot"].as_u64().expect("start");
+        if report["entries"].as_u64() > Some(start + 1) {
+            let at = (start + 1).to_string();
+            let (code, early) = replay_json(&[
+                "replay",
+                path.to_str().expect("utf-8"),
+                "--at",
+                &at,
+                "--json",
+            ]);
+            assert_eq!(code, 0, "{early}");
+            assert_eq!(early["entries"].as_u64(), Some(start + 1), "{early}");
+            assert_eq!(early["final_state"]["entry"].as_u64(), Some(start + 1));
+        }
     }
 
     let segment = std::fs::read_dir(keep.join("node-3/log"))

@@ -14,7 +14,8 @@
 //!   busy (three nodes and the writers share this process): CPU per event is steadier than
 //!   events/s on a shared host, and cores busy shows how far a phase is from CPU-bound;
 //! - every benchmark event must be folded: a refusal fails the benchmark;
-//! - replay: decode + `ControlState` fold of the committed log, events/s;
+//! - replay: decode (on its own thread, as `gyre replay` does) + `ControlState` fold of the
+//!   committed log, events/s;
 //! - restart-to-serving: stop all nodes after a snapshot, restart them, time until a leader
 //!   accepts and commits an append.
 //!
@@ -291,14 +292,28 @@ async fn replay_run(cluster: &Cluster) -> anyhow::Result<f64> {
             }
         }
     }
+    // As `gyre replay` does: one thread decodes, this one folds in log order.
     let started = Instant::now();
     let mut projection = gyre_control::ControlProjection::new();
-    for (index, batch) in &batches {
-        let events = gyre_log::decode_batch(batch)?;
-        // Refusals repeat those of the first fold; the figure counts every event.
-        let _ = gyre_log::raft::Projection::apply_events(&mut projection, *index, batch, events);
-    }
+    let (decoded, ()) = crate::commands::pipeline::ahead(
+        |send| -> anyhow::Result<()> {
+            for (index, batch) in &batches {
+                if !send((*index, batch, gyre_log::decode_batch(batch)?)) {
+                    break;
+                }
+            }
+            Ok(())
+        },
+        |entries| {
+            for (index, batch, events) in entries {
+                // Refusals repeat those of the first fold; the figure counts every event.
+                let _ =
+                    gyre_log::raft::Projection::apply_events(&mut projection, index, batch, events);
+            }
+        },
+    );
     let elapsed = started.elapsed().as_secs_f64();
+    decoded?;
     Ok(projection.events_folded as f64 / elapsed.max(1e-9))
 }
 

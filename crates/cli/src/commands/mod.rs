@@ -6,6 +6,7 @@ pub mod capture;
 pub mod control;
 pub mod log;
 pub mod model;
+pub mod pipeline;
 pub mod proxy;
 pub mod proxy_bench;
 pub mod quickstart;

@@ -20,11 +20,13 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 
-use gyre_event::{CallKind, Event, EventBody, ModelCallRecord, Role};
+use gyre_event::{CallKind, EngineId, Event, EventBody, ModelCallRecord, Role};
 use gyre_log::file::{hex, ChainHash};
 use gyre_log::EventFileReader;
 use gyre_scheduler::run_decisions;
 use gyre_state::ControlState;
+
+use super::pipeline;
 
 /// Arguments of `gyre replay`.
 #[derive(Args, Debug)]
@@ -99,8 +101,12 @@ struct ModelCalls {
     by_policy_version: BTreeMap<u64, u64>,
     #[serde(skip)]
     seen_executions: BTreeSet<u64>,
+    /// Calls per engine, keyed by id while replaying; `by_engine` is written from it at the end.
     #[serde(skip)]
-    seen_agents: BTreeSet<(u64, String)>,
+    calls_by_engine: BTreeMap<EngineId, u64>,
+    /// Agents seen, by execution (looked up by `&str`: no copy of a seen agent's name).
+    #[serde(skip)]
+    seen_agents: BTreeMap<u64, BTreeSet<String>>,
     #[serde(skip)]
     parents: BTreeSet<(u64, u64)>,
     /// (execution, call) → where that call's prompt ends on its path (reused + new input).
@@ -112,11 +118,23 @@ struct ModelCalls {
 }
 
 impl ModelCalls {
+    /// Writes the figures kept in replay-only forms into their reported ones.
+    fn finish(&mut self) {
+        self.by_engine = self
+            .calls_by_engine
+            .iter()
+            .map(|(engine, calls)| (engine.to_string(), *calls))
+            .collect();
+    }
+
     fn observe(&mut self, record: &ModelCallRecord) {
         let execution = record.execution.get();
         self.calls += 1;
-        self.seen_agents.insert((execution, record.agent.clone()));
-        self.agents = self.seen_agents.len();
+        let agents = self.seen_agents.entry(execution).or_default();
+        if !agents.contains(record.agent.as_str()) {
+            agents.insert(record.agent.clone());
+            self.agents += 1;
+        }
         self.seen_executions.insert(execution);
         self.executions = self.seen_executions.len();
         match record.parent_call {
@@ -155,7 +173,7 @@ impl ModelCalls {
         self.input_tokens_new += record.input_ids.len() as u64;
         self.input_tokens_reused += record.reused_prefix_tokens_count;
         self.output_tokens += record.output_ids.len() as u64;
-        *self.by_engine.entry(record.engine.to_string()).or_insert(0) += 1;
+        *self.calls_by_engine.entry(record.engine).or_insert(0) += 1;
         *self
             .by_policy_version
             .entry(record.policy_version.get())
@@ -284,62 +302,62 @@ enum Source {
         path: PathBuf,
         reader: EventFileReader,
     },
-    /// A node's data directory, read up front (entries after the starting snapshot, up to the
-    /// committed index) and then handed out in order; `problem` follows the last good one.
-    DataDir {
-        entries: std::vec::IntoIter<Entry>,
-        problem: Option<Problem>,
-    },
+    DataDir(DataDir),
 }
 
 impl Source {
-    fn next(&mut self) -> Option<Result<Entry, Problem>> {
+    /// Reads, verifies and decodes every entry in order and hands each to `send`, then the
+    /// problem that stopped the read, if any; stops early when `send` returns `false` (the
+    /// fold stopped). Runs on the pipeline's reading thread. Returns the chain hash the log
+    /// starts from.
+    fn stream(self, send: &mut dyn FnMut(Result<Entry, Problem>) -> bool) -> ChainHash {
         match self {
-            Source::File { path, reader } => {
-                let record = match reader.next()? {
-                    Ok(record) => record,
-                    Err(error) => {
-                        return Some(Err(Problem {
+            Source::File { path, mut reader } => {
+                let base = reader.header().base_hash;
+                while let Some(record) = reader.next() {
+                    let item = match record {
+                        Ok(record) => match record.decode_events_in(&path) {
+                            Ok(events) => Ok(Entry {
+                                index: record.index,
+                                hash: record.hash,
+                                events,
+                            }),
+                            Err(error) => Err(Problem {
+                                kind: "undecodable_record",
+                                entry: Some(record.index),
+                                message: error.to_string(),
+                            }),
+                        },
+                        Err(error) => Err(Problem {
                             kind: "damaged_record",
                             entry: Some(reader.next_index()),
                             message: error.to_string(),
-                        }))
+                        }),
+                    };
+                    let last = item.is_err();
+                    if !send(item) || last {
+                        break;
                     }
-                };
-                Some(match record.decode_events_in(path) {
-                    Ok(events) => Ok(Entry {
-                        index: record.index,
-                        hash: record.hash,
-                        events,
-                    }),
-                    Err(error) => Err(Problem {
-                        kind: "undecodable_record",
-                        entry: Some(record.index),
-                        message: error.to_string(),
-                    }),
-                })
+                }
+                base
             }
-            Source::DataDir { entries, problem } => match entries.next() {
-                Some(entry) => Some(Ok(entry)),
-                None => problem.take().map(Err),
-            },
+            Source::DataDir(data) => stream_data_dir(&data, send),
         }
     }
 }
 
-/// What a data directory gives replay: the state to start from and its entries.
+/// A data directory opened for replay: the state to start from and the segments to read
+/// after it, up to the committed index. Entries are read (and decoded) segment by segment as
+/// the fold goes, so replay holds one segment's records at a time, not the whole log.
 struct DataDir {
     start_index: u64,
     start_state: ControlState,
-    base_hash: ChainHash,
     committed: u64,
-    entries: Vec<Entry>,
-    problem: Option<Problem>,
+    segments: Vec<(u64, PathBuf)>,
 }
 
-fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
-    use gyre_log::raft::record::{split_payload, RecordKind};
-    use gyre_log::raft::segment::{parse_segment_file_name, scan_segment};
+fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
+    use gyre_log::raft::segment::parse_segment_file_name;
     use gyre_log::raft::Projection;
 
     let log_dir = dir.join("log");
@@ -423,11 +441,29 @@ fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
         );
     }
 
-    let mut entries = Vec::new();
+    Ok(DataDir {
+        start_index,
+        start_state,
+        committed,
+        segments,
+    })
+}
+
+/// [`Source::stream`] for a data directory: its segments in order (CRCs, the hash chain
+/// within and across segments), the entries after `start_index` up to `committed`.
+fn stream_data_dir(
+    data: &DataDir,
+    send: &mut dyn FnMut(Result<Entry, Problem>) -> bool,
+) -> ChainHash {
+    use gyre_log::raft::record::{split_payload, RecordKind};
+    use gyre_log::raft::segment::scan_segment;
+
+    let (start_index, committed) = (data.start_index, data.committed);
+    let first_index = data.segments.first().map_or(1, |(first, _)| *first);
     let mut problem = None;
     let mut base_hash = None;
     let mut previous: Option<(u64, ChainHash)> = None;
-    'segments: for (_, path) in &segments {
+    'segments: for (_, path) in &data.segments {
         let mut found = Vec::new();
         let scan = scan_segment(path, |record, payload| {
             found.push((
@@ -484,11 +520,14 @@ fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
                     break 'segments;
                 }
             };
-            entries.push(Entry {
+            let entry = Entry {
                 index: record.index,
                 hash: record.hash,
                 events,
-            });
+            };
+            if !send(Ok(entry)) {
+                break 'segments;
+            }
         }
         match (scan, damage) {
             (Some(scan), _) => previous = Some((scan.next_index, scan.head_hash)),
@@ -506,19 +545,15 @@ fn read_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
             }
         }
     }
-    Ok(DataDir {
-        start_index,
-        start_state,
-        base_hash: base_hash.unwrap_or([0; 32]),
-        committed,
-        entries,
-        problem,
-    })
+    if let Some(problem) = problem {
+        send(Err(problem));
+    }
+    base_hash.unwrap_or([0; 32])
 }
 
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
-    let (mut source, mut state, mut head, started_at) = if args.log.is_dir() {
-        let data = read_data_dir(&args.log)?;
+    let (source, mut state, started_at) = if args.log.is_dir() {
+        let mut data = open_data_dir(&args.log)?;
         if !args.json {
             println!(
                 "{}: a node data directory, committed through entry {}{}",
@@ -534,26 +569,18 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 }
             );
         }
-        (
-            Source::DataDir {
-                entries: data.entries.into_iter(),
-                problem: data.problem,
-            },
-            data.start_state,
-            data.base_hash,
-            data.start_index,
-        )
+        let start_state = std::mem::replace(&mut data.start_state, ControlState::new());
+        let start_index = data.start_index;
+        (Source::DataDir(data), start_state, start_index)
     } else {
         let reader = EventFileReader::open(&args.log)
             .with_context(|| format!("opening {}", args.log.display()))?;
-        let head = reader.header().base_hash;
         (
             Source::File {
                 path: args.log.clone(),
                 reader,
             },
             ControlState::new(),
-            head,
             0,
         )
     };
@@ -580,27 +607,32 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let mut score_sum = 0.0;
     let mut staleness_sum = 0u64;
-    'records: while let Some(record) = source.next() {
-        let record = match record {
-            Ok(record) => record,
-            Err(problem) => {
-                report.problem = Some(problem);
-                break;
-            }
-        };
-        head = record.hash;
-        let events = record.events;
-        let mut position = 0;
-        // Decisions already checked as part of a batch the controller returned at once.
-        let mut verified_until = 0;
-        while position < events.len() {
-            let event = &events[position];
-            if args.recompute && is_decision(&event.body) && position >= verified_until {
-                let mut scratch = state.scheduler.clone();
-                let expected = run_decisions(&mut scratch, event.at);
-                let got = &events[position..(position + expected.len()).min(events.len())];
-                if expected.is_empty() || got != expected.as_slice() {
-                    report.problem = Some(Problem {
+    // One thread reads, verifies and decodes the entries; this one folds them, in log order.
+    let (base_hash, last_hash) = pipeline::ahead(
+        move |send| source.stream(send),
+        |records| {
+            let mut last_hash = None;
+            'records: for record in records {
+                let record = match record {
+                    Ok(record) => record,
+                    Err(problem) => {
+                        report.problem = Some(problem);
+                        break;
+                    }
+                };
+                last_hash = Some(record.hash);
+                let events = record.events;
+                let mut position = 0;
+                // Decisions already checked as part of a batch the controller returned at once.
+                let mut verified_until = 0;
+                while position < events.len() {
+                    let event = &events[position];
+                    if args.recompute && is_decision(&event.body) && position >= verified_until {
+                        let mut scratch = state.scheduler.clone();
+                        let expected = run_decisions(&mut scratch, event.at);
+                        let got = &events[position..(position + expected.len()).min(events.len())];
+                        if expected.is_empty() || got != expected.as_slice() {
+                            report.problem = Some(Problem {
                         kind: "decision_divergence",
                         entry: Some(record.index),
                         message: format!(
@@ -610,49 +642,53 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                             describe(expected.first())
                         ),
                     });
-                    break 'records;
+                            break 'records;
+                        }
+                        report.decisions_recomputed += expected.len() as u64;
+                        verified_until = position + expected.len();
+                    }
+                    if let EventBody::ProjectionDigest { hash, .. } = &event.body {
+                        let ours = state.digest();
+                        if &ours != hash {
+                            report.problem = Some(Problem {
+                                kind: "digest_mismatch",
+                                entry: Some(record.index),
+                                message: format!(
+                                    "checkpoint in entry {} says {} but replay computes {}",
+                                    record.index,
+                                    hex(hash),
+                                    hex(&ours)
+                                ),
+                            });
+                            break 'records;
+                        }
+                        report.digests_verified += 1;
+                    }
+                    if let Err(error) = state.apply(event) {
+                        report.problem = Some(Problem {
+                            kind: "rejected_event",
+                            entry: Some(record.index),
+                            message: format!(
+                                "event {position} ({}) of entry {}: {error}",
+                                event.kind_name(),
+                                record.index
+                            ),
+                        });
+                        break 'records;
+                    }
+                    observe(event, &mut report, &mut score_sum, &mut staleness_sum);
+                    position += 1;
                 }
-                report.decisions_recomputed += expected.len() as u64;
-                verified_until = position + expected.len();
-            }
-            if let EventBody::ProjectionDigest { hash, .. } = &event.body {
-                let ours = state.digest();
-                if &ours != hash {
-                    report.problem = Some(Problem {
-                        kind: "digest_mismatch",
-                        entry: Some(record.index),
-                        message: format!(
-                            "checkpoint in entry {} says {} but replay computes {}",
-                            record.index,
-                            hex(hash),
-                            hex(&ours)
-                        ),
-                    });
-                    break 'records;
+                report.entries = record.index;
+                if args.at == Some(record.index) {
+                    break;
                 }
-                report.digests_verified += 1;
             }
-            if let Err(error) = state.apply(event) {
-                report.problem = Some(Problem {
-                    kind: "rejected_event",
-                    entry: Some(record.index),
-                    message: format!(
-                        "event {position} ({}) of entry {}: {error}",
-                        event.kind_name(),
-                        record.index
-                    ),
-                });
-                break 'records;
-            }
-            observe(event, &mut report, &mut score_sum, &mut staleness_sum);
-            position += 1;
-        }
-        report.entries = record.index;
-        if args.at == Some(record.index) {
-            break;
-        }
-    }
-    report.head_hash = hex(&head);
+            last_hash
+        },
+    );
+    report.head_hash = hex(&last_hash.unwrap_or(base_hash));
+    report.model_calls.finish();
     report.final_state = dump(&state, report.entries);
     let valid = report.rewards.evaluations_valid.max(1) as f64;
     report.rewards.mean_score = (score_sum / valid * 10_000.0).round() / 10_000.0;
