@@ -102,12 +102,14 @@ impl ControlState {
         feed.bytes(b"gyre-state-digest-v2");
         feed.bytes(&self.scheduler.digest());
         let buffer = &self.trajectories;
-        feed.u64(buffer.trees.len() as u64);
-        for (execution, tree) in &buffer.trees {
+        // Live and retired trees alike: retiring a consumed execution's tree does not change
+        // the digest (logs folded before retirement existed verify unchanged).
+        feed.u64((buffer.trees.len() + buffer.retired.len()) as u64);
+        for (execution, (nodes, leaves, tokens)) in buffer.tree_counts() {
             feed.u64(execution.get());
-            feed.u64(tree.len() as u64);
-            feed.u64(tree.leaf_count());
-            feed.u64(tree.tokens_count());
+            feed.u64(nodes);
+            feed.u64(leaves);
+            feed.u64(tokens);
         }
         let scoring = &buffer.scoring;
         feed.u64(scoring.executions.len() as u64);

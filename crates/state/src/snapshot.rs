@@ -27,8 +27,12 @@ use crate::ControlState;
 /// The first eight bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GYRESNAP";
 
-/// The format this build writes and the only one it reads.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+/// The format this build writes. It also reads version 1, written before consumed executions'
+/// trees were retired (no retired section: every tree is live).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+
+/// The oldest format this build reads.
+const OLDEST_READ_VERSION: u32 = 1;
 
 const VERSION_BYTES: usize = 4;
 const HEADER_BYTES: usize = SNAPSHOT_MAGIC.len() + VERSION_BYTES;
@@ -63,8 +67,8 @@ impl fmt::Display for SnapshotDecodeError {
             ),
             SnapshotDecodeError::UnsupportedVersion { found, supported } => write!(
                 f,
-                "snapshot format version {found} is not supported: this build reads version \
-                 {supported} only"
+                "snapshot format version {found} is not supported: this build reads versions \
+                 {OLDEST_READ_VERSION} to {supported}"
             ),
             SnapshotDecodeError::ChecksumMismatch => {
                 f.write_str("snapshot checksum mismatch: the bytes were corrupted or cut short")
@@ -123,7 +127,7 @@ impl ControlState {
         let mut version = [0u8; VERSION_BYTES];
         version.copy_from_slice(&rest[..VERSION_BYTES]);
         let version = u32::from_le_bytes(version);
-        if version != SNAPSHOT_FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
             return Err(SnapshotDecodeError::UnsupportedVersion {
                 found: version,
                 supported: SNAPSHOT_FORMAT_VERSION,
@@ -140,7 +144,7 @@ impl ControlState {
         }
         let mut reader = Reader::with_base(&covered[HEADER_BYTES..], HEADER_BYTES);
         let scheduler = SchedulerState::decode_from(&mut reader)?;
-        let trajectories = TrajectoryBuffer::decode_from(&mut reader)?;
+        let trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version >= 2)?;
         let events_applied = reader.varint("events_applied")?;
         reader.finish("end of body")?;
         Ok(ControlState {

@@ -5,10 +5,22 @@
 //! ([`TrajectoryBuffer::decide_admissions`]) admits trajectories for executions of ready groups,
 //! seeded from the run seed and the execution id, and [`TrajectoryBuffer::rows`] materialises a
 //! ready group for the stream packer. Packed groups are marked by `MicroStepsEnqueued`.
+//!
+//! **Retirement.** Once an `OptimizerStepped` consumes a group, the trees of its members are
+//! never read again (training took their rows; the audit trail reads the log, not this
+//! projection), yet they hold every token of every call. Each closed member's tree is replaced
+//! by a [`RetiredTree`]: the three counts the state digest reads and the step that consumed it
+//! (a member still running, a surplus execution, is retired when it closes). So
+//! the projection, and every snapshot of it, stays bounded by the executions in flight rather
+//! than growing with the run, and the digest is the one the whole tree gave (a log replays to
+//! the same checkpoints). A model call for a retired execution is refused: training has
+//! already consumed that execution.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gyre_event::{AdmittedTrajectory, Event, EventBody, ExecutionId, GroupId, PolicyVersion};
+use gyre_event::{
+    AdmittedTrajectory, Event, EventBody, ExecutionId, GroupId, PolicyVersion, StepId,
+};
 
 use crate::{
     admit, materialise, target_weight, trajectory_targets_count, AdvantageNormalization,
@@ -24,7 +36,25 @@ pub struct TrajectoryBuffer {
     pub scoring: Scoring,
     pub admissions: BTreeMap<ExecutionId, Vec<AdmittedTrajectory>>,
     pub packed_groups: BTreeSet<GroupId>,
+    /// Executions whose group an optimizer step consumed: their trees, reduced to what the
+    /// digest reads. An execution is in `trees` or here, never both.
+    pub retired: BTreeMap<ExecutionId, RetiredTree>,
+    /// Members of consumed groups that were still running then: retired when they close.
+    pub retiring: BTreeMap<ExecutionId, StepId>,
 }
+
+/// What is kept of a consumed execution's tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetiredTree {
+    pub nodes: u64,
+    pub leaves: u64,
+    pub tokens: u64,
+    /// The optimizer step that consumed the execution's group.
+    pub step: StepId,
+}
+
+/// One execution's tree as the state digest sees it: (nodes, leaves, tokens).
+pub type TreeCounts = (u64, u64, u64);
 
 impl TrajectoryBuffer {
     pub fn new(tree_config: TreeConfig, scoring_config: ScoringConfig) -> Self {
@@ -34,6 +64,79 @@ impl TrajectoryBuffer {
             scoring: Scoring::new(scoring_config),
             admissions: BTreeMap::new(),
             packed_groups: BTreeSet::new(),
+            retired: BTreeMap::new(),
+            retiring: BTreeMap::new(),
+        }
+    }
+
+    /// Every execution's tree counts in execution order, live and retired trees merged: what
+    /// the state digest feeds, the same whether or not a tree has been retired.
+    pub fn tree_counts(&self) -> impl Iterator<Item = (ExecutionId, TreeCounts)> + '_ {
+        let mut live = self
+            .trees
+            .iter()
+            .map(|(execution, tree)| {
+                let counts = (tree.len() as u64, tree.leaf_count(), tree.tokens_count());
+                (*execution, counts)
+            })
+            .peekable();
+        let mut retired = self
+            .retired
+            .iter()
+            .map(|(execution, tree)| (*execution, (tree.nodes, tree.leaves, tree.tokens)))
+            .peekable();
+        std::iter::from_fn(move || match (live.peek(), retired.peek()) {
+            (Some((a, _)), Some((b, _))) if b < a => retired.next(),
+            (Some(_), _) => live.next(),
+            (None, _) => retired.next(),
+        })
+    }
+
+    /// Replaces the trees of a consumed group's closed members by their counts; members still
+    /// running are retired when they close.
+    fn retire_group(&mut self, group: GroupId, step: StepId) {
+        let Some(state) = self.scoring.groups.get(&group) else {
+            return;
+        };
+        let members = state.members.clone();
+        for member in members {
+            let closed = self
+                .scoring
+                .executions
+                .get(&member)
+                .is_some_and(|score| score.closed.is_some());
+            if closed {
+                self.retire(member, step);
+            } else {
+                self.retiring.insert(member, step);
+            }
+        }
+    }
+
+    fn retire(&mut self, execution: ExecutionId, step: StepId) {
+        if let Some(tree) = self.trees.remove(&execution) {
+            self.retired.insert(
+                execution,
+                RetiredTree {
+                    nodes: tree.len() as u64,
+                    leaves: tree.leaf_count(),
+                    tokens: tree.tokens_count(),
+                    step,
+                },
+            );
+        }
+    }
+
+    fn refuse_retired(&self, execution: ExecutionId) -> Result<(), TrajectoryError> {
+        match self.retired.get(&execution) {
+            Some(retired) => Err(TrajectoryError::Scoring {
+                execution,
+                message: format!(
+                    "model call after optimizer step {} consumed this execution's group (its tree is retired)",
+                    retired.step
+                ),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -42,6 +145,7 @@ impl TrajectoryBuffer {
     pub fn apply_owned(&mut self, event: Event) -> Result<(), TrajectoryError> {
         match event.body {
             EventBody::ModelCall(record) => {
+                self.refuse_retired(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)
@@ -56,6 +160,7 @@ impl TrajectoryBuffer {
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
         match &event.body {
             EventBody::ModelCall(record) => {
+                self.refuse_retired(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)
@@ -77,6 +182,18 @@ impl TrajectoryBuffer {
             EventBody::MicroStepsEnqueued { group, .. } => {
                 self.packed_groups.insert(*group);
             }
+            EventBody::ExecutionClosed { execution, .. } => {
+                self.scoring.apply(event)?;
+                if let Some(step) = self.retiring.remove(execution) {
+                    self.retire(*execution, step);
+                }
+            }
+            EventBody::OptimizerStepped { step, consumed, .. } => {
+                self.scoring.apply(event)?;
+                for consumed in consumed {
+                    self.retire_group(consumed.group, *step);
+                }
+            }
             _ => self.scoring.apply(event)?,
         }
         Ok(())
@@ -96,7 +213,8 @@ impl TrajectoryBuffer {
                 continue;
             }
             for member in &state.members {
-                if self.admissions.contains_key(member) {
+                // A retired member's group was consumed already: nothing is left to admit.
+                if self.admissions.contains_key(member) || self.retired.contains_key(member) {
                     continue;
                 }
                 let trajectories = match (
@@ -180,6 +298,16 @@ impl TrajectoryBuffer {
     pub fn validate(&self) {
         for tree in self.trees.values() {
             tree.validate();
+        }
+        for execution in self.retired.keys() {
+            assert!(
+                !self.trees.contains_key(execution),
+                "execution {execution} is both retired and live"
+            );
+            assert!(
+                !self.retiring.contains_key(execution),
+                "execution {execution} is retired and still waiting to retire"
+            );
         }
         self.scoring.validate();
     }

@@ -18,13 +18,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use gyre_event::wire::{Reader, WireError, WireErrorKind, Writer};
 use gyre_event::{
     AdmittedTrajectory, CallId, CallKind, CloseStatus, Duration, EngineId, ExecutionId, GroupId,
-    PolicyVersion, Provenance, ProvenanceSpan, TargetRange, Timestamp,
+    PolicyVersion, Provenance, ProvenanceSpan, StepId, TargetRange, Timestamp,
 };
 
 use crate::tree::NodeParts;
 use crate::{
-    AttemptOutcome, EvaluationAttempt, ExecutionScore, GroupScore, NodeId, Scoring, ScoringConfig,
-    TrajectoryBuffer, Tree, TreeConfig,
+    AttemptOutcome, EvaluationAttempt, ExecutionScore, GroupScore, NodeId, RetiredTree, Scoring,
+    ScoringConfig, TrajectoryBuffer, Tree, TreeConfig,
 };
 
 fn kind_code(kind: CallKind) -> u8 {
@@ -568,6 +568,8 @@ impl TrajectoryBuffer {
             scoring,
             admissions,
             packed_groups,
+            retired,
+            retiring,
         } = self;
         write_tree_config(writer, tree_config);
         writer.count(trees.len());
@@ -594,10 +596,36 @@ impl TrajectoryBuffer {
             writer.increasing(previous, group.get());
             previous = Some(group.get());
         }
+        writer.count(retired.len());
+        let mut previous = None;
+        for (execution, tree) in retired {
+            writer.increasing(previous, execution.get());
+            previous = Some(execution.get());
+            writer.varint(tree.nodes);
+            writer.varint(tree.leaves);
+            writer.varint(tree.tokens);
+            writer.varint(tree.step.get());
+        }
+        writer.count(retiring.len());
+        let mut previous = None;
+        for (execution, step) in retiring {
+            writer.increasing(previous, execution.get());
+            previous = Some(execution.get());
+            writer.varint(step.get());
+        }
     }
 
     /// Reads what [`TrajectoryBuffer::encode_into`] wrote. Never panics.
     pub fn decode_from(reader: &mut Reader<'_>) -> Result<TrajectoryBuffer, WireError> {
+        Self::decode_versioned(reader, true)
+    }
+
+    /// [`TrajectoryBuffer::decode_from`] for a snapshot written before retirement existed
+    /// (`with_retired: false`: no retired section; every tree is live).
+    pub fn decode_versioned(
+        reader: &mut Reader<'_>,
+        with_retired: bool,
+    ) -> Result<TrajectoryBuffer, WireError> {
         let tree_config = read_tree_config(reader, "trajectory.tree_config")?;
         let count = reader.count("trajectory.trees", 5)?;
         let mut trees = BTreeMap::new();
@@ -630,12 +658,61 @@ impl TrajectoryBuffer {
             previous = Some(group);
             packed_groups.insert(GroupId(group));
         }
+        let mut retired = BTreeMap::new();
+        if with_retired {
+            let count = reader.count("trajectory.retired", 5)?;
+            let mut previous = None;
+            for _ in 0..count {
+                let start_offset = reader.offset();
+                let execution = reader.increasing("trajectory.retired.execution", previous)?;
+                previous = Some(execution);
+                let execution = ExecutionId(execution);
+                let tree = RetiredTree {
+                    nodes: reader.varint("trajectory.retired.nodes")?,
+                    leaves: reader.varint("trajectory.retired.leaves")?,
+                    tokens: reader.varint("trajectory.retired.tokens")?,
+                    step: StepId(reader.varint("trajectory.retired.step")?),
+                };
+                if trees.contains_key(&execution) {
+                    return Err(inconsistent(
+                        reader,
+                        start_offset,
+                        "trajectory.retired",
+                        format!("execution {execution} is both retired and live"),
+                    ));
+                }
+                retired.insert(execution, tree);
+            }
+        }
+        let mut retiring = BTreeMap::new();
+        if with_retired {
+            let count = reader.count("trajectory.retiring", 2)?;
+            let mut previous = None;
+            for _ in 0..count {
+                let start_offset = reader.offset();
+                let execution = reader.increasing("trajectory.retiring.execution", previous)?;
+                previous = Some(execution);
+                let execution = ExecutionId(execution);
+                let step = StepId(reader.varint("trajectory.retiring.step")?);
+                if retired.contains_key(&execution) {
+                    return Err(inconsistent(
+                        reader,
+                        start_offset,
+                        "trajectory.retiring",
+                        format!("execution {execution} is retired and still waiting to retire"),
+                    ));
+                }
+                retiring.insert(execution, step);
+            }
+        }
         Ok(TrajectoryBuffer {
             tree_config,
             trees,
             scoring,
             admissions,
             packed_groups,
+            retired,
+            retiring,
         })
     }
 }

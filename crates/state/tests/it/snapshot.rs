@@ -35,37 +35,49 @@ fn sized_executions() -> SyntheticConfig {
 }
 
 /// A simulated run with every execution's model calls recorded after its start, and the
-/// admissions decided at the end.
+/// admissions the buffer decides before every optimizer step (as the controller admits before
+/// packing) and at the end.
 fn run_with_model_calls(seed: u64, steps: u32, calls: &SyntheticConfig) -> Vec<Event> {
     let mut events = Vec::new();
+    let mut state = ControlState::new();
+    let push = |events: &mut Vec<Event>, state: &mut ControlState, event: Event| {
+        state.apply(&event).expect("every event applies");
+        events.push(event);
+    };
+    let admit = |state: &ControlState| {
+        let config = state.scheduler.config().expect("the run started").clone();
+        state.trajectories.decide_admissions(
+            config.run_seed,
+            config.j_max,
+            &RoleClasses::claude_code(),
+        )
+    };
+    let mut admitted = 0;
     for event in simulated_run(seed, steps) {
+        let at = event.at;
+        if let EventBody::OptimizerStepped { .. } = event.body {
+            for body in admit(&state) {
+                admitted += 1;
+                push(&mut events, &mut state, Event::new(at, body));
+            }
+        }
         let started = match &event.body {
             EventBody::ExecutionStarted { execution, .. } => Some(*execution),
             _ => None,
         };
-        let at = event.at;
-        events.push(event);
+        push(&mut events, &mut state, event);
         if let Some(execution) = started {
-            events.extend(
-                model_calls(execution, calls, seed)
-                    .into_iter()
-                    .map(|body| Event::new(at, body)),
-            );
+            for body in model_calls(execution, calls, seed) {
+                push(&mut events, &mut state, Event::new(at, body));
+            }
         }
     }
-    let state = fold(&events);
-    let config = state.scheduler.config().expect("the run started").clone();
     let at = events.last().expect("events").at;
-    let admissions = state.trajectories.decide_admissions(
-        config.run_seed,
-        config.j_max,
-        &RoleClasses::claude_code(),
-    );
-    assert!(
-        !admissions.is_empty(),
-        "some groups are ready for admission"
-    );
-    events.extend(admissions.into_iter().map(|body| Event::new(at, body)));
+    for body in admit(&state) {
+        admitted += 1;
+        push(&mut events, &mut state, Event::new(at, body));
+    }
+    assert!(admitted > 0, "some groups were admitted");
     events
 }
 
@@ -143,6 +155,85 @@ fn snapshot_round_trips_at_checkpoints_and_folding_continues() {
     }
 }
 
+/// Optimizer steps retire the trees of the executions they consumed: the live trees are those
+/// of executions not yet consumed, and every tree's counts (all the state digest reads of a
+/// tree) equal those of a buffer that kept every tree, so the digest does not depend on
+/// retirement and logs written before it replay to the same checkpoints.
+#[test]
+fn consumed_executions_retire_and_the_digest_does_not_depend_on_it() {
+    let events = run_with_model_calls(11, 6, &SyntheticConfig::small(6, 1));
+    let state = fold(&events);
+    let mut kept = gyre_trajectory::TrajectoryBuffer::new(
+        TreeConfig::default(),
+        gyre_trajectory::ScoringConfig::default(),
+    );
+    for event in &events {
+        if let EventBody::ModelCall(_) = event.body {
+            kept.apply(event).expect("records apply");
+        }
+    }
+    let buffer = &state.trajectories;
+    assert!(!buffer.retired.is_empty(), "the run consumed groups");
+    assert_eq!(
+        buffer.trees.len() + buffer.retired.len(),
+        kept.trees.len(),
+        "every execution with records is live or retired"
+    );
+    assert_eq!(
+        buffer.tree_counts().collect::<Vec<_>>(),
+        kept.tree_counts().collect::<Vec<_>>()
+    );
+    let live_tokens: u64 = buffer.trees.values().map(|tree| tree.tokens_count()).sum();
+    let all_tokens: u64 = kept.trees.values().map(|tree| tree.tokens_count()).sum();
+    assert!(
+        live_tokens < all_tokens,
+        "retirement frees tokens: {live_tokens} of {all_tokens} kept"
+    );
+    // Every retired execution's group was consumed by the step it names.
+    let consumed: std::collections::BTreeMap<_, _> = events
+        .iter()
+        .filter_map(|event| match &event.body {
+            EventBody::OptimizerStepped { step, consumed, .. } => Some((step, consumed)),
+            _ => None,
+        })
+        .flat_map(|(step, consumed)| consumed.iter().map(move |c| (c.group, *step)))
+        .collect();
+    for (execution, retired) in &buffer.retired {
+        let group = buffer.scoring.executions[execution].group;
+        assert_eq!(consumed.get(&group), Some(&retired.step), "{execution}");
+    }
+    let restored = ControlState::decode_snapshot(&state.encode_snapshot()).expect("decodes");
+    assert_eq!(restored, state);
+    assert_eq!(restored.digest(), state.digest());
+}
+
+/// A version-1 snapshot (written before retirement: no retired sections) still restores.
+#[test]
+fn version_1_snapshots_still_restore() {
+    let events = run_with_model_calls(5, 2, &SyntheticConfig::small(4, 1));
+    let first_step = events
+        .iter()
+        .position(|event| matches!(event.body, EventBody::OptimizerStepped { .. }))
+        .unwrap_or(events.len());
+    let state = fold(&events[..first_step]);
+    assert!(state.trajectories.retired.is_empty() && state.trajectories.retiring.is_empty());
+    let bytes = state.encode_snapshot();
+    // Version 2 ends its trajectory part with two empty sections (retired, retiring), then
+    // `events_applied` and the checksum; version 1 has neither section.
+    let mut applied = gyre_event::wire::Writer::new();
+    applied.varint(state.events_applied);
+    let applied_len = applied.into_bytes().len();
+    let sections_end = bytes.len() - CHECKSUM_BYTES - applied_len;
+    assert_eq!(bytes[sections_end - 2..sections_end], [0, 0]);
+    let mut v1 = bytes[..sections_end - 2].to_vec();
+    v1.extend_from_slice(&bytes[sections_end..]);
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    reseal(&mut v1);
+    let restored = ControlState::decode_snapshot(&v1).expect("a version-1 snapshot restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.digest(), state.digest());
+}
+
 #[test]
 fn snapshot_encoding_is_deterministic() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(6, 1));
@@ -208,9 +299,10 @@ fn unknown_versions_and_foreign_bytes_are_refused_by_name() {
         }
     );
     assert!(
-        error
-            .to_string()
-            .contains("format version 2 is not supported"),
+        error.to_string().contains(&format!(
+            "format version {} is not supported",
+            SNAPSHOT_FORMAT_VERSION + 1
+        )),
         "{error}"
     );
 
@@ -327,14 +419,17 @@ fn snapshot_size_report() {
     };
     eprintln!(
         "snapshot size: {} events, {} model calls, {} new tokens; token payload {} bytes; \
-         snapshot {} bytes ({:.2} of the payload), of which {} bytes without the trees",
+         snapshot {} bytes ({:.2} of the payload), of which {} bytes without the trees; \
+         {} executions' trees live, {} retired by optimizer steps",
         events.len(),
         calls,
         tokens,
         payload_bytes,
         bytes.len(),
         bytes.len() as f64 / payload_bytes as f64,
-        without_trees
+        without_trees,
+        state.trajectories.trees.len(),
+        state.trajectories.retired.len()
     );
     assert!(calls >= 2_000, "a few thousand model calls, got {calls}");
     assert!(

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use gyre_event::wire::{Reader, WireError, WireErrorKind, Writer};
 use gyre_event::{
-    CloseStatus, DispatchedGroup, Duration, EngineId, Event, EventBody, ExecutionId, GroupId,
-    MicroStepId, PolicyVersion, QueryId, StepId, Timestamp,
+    CloseStatus, ConsumedGroup, DispatchedGroup, Duration, EngineId, Event, EventBody, ExecutionId,
+    GroupId, MicroStepId, PolicyVersion, QueryId, StepId, Timestamp,
 };
 use gyre_trajectory::synthetic::{context_call, generate, SyntheticCall, SyntheticConfig};
 use gyre_trajectory::{
@@ -57,6 +57,9 @@ enum Op {
     Decide,
     Admit,
     Pack,
+    /// An optimizer step consuming the oldest packed group not yet consumed (its closed
+    /// members' trees retire, running ones when they close).
+    Step,
     Tick(u8),
 }
 
@@ -75,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Decide),
         2 => Just(Op::Admit),
         2 => Just(Op::Pack),
+        1 => Just(Op::Step),
         1 => (0u8..=200).prop_map(Op::Tick),
     ]
 }
@@ -109,6 +113,8 @@ struct Runtime {
     next_group: u64,
     next_execution: u64,
     next_micro_step: u64,
+    next_step: u64,
+    consumed: std::collections::BTreeSet<GroupId>,
     /// Each started execution's synthetic calls and how many were recorded.
     calls: BTreeMap<ExecutionId, (Vec<SyntheticCall>, usize)>,
 }
@@ -133,6 +139,8 @@ impl Runtime {
             next_group: 0,
             next_execution: 0,
             next_micro_step: 0,
+            next_step: 0,
+            consumed: std::collections::BTreeSet::new(),
             calls: BTreeMap::new(),
         }
     }
@@ -322,6 +330,27 @@ impl Runtime {
                     });
                 }
             }
+            Op::Step => {
+                let next = self
+                    .buffer
+                    .packed_groups
+                    .iter()
+                    .find(|group| !self.consumed.contains(group))
+                    .copied();
+                if let Some(group) = next {
+                    self.consumed.insert(group);
+                    let step = StepId(self.next_step);
+                    self.next_step += 1;
+                    self.apply(EventBody::OptimizerStepped {
+                        step,
+                        policy_version: PolicyVersion(self.next_step),
+                        consumed: vec![ConsumedGroup {
+                            group,
+                            staleness: 0,
+                        }],
+                    });
+                }
+            }
             Op::Tick(seconds) => {
                 self.now = self.now.plus(Duration::from_secs(*seconds as u64));
                 self.apply(EventBody::Tick);
@@ -419,6 +448,21 @@ proptest! {
 
 /// A buffer with trees, every kind of scoring state, admissions and a packed group.
 fn busy_buffer() -> TrajectoryBuffer {
+    let buffer = busy_runtime().buffer;
+    assert!(
+        !buffer.packed_groups.is_empty(),
+        "the fixture packed a group"
+    );
+    assert!(buffer.trees.values().any(|tree| tree.roots().count() > 1));
+    assert!(buffer.scoring.executions.values().any(|score| score
+        .attempts
+        .values()
+        .any(|a| matches!(a.outcome, Some(AttemptOutcome::Failed { .. })))));
+    buffer
+}
+
+/// The runtime that folded [`busy_buffer`].
+fn busy_runtime() -> Runtime {
     let shape = Shape {
         seed: 7,
         executions_per_group: 2,
@@ -436,17 +480,7 @@ fn busy_buffer() -> TrajectoryBuffer {
     ]);
     ops.extend([Op::Fail(0), Op::Request(0, 1), Op::Complete(0, true, 9)]);
     ops.extend([Op::Admit, Op::Pack, Op::Tick(5)]);
-    let buffer = run(&shape, &ops).buffer;
-    assert!(
-        !buffer.packed_groups.is_empty(),
-        "the fixture packed a group"
-    );
-    assert!(buffer.trees.values().any(|tree| tree.roots().count() > 1));
-    assert!(buffer.scoring.executions.values().any(|score| score
-        .attempts
-        .values()
-        .any(|a| matches!(a.outcome, Some(AttemptOutcome::Failed { .. })))));
-    buffer
+    run(&shape, &ops)
 }
 
 /// Exhaustive on one busy buffer: every truncation is refused, every single-bit flip is refused
@@ -473,6 +507,119 @@ fn every_truncation_and_bit_flip_of_a_busy_buffer() {
             );
         }
     }
+}
+
+/// An optimizer step consuming a group replaces its closed members' trees by their counts:
+/// `tree_counts` (what the state digest reads) is unchanged, the tokens are gone, the buffer
+/// round-trips, a late record for a retired execution is refused, and a member still running
+/// at the step (the buffer does not check readiness) retires when it closes.
+#[test]
+fn a_consumed_group_retires_its_trees_and_keeps_their_counts() {
+    let mut runtime = busy_runtime();
+    let group = *runtime
+        .buffer
+        .packed_groups
+        .first()
+        .expect("the fixture packed a group");
+    let with_trees: Vec<ExecutionId> = runtime.buffer.scoring.groups[&group]
+        .members
+        .iter()
+        .copied()
+        .filter(|member| runtime.buffer.trees.contains_key(member))
+        .collect();
+    assert!(
+        !with_trees.is_empty(),
+        "the packed group has recorded calls"
+    );
+    let counts_before: Vec<_> = runtime.buffer.tree_counts().collect();
+    let live_before = runtime.buffer.trees.len();
+
+    runtime.act(&Op::Step);
+    let buffer = &runtime.buffer;
+    assert_eq!(
+        buffer.tree_counts().collect::<Vec<_>>(),
+        counts_before,
+        "retiring keeps every tree's counts"
+    );
+    assert_eq!(
+        buffer.retired.keys().copied().collect::<Vec<_>>(),
+        with_trees
+    );
+    assert_eq!(buffer.trees.len(), live_before - with_trees.len());
+    assert!(buffer.retired.values().all(|r| r.step == StepId(0)));
+    assert!(buffer.retiring.is_empty(), "every member was closed");
+
+    // The snapshot of a buffer with retired trees round-trips, and damage is refused.
+    let bytes = encode(buffer);
+    assert_eq!(decode(&bytes).as_ref(), Ok(buffer));
+    for cut in 0..bytes.len() {
+        assert!(
+            decode(&bytes[..cut]).is_err(),
+            "prefix of {cut} bytes accepted"
+        );
+    }
+
+    // A late record for a retired execution is refused, by name, and changes nothing.
+    let retired = with_trees[0];
+    let (calls, _) = &runtime.calls[&retired];
+    let record = record_from_context(
+        &Tree::new(retired, TreeConfig::default()),
+        &context_call(&calls[0]),
+    );
+    let mut late = buffer.clone();
+    let error = late
+        .apply(&Event::new(
+            Timestamp::ZERO,
+            EventBody::ModelCall(Box::new(record)),
+        ))
+        .expect_err("a record after the step is refused");
+    assert!(error.to_string().contains("retired"), "{error}");
+    assert_eq!(&late, buffer);
+
+    // A member still running when its group is consumed retires when it closes.
+    let (group, execution) = (GroupId(1_000), ExecutionId(1_000));
+    runtime.apply(EventBody::GroupsDispatched {
+        groups: vec![DispatchedGroup {
+            group,
+            query: QueryId(0),
+        }],
+        executions_per_group: 1,
+        policy_version: PolicyVersion(0),
+    });
+    runtime.apply(EventBody::ExecutionStarted {
+        execution,
+        group,
+        engine: EngineId(0),
+    });
+    let calls = generate(SyntheticConfig::small(2, 0), 5);
+    let record = record_from_context(
+        &Tree::new(execution, TreeConfig::default()),
+        &context_call(&calls[0]),
+    );
+    runtime.apply(EventBody::ModelCall(Box::new(record)));
+    let counts_before: Vec<_> = runtime.buffer.tree_counts().collect();
+    runtime.apply(EventBody::OptimizerStepped {
+        step: StepId(1),
+        policy_version: PolicyVersion(2),
+        consumed: vec![ConsumedGroup {
+            group,
+            staleness: 0,
+        }],
+    });
+    assert!(runtime.buffer.trees.contains_key(&execution));
+    assert_eq!(runtime.buffer.retiring.get(&execution), Some(&StepId(1)));
+    let bytes = encode(&runtime.buffer);
+    assert_eq!(decode(&bytes).as_ref(), Ok(&runtime.buffer));
+    runtime.apply(EventBody::ExecutionClosed {
+        execution,
+        status: CloseStatus::Completed,
+    });
+    assert!(runtime.buffer.retiring.is_empty());
+    assert_eq!(runtime.buffer.retired[&execution].step, StepId(1));
+    assert_eq!(
+        runtime.buffer.tree_counts().collect::<Vec<_>>(),
+        counts_before
+    );
 }
 
 /// A node that names a parent after itself is refused at the parent field, by offset.
