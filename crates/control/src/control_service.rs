@@ -344,12 +344,21 @@ impl pb::control_server::Control for ControlService {
                     .get(&execution)
                     .map(|tree| tree.records())
                     .unwrap_or_default();
+                // The scheduler drops an execution once an optimizer step consumed its group;
+                // scoring keeps every execution's close for the run.
                 let closed = projection
                     .state
                     .scheduler
                     .executions
                     .get(&execution)
-                    .is_some_and(|state| state.closed.is_some());
+                    .is_some_and(|state| state.closed.is_some())
+                    || projection
+                        .state
+                        .trajectories
+                        .scoring
+                        .executions
+                        .get(&execution)
+                        .is_some_and(|score| score.closed.is_some());
                 (last.map_or(0, |log_id| log_id.index), records, closed)
             });
         let events: Vec<gyre_event::Event> = records

@@ -6,7 +6,8 @@
 //! (`SchedulerState::encode_into`), the trajectory buffer (`TrajectoryBuffer::encode_into`) and
 //! `events_applied`, written with `gyre_event::wire`. The encoding is canonical: one state has
 //! one encoding, so replicas that folded the same log write byte-identical snapshots, and
-//! anything decoded re-encodes to the bytes it came from.
+//! anything decoded from the current version re-encodes to the bytes it came from (a version-1
+//! snapshot is brought to the current state on decode: consumed executions' trees retire).
 //!
 //! Decoding never panics: the magic and version are checked first (an unknown version is
 //! refused by name, before anything else is trusted), then the checksum (so a flipped bit or a
@@ -144,7 +145,16 @@ impl ControlState {
         }
         let mut reader = Reader::with_base(&covered[HEADER_BYTES..], HEADER_BYTES);
         let scheduler = SchedulerState::decode_from(&mut reader)?;
-        let trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version >= 2)?;
+        let mut trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version >= 2)?;
+        if version == 1 {
+            // Written before retirement: bring it to what a fold of the same log holds now.
+            trajectories.retire_consumed(
+                scheduler
+                    .staleness
+                    .iter()
+                    .map(|record| (record.group, record.step)),
+            );
+        }
         let events_applied = reader.varint("events_applied")?;
         reader.finish("end of body")?;
         Ok(ControlState {

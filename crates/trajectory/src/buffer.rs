@@ -13,8 +13,10 @@
 //! (a member still running, a surplus execution, is retired when it closes). So
 //! the projection, and every snapshot of it, stays bounded by the executions in flight rather
 //! than growing with the run, and the digest is the one the whole tree gave (a log replays to
-//! the same checkpoints). A model call for a retired execution is refused: training has
-//! already consumed that execution.
+//! the same checkpoints). A model call for an execution whose group an optimizer step consumed
+//! is refused, whether or not it had a tree: training has already consumed that execution.
+//! (Before retirement existed such a call was folded into a tree nobody read; a log holding one
+//! stops verifying at its next checkpoint. Upgrade a quorum across this change all at once.)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,6 +43,8 @@ pub struct TrajectoryBuffer {
     pub retired: BTreeMap<ExecutionId, RetiredTree>,
     /// Members of consumed groups that were still running then: retired when they close.
     pub retiring: BTreeMap<ExecutionId, StepId>,
+    /// Groups an optimizer step consumed, with the step.
+    pub consumed_groups: BTreeMap<GroupId, StepId>,
 }
 
 /// What is kept of a consumed execution's tree.
@@ -66,6 +70,19 @@ impl TrajectoryBuffer {
             packed_groups: BTreeSet::new(),
             retired: BTreeMap::new(),
             retiring: BTreeMap::new(),
+            consumed_groups: BTreeMap::new(),
+        }
+    }
+
+    /// Brings a buffer restored from a snapshot written before retirement existed (format 1:
+    /// every tree live) to the state a fold of the same log reaches now: each group the
+    /// scheduler records as consumed is marked so and its closed members' trees retire.
+    pub fn retire_consumed(&mut self, consumed: impl IntoIterator<Item = (GroupId, StepId)>) {
+        for (group, step) in consumed {
+            if !self.consumed_groups.contains_key(&group) {
+                self.consumed_groups.insert(group, step);
+                self.retire_group(group, step);
+            }
         }
     }
 
@@ -127,13 +144,17 @@ impl TrajectoryBuffer {
         }
     }
 
-    fn refuse_retired(&self, execution: ExecutionId) -> Result<(), TrajectoryError> {
-        match self.retired.get(&execution) {
-            Some(retired) => Err(TrajectoryError::Scoring {
+    fn refuse_consumed(&self, execution: ExecutionId) -> Result<(), TrajectoryError> {
+        let consumed_by = self
+            .scoring
+            .executions
+            .get(&execution)
+            .and_then(|score| self.consumed_groups.get(&score.group));
+        match consumed_by {
+            Some(step) => Err(TrajectoryError::Scoring {
                 execution,
                 message: format!(
-                    "model call after optimizer step {} consumed this execution's group (its tree is retired)",
-                    retired.step
+                    "model call after optimizer step {step} consumed this execution's group (its tree is retired)"
                 ),
             }),
             None => Ok(()),
@@ -145,7 +166,7 @@ impl TrajectoryBuffer {
     pub fn apply_owned(&mut self, event: Event) -> Result<(), TrajectoryError> {
         match event.body {
             EventBody::ModelCall(record) => {
-                self.refuse_retired(record.execution)?;
+                self.refuse_consumed(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)
@@ -160,7 +181,7 @@ impl TrajectoryBuffer {
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
         match &event.body {
             EventBody::ModelCall(record) => {
-                self.refuse_retired(record.execution)?;
+                self.refuse_consumed(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)
@@ -190,9 +211,7 @@ impl TrajectoryBuffer {
             }
             EventBody::OptimizerStepped { step, consumed, .. } => {
                 self.scoring.apply(event)?;
-                for consumed in consumed {
-                    self.retire_group(consumed.group, *step);
-                }
+                self.retire_consumed(consumed.iter().map(|c| (c.group, *step)));
             }
             _ => self.scoring.apply(event)?,
         }

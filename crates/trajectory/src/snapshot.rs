@@ -570,6 +570,7 @@ impl TrajectoryBuffer {
             packed_groups,
             retired,
             retiring,
+            consumed_groups,
         } = self;
         write_tree_config(writer, tree_config);
         writer.count(trees.len());
@@ -611,6 +612,13 @@ impl TrajectoryBuffer {
         for (execution, step) in retiring {
             writer.increasing(previous, execution.get());
             previous = Some(execution.get());
+            writer.varint(step.get());
+        }
+        writer.count(consumed_groups.len());
+        let mut previous = None;
+        for (group, step) in consumed_groups {
+            writer.increasing(previous, group.get());
+            previous = Some(group.get());
             writer.varint(step.get());
         }
     }
@@ -673,12 +681,12 @@ impl TrajectoryBuffer {
                     tokens: reader.varint("trajectory.retired.tokens")?,
                     step: StepId(reader.varint("trajectory.retired.step")?),
                 };
-                if trees.contains_key(&execution) {
+                if trees.contains_key(&execution) || !scoring.executions.contains_key(&execution) {
                     return Err(inconsistent(
                         reader,
                         start_offset,
                         "trajectory.retired",
-                        format!("execution {execution} is both retired and live"),
+                        format!("execution {execution} is live or was never started"),
                     ));
                 }
                 retired.insert(execution, tree);
@@ -694,15 +702,30 @@ impl TrajectoryBuffer {
                 previous = Some(execution);
                 let execution = ExecutionId(execution);
                 let step = StepId(reader.varint("trajectory.retiring.step")?);
-                if retired.contains_key(&execution) {
+                let running = scoring
+                    .executions
+                    .get(&execution)
+                    .is_some_and(|score| score.closed.is_none());
+                if retired.contains_key(&execution) || !running {
                     return Err(inconsistent(
                         reader,
                         start_offset,
                         "trajectory.retiring",
-                        format!("execution {execution} is retired and still waiting to retire"),
+                        format!("execution {execution} is retired, closed or was never started"),
                     ));
                 }
                 retiring.insert(execution, step);
+            }
+        }
+        let mut consumed_groups = BTreeMap::new();
+        if with_retired {
+            let count = reader.count("trajectory.consumed_groups", 2)?;
+            let mut previous = None;
+            for _ in 0..count {
+                let group = reader.increasing("trajectory.consumed_groups.group", previous)?;
+                previous = Some(group);
+                let step = StepId(reader.varint("trajectory.consumed_groups.step")?);
+                consumed_groups.insert(GroupId(group), step);
             }
         }
         Ok(TrajectoryBuffer {
@@ -713,6 +736,7 @@ impl TrajectoryBuffer {
             packed_groups,
             retired,
             retiring,
+            consumed_groups,
         })
     }
 }

@@ -339,7 +339,8 @@ pub(crate) async fn recover(
                     None => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
                 }
             };
-            // Each open execution's tree from the projection (never purged, unlike the log).
+            // Each open execution's tree from the projection (kept, unlike the log, until an
+            // optimizer step consumes the execution, which then reads as closed).
             for execution in recovering.open_executions() {
                 let (events, closed) = client.read_execution(&source, execution).await?;
                 if closed {

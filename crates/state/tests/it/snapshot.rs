@@ -207,31 +207,42 @@ fn consumed_executions_retire_and_the_digest_does_not_depend_on_it() {
     assert_eq!(restored.digest(), state.digest());
 }
 
-/// A version-1 snapshot (written before retirement: no retired sections) still restores.
+/// A version-1 snapshot (written before retirement: every tree live, no retired sections)
+/// restores to the state a fold of the same log reaches now, consumed executions retired, so
+/// a node restored from one and a node that refolded agree on everything that follows.
 #[test]
-fn version_1_snapshots_still_restore() {
-    let events = run_with_model_calls(5, 2, &SyntheticConfig::small(4, 1));
-    let first_step = events
-        .iter()
-        .position(|event| matches!(event.body, EventBody::OptimizerStepped { .. }))
-        .unwrap_or(events.len());
-    let state = fold(&events[..first_step]);
-    assert!(state.trajectories.retired.is_empty() && state.trajectories.retiring.is_empty());
-    let bytes = state.encode_snapshot();
-    // Version 2 ends its trajectory part with two empty sections (retired, retiring), then
-    // `events_applied` and the checksum; version 1 has neither section.
+fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let state = fold(&events);
+    assert!(
+        !state.trajectories.retired.is_empty(),
+        "the run consumed groups"
+    );
+    // What a build before retirement held after the same log: every tree kept.
+    let mut old = state.clone();
+    old.trajectories = ControlState::new().trajectories;
+    for event in &events {
+        if !matches!(event.body, EventBody::OptimizerStepped { .. }) {
+            old.trajectories.apply(event).expect("the log folds");
+        }
+    }
+    assert!(old.trajectories.retired.is_empty() && old.trajectories.consumed_groups.is_empty());
+    let bytes = old.encode_snapshot();
+    // Version 2 ends its trajectory part with three sections (retired, retiring, consumed
+    // groups; empty here), then `events_applied` and the checksum; version 1 has none of them.
     let mut applied = gyre_event::wire::Writer::new();
-    applied.varint(state.events_applied);
+    applied.varint(old.events_applied);
     let applied_len = applied.into_bytes().len();
     let sections_end = bytes.len() - CHECKSUM_BYTES - applied_len;
-    assert_eq!(bytes[sections_end - 2..sections_end], [0, 0]);
-    let mut v1 = bytes[..sections_end - 2].to_vec();
+    assert_eq!(bytes[sections_end - 3..sections_end], [0, 0, 0]);
+    let mut v1 = bytes[..sections_end - 3].to_vec();
     v1.extend_from_slice(&bytes[sections_end..]);
     v1[8..12].copy_from_slice(&1u32.to_le_bytes());
     reseal(&mut v1);
     let restored = ControlState::decode_snapshot(&v1).expect("a version-1 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.digest(), state.digest());
+    assert_eq!(restored.encode_snapshot(), state.encode_snapshot());
 }
 
 #[test]

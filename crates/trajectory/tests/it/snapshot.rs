@@ -188,8 +188,12 @@ impl Runtime {
                     .scoring
                     .groups
                     .iter()
-                    // One member more than N, so that surplus executions occur.
-                    .filter(|(_, g)| g.members.len() as u32 <= g.executions_per_group)
+                    // One member more than N, so that surplus executions occur; never into a
+                    // group an optimizer step consumed (the scheduler has dropped it).
+                    .filter(|(id, g)| {
+                        g.members.len() as u32 <= g.executions_per_group
+                            && !self.consumed.contains(id)
+                    })
                     .map(|(id, _)| *id)
                     .collect();
                 let Some(group) = pick(&open, *index) else {
@@ -213,7 +217,10 @@ impl Runtime {
                     .calls
                     .iter()
                     .filter(|(id, (calls, done))| {
-                        *done < calls.len() && self.buffer.scoring.executions[id].closed.is_none()
+                        let score = &self.buffer.scoring.executions[id];
+                        *done < calls.len()
+                            && score.closed.is_none()
+                            && !self.consumed.contains(&score.group)
                     })
                     .map(|(id, _)| *id)
                     .collect();
