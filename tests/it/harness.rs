@@ -462,6 +462,141 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     assert_turns_extend_previous_prompts(&all);
 }
 
+/// The real Codex CLI through `/v1/responses` with two parallel shell calls, a sub-agent spawned
+/// through Codex's `multi_agent_v1` namespace tool (shown to the model as
+/// `multi_agent_v1.spawn_agent`, sent back as a `function_call` with `namespace`), and a forced
+/// auto-compaction (`model_auto_compact_token_limit` below the context a long tool output
+/// makes). Every main turn up to the compaction extends the previous one; the sub-agent (its
+/// own `thread-id`, `x-openai-subagent`) is its own agent and root; the compaction request is
+/// recorded as a summary (Codex sends it without tools, so its prompt parts from the
+/// conversation's inside the system part and it is a root); the conversation after it restarts
+/// from the original request and never hangs from the summary.
+#[test]
+fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/it/data/codex_sub_agent_compaction_script.jsonl");
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let work = dir.path().join("work");
+    let codex_home = dir.path().join("codex-home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\nmodel_auto_compact_token_limit = 16000\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+            proxy.openai_base_url
+        ),
+    )
+    .expect("codex config");
+    let output = crate::support::output_within(
+        Command::new(&codex)
+            .current_dir(&work)
+            .env("CODEX_HOME", &codex_home)
+            .env("GYRE_EXECUTION_KEY", &proxy.token)
+            .args([
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--json",
+                "Write a.txt and b.txt, have a sub-agent write c.txt, then print a long listing",
+            ])
+            .stdin(Stdio::null()),
+        HARNESS_RUN_LIMIT,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "codex exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("\"text\":\"All done.\""),
+        "the task did not finish: {stdout}"
+    );
+    assert!(
+        stdout.contains("\"tool\":\"spawn_agent\""),
+        "Codex ran the namespaced spawn_agent call: {stdout}"
+    );
+    let read = |name: &str| std::fs::read_to_string(work.join(name)).expect(name);
+    assert_eq!(read("a.txt"), "one\n");
+    assert_eq!(read("b.txt"), "café\n");
+    assert_eq!(
+        read("c.txt"),
+        "three\n",
+        "written by the sub-agent's shell call"
+    );
+
+    let records = records(&log);
+    let main: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent == "main").collect();
+    let sub: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent != "main").collect();
+    // The main agent up to the compaction: every turn extends the previous one completely (the
+    // parallel calls' outputs and the spawn_agent output included).
+    let summary_at = main
+        .iter()
+        .position(|r| r.kind == CallKind::Summary)
+        .expect("the compaction request was recorded as a summary");
+    assert!(summary_at >= 4, "the compaction came after the tool turns");
+    assert_eq!(main[0].parent_call, None);
+    for pair in main[..summary_at].windows(2) {
+        assert_eq!(
+            pair[1].parent_call,
+            Some(pair[0].call),
+            "call {}",
+            pair[1].call
+        );
+        assert_eq!(
+            pair[1].reused_prefix_tokens_count,
+            path_end(pair[0]),
+            "call {} reuses the whole previous context",
+            pair[1].call
+        );
+    }
+    // Codex drops the tools from its compaction request: a summary root.
+    assert_eq!(main[summary_at].parent_call, None);
+    // After the compaction the conversation restarts from the original request (a branch inside
+    // the first call's prompt), never from the summary.
+    let after = main
+        .get(summary_at + 1)
+        .expect("a call after the compaction");
+    assert_eq!(after.kind, CallKind::Turn);
+    let first_prompt_end = main[0].reused_prefix_tokens_count + main[0].input_ids.len() as u64;
+    assert!(
+        after.parent_call.is_none() || after.parent_call == Some(main[0].call),
+        "the post-compaction call hangs from {:?}",
+        after.parent_call
+    );
+    assert!(after.reused_prefix_tokens_count <= first_prompt_end);
+    // The sub-agent: its own agent, its own root, spawned by a main call, turns extending.
+    assert!(
+        sub.len() >= 2,
+        "the sub-agent made its calls: {}",
+        sub.len()
+    );
+    assert!(sub
+        .iter()
+        .all(|r| r.agent == sub[0].agent && r.agent.starts_with("sub:")));
+    assert_eq!(sub[0].parent_call, None);
+    assert!(sub[0].spawned_by.is_some());
+    for pair in sub.windows(2) {
+        assert_eq!(pair[1].parent_call, Some(pair[0].call));
+        assert_eq!(pair[1].reused_prefix_tokens_count, path_end(pair[0]));
+    }
+    drop(proxy);
+    // The namespaced call went out with its namespace and came back in the history with it.
+    let captured = std::fs::read_to_string(&capture).expect("capture");
+    assert!(
+        captured.contains(r#"\"namespace\":\"multi_agent_v1\""#),
+        "the history echoes the call's namespace"
+    );
+}
+
 /// Claude Code finishes a task through proxy A, A is killed with SIGKILL, proxy B starts on the
 /// same port and event file, and `claude --continue` carries on the conversation: B accepts the
 /// credential A issued and resolves the thinking signature and tool-use id A minted to the

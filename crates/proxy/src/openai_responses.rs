@@ -162,25 +162,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
     let mut other_tools = Vec::new();
     if let Some(child) = root.get("tools")? {
         for tool in child.node().array()? {
-            let node = tool.node();
-            let kind = node.type_tag()?;
-            if kind == "function" {
-                let parameters = match node.get("parameters")? {
-                    None => serde_json::Value::Null,
-                    Some(child) => {
-                        child.node().object()?;
-                        child.value.clone()
-                    }
-                };
-                tools.push(Tool {
-                    name: node.required_str("name")?.to_string(),
-                    description: node.optional_str("description")?.map(str::to_string),
-                    parameters,
-                });
-            } else {
-                let name = node.optional_str("name")?.unwrap_or(kind);
-                other_tools.push(name.to_string());
-            }
+            read_tool(tool.node(), None, &mut tools, &mut other_tools)?;
         }
     }
     let tool_choice = root
@@ -213,6 +195,79 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         user,
         ignored_fields,
         unknown_fields,
+    })
+}
+
+/// One entry of `tools`. A function is rendered for the model; a `namespace` (Codex groups its
+/// sub-agent tools as `multi_agent_v1`) contributes its functions under qualified names,
+/// `<namespace>.<function>`: function and namespace names cannot contain a dot, so the name a
+/// call comes back with splits unambiguously into the `namespace` and `name` fields of the
+/// `function_call` item (see `output/openai_responses.rs`). Hosted and other tools are named in
+/// `other_tools` and not rendered.
+fn read_tool(
+    node: Node<'_>,
+    namespace: Option<&str>,
+    tools: &mut Vec<Tool>,
+    other_tools: &mut Vec<String>,
+) -> Read<()> {
+    let kind = node.type_tag()?;
+    let qualify = |name: &str| match namespace {
+        Some(namespace) => format!("{namespace}{NAMESPACE_SEPARATOR}{name}"),
+        None => name.to_string(),
+    };
+    match kind {
+        "function" => {
+            let parameters = match node.get("parameters")? {
+                None => serde_json::Value::Null,
+                Some(child) => {
+                    child.node().object()?;
+                    child.value.clone()
+                }
+            };
+            let name_child = node.required("name")?;
+            let name = name_child.node().str()?;
+            if name.contains(NAMESPACE_SEPARATOR) {
+                return Err(name_child
+                    .node()
+                    .error(format!("function name `{name}` contains `.`")));
+            }
+            tools.push(Tool {
+                name: qualify(name),
+                description: node.optional_str("description")?.map(str::to_string),
+                parameters,
+            });
+        }
+        "namespace" if namespace.is_none() => {
+            let name_child = node.required("name")?;
+            let name = name_child.node().str()?;
+            if name.is_empty() || name.contains(NAMESPACE_SEPARATOR) {
+                return Err(name_child
+                    .node()
+                    .error(format!("namespace name `{name}` is empty or contains `.`")));
+            }
+            for member in node.required("tools")?.node().array()? {
+                read_tool(member.node(), Some(name), tools, other_tools)?;
+            }
+        }
+        "namespace" => return Err(node.error("a namespace cannot contain another namespace")),
+        _ => {
+            let name = node.optional_str("name")?.unwrap_or(kind);
+            other_tools.push(qualify(name));
+        }
+    }
+    Ok(())
+}
+
+/// Between a namespace and a function name in the names the model sees and calls.
+pub(crate) const NAMESPACE_SEPARATOR: char = '.';
+
+/// A call item's name as the model produced it: `<namespace>.<name>` when it carries a
+/// `namespace`.
+fn qualified_call_name(node: Node<'_>) -> Read<String> {
+    let name = node.required_str("name")?;
+    Ok(match node.optional_str("namespace")? {
+        Some(namespace) => format!("{namespace}{NAMESPACE_SEPARATOR}{name}"),
+        None => name.to_string(),
     })
 }
 
@@ -271,7 +326,7 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
         }
         "function_call" => InputItem::FunctionCall {
             call_id: node.required_str("call_id")?.to_string(),
-            name: node.required_str("name")?.to_string(),
+            name: qualified_call_name(node)?,
             arguments: node.required_str("arguments")?.to_string(),
         },
         "function_call_output" => InputItem::FunctionCallOutput {
@@ -280,7 +335,7 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
         },
         "custom_tool_call" => InputItem::CustomToolCall {
             call_id: node.required_str("call_id")?.to_string(),
-            name: node.required_str("name")?.to_string(),
+            name: qualified_call_name(node)?,
             input: node.required_str("input")?.to_string(),
         },
         "custom_tool_call_output" => InputItem::CustomToolCallOutput {

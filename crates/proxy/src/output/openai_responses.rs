@@ -45,6 +45,27 @@ fn usage_json(usage: &Usage) -> Value {
     })
 }
 
+/// A `function_call` item. A call of a namespaced tool, which the model sees and calls by its
+/// qualified name `<namespace>.<function>`, goes out as `namespace` and `name`.
+fn call_item(id: &str, status: &str, call_id: &str, name: &str, arguments: &str) -> Value {
+    let separator = crate::openai_responses::NAMESPACE_SEPARATOR;
+    let (namespace, name) = match name.split_once(separator) {
+        Some((namespace, member)) => (Some(namespace), member),
+        None => (None, name),
+    };
+    let mut item = serde_json::Map::new();
+    item.insert("id".into(), Value::from(id));
+    item.insert("type".into(), Value::from("function_call"));
+    item.insert("status".into(), Value::from(status));
+    item.insert("call_id".into(), Value::from(call_id));
+    if let Some(namespace) = namespace {
+        item.insert("namespace".into(), Value::from(namespace));
+    }
+    item.insert("name".into(), Value::from(name));
+    item.insert("arguments".into(), Value::from(arguments));
+    Value::Object(item)
+}
+
 impl ResponsesResponse {
     pub fn new(meta: ResponseMeta) -> Self {
         Self {
@@ -258,12 +279,10 @@ impl ResponsesResponse {
                 self.close_message(&mut events);
                 let id = self.item_id("fc");
                 let index = self.output_index();
+                let added = call_item(&id, "in_progress", call_id, name, "");
                 events.push(self.event(
                     "response.output_item.added",
-                    json!({"output_index": index, "item": {
-                        "id": id, "type": "function_call", "status": "in_progress",
-                        "call_id": call_id, "name": name, "arguments": "",
-                    }}),
+                    json!({"output_index": index, "item": added}),
                 ));
                 if !arguments.is_empty() {
                     events.push(self.event(
@@ -275,10 +294,7 @@ impl ResponsesResponse {
                     "response.function_call_arguments.done",
                     json!({"item_id": id, "output_index": index, "arguments": arguments}),
                 ));
-                let item = json!({
-                    "id": id, "type": "function_call", "status": "completed",
-                    "call_id": call_id, "name": name, "arguments": arguments,
-                });
+                let item = call_item(&id, "completed", call_id, name, arguments);
                 events.push(self.event(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item}),

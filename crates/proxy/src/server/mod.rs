@@ -906,12 +906,20 @@ async fn read_body(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiErr
         .map_err(|_| ApiError::request_too_large(api, app.config.body_bytes_max))
 }
 
-/// The agent a call belongs to: Claude Code marks sub-agent calls with a header.
+/// The agent a call belongs to. Claude Code marks sub-agent calls with `x-claude-code-agent-id`.
+/// Codex (0.171) sends a spawned sub-agent's calls with `x-openai-subagent` and
+/// `x-codex-parent-thread-id`, and the sub-agent's own `thread-id` (its `x-codex-turn-metadata`
+/// still names the agent `/root`); the thread id names it. Anything else is the main agent.
 fn agent_of(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("x-claude-code-agent-id")
-        .and_then(|v| v.to_str().ok())
-        .map(|agent| format!("sub:{agent}"))
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(agent) = header("x-claude-code-agent-id") {
+        return Some(format!("sub:{agent}"));
+    }
+    if header("x-openai-subagent").is_some() || header("x-codex-parent-thread-id").is_some() {
+        let thread = header("thread-id").unwrap_or("codex");
+        return Some(format!("sub:{thread}"));
+    }
+    None
 }
 
 async fn model_call(

@@ -38,10 +38,12 @@ use crate::output::{OutputEvent, OutputFormat, OutputParser};
 use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
 
-/// The text Claude Code appends to the last user message of a compaction request.
-const COMPACTION_MARKERS: [&str; 2] = [
+/// Text a harness puts in the last user message of a compaction request: Claude Code's
+/// instructions (two phrasings), and Codex's (`codex` 0.171, its local "memento" compaction).
+const COMPACTION_MARKERS: [&str; 3] = [
     "CRITICAL: Respond with TEXT ONLY",
     "Your task is to create a detailed summary of the conversation",
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",
 ];
 
 /// Tokens of room left after a prepared context for the answer appended to it.

@@ -114,3 +114,106 @@ fn bad_requests_name_the_field() {
         assert_eq!(shape["error"]["message"], message);
     }
 }
+
+/// Codex groups its sub-agent tools in a `namespace`: each member is shown to the model as
+/// `<namespace>.<function>`, a call in the history that carries `namespace` reads back under
+/// that qualified name, and the answer's call goes out with `namespace` and `name` again.
+#[test]
+fn namespace_tools_are_shown_and_called_by_qualified_name() {
+    let body = json!({
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "delegate"},
+            {"type": "function_call", "call_id": "call_1", "namespace": "multi_agent_v1", "name": "spawn_agent", "arguments": "{\"message\":\"go\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "{\"agent_id\":\"a1\"}"},
+        ],
+        "tools": [
+            {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+                {"type": "function", "name": "spawn_agent", "description": "Spawn.", "parameters": {"type": "object"}},
+                {"type": "function", "name": "wait_agent", "parameters": {"type": "object"}},
+            ]},
+            {"type": "web_search"},
+        ],
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    let names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "exec_command",
+            "multi_agent_v1.spawn_agent",
+            "multi_agent_v1.wait_agent"
+        ]
+    );
+    assert_eq!(chat.tools[1].description.as_deref(), Some("Spawn."));
+    assert_eq!(chat.omitted_tools, ["web_search"]);
+    let call = &chat.messages[1].tool_calls[0];
+    assert_eq!(call.name, "multi_agent_v1.spawn_agent");
+    assert_eq!(
+        chat.messages[2].tool_name.as_deref(),
+        Some("multi_agent_v1.spawn_agent")
+    );
+
+    let meta = gyre_proxy::output::ResponseMeta {
+        id: "resp_1".into(),
+        model: "m".into(),
+        created_unix_s: 0,
+    };
+    let blocks = [
+        gyre_proxy::output::ResponseBlock::ToolCall {
+            id: "call_2".into(),
+            name: "multi_agent_v1.wait_agent".into(),
+            arguments: "{}".into(),
+        },
+        gyre_proxy::output::ResponseBlock::ToolCall {
+            id: "call_3".into(),
+            name: "exec_command".into(),
+            arguments: "{}".into(),
+        },
+    ];
+    let usage = gyre_proxy::output::Usage {
+        input_tokens: 1,
+        cached_input_tokens: 0,
+        output_tokens: 1,
+        reasoning_tokens: 0,
+    };
+    let response = gyre_proxy::output::openai_responses::response_json(
+        &meta,
+        &blocks,
+        &gyre_proxy::output::StopReason::ToolUse,
+        &usage,
+    );
+    let output = &response["output"];
+    assert_eq!(output[0]["namespace"], "multi_agent_v1");
+    assert_eq!(output[0]["name"], "wait_agent");
+    assert_eq!(output[1]["name"], "exec_command");
+    assert!(output[1].get("namespace").is_none());
+}
+
+#[test]
+fn malformed_namespaces_are_refused_by_field() {
+    let cases = [
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "ns"}]}),
+            "tools[0].tools: field required",
+        ),
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "a.b", "tools": []}]}),
+            "tools[0].name: namespace name `a.b` is empty or contains `.`",
+        ),
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "namespace", "name": "inner", "tools": []}]}]}),
+            "tools[0].tools[0]: a namespace cannot contain another namespace",
+        ),
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "a.b"}]}),
+            "tools[0].name: function name `a.b` contains `.`",
+        ),
+    ];
+    for (body, message) in cases {
+        let error = rejection(&body);
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.message, message);
+    }
+}
