@@ -465,8 +465,9 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
 /// The real Codex CLI through `/v1/responses` with two parallel shell calls, a sub-agent spawned
 /// through Codex's `multi_agent_v1` namespace tool (shown to the model as
 /// `multi_agent_v1.spawn_agent`, sent back as a `function_call` with `namespace`), and a forced
-/// auto-compaction (`model_auto_compact_token_limit` below the context a long tool output
-/// makes). Every main turn up to the compaction extends the previous one; the sub-agent (its
+/// auto-compaction (`model_auto_compact_token_limit` 20000: the calls before the listings end
+/// near 15.8K tokens; three parallel listings, each cut by Codex to ~10 KB, take its estimate
+/// of the next context past the limit). Every main turn up to the compaction extends the previous one; the sub-agent (its
 /// own `thread-id`, `x-openai-subagent`) is its own agent and root; the compaction request is
 /// recorded as a summary (Codex sends it without tools, so its prompt parts from the
 /// conversation's inside the system part and it is a root); the conversation after it restarts
@@ -489,7 +490,7 @@ fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
-            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\nmodel_auto_compact_token_limit = 16000\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\nmodel_auto_compact_token_limit = 20000\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
             proxy.openai_base_url
         ),
     )
@@ -583,7 +584,11 @@ fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
         .iter()
         .all(|r| r.agent == sub[0].agent && r.agent.starts_with("sub:")));
     assert_eq!(sub[0].parent_call, None);
-    assert!(sub[0].spawned_by.is_some());
+    assert_eq!(
+        sub[0].spawned_by,
+        Some(main[1].call),
+        "spawned by the call that called spawn_agent"
+    );
     for pair in sub.windows(2) {
         assert_eq!(pair[1].parent_call, Some(pair[0].call));
         assert_eq!(pair[1].reused_prefix_tokens_count, path_end(pair[0]));

@@ -382,7 +382,7 @@ fn read_tool_choice(node: Node<'_>) -> Read<ToolChoice> {
         };
     }
     match node.type_tag()? {
-        "function" | "custom" => Ok(ToolChoice::Tool(node.required_str("name")?.to_string())),
+        "function" | "custom" => Ok(ToolChoice::Tool(qualified_call_name(node)?)),
         _ => Ok(ToolChoice::Auto),
     }
 }

@@ -50,8 +50,10 @@ fn usage_json(usage: &Usage) -> Value {
 fn call_item(id: &str, status: &str, call_id: &str, name: &str, arguments: &str) -> Value {
     let separator = crate::openai_responses::NAMESPACE_SEPARATOR;
     let (namespace, name) = match name.split_once(separator) {
-        Some((namespace, member)) => (Some(namespace), member),
-        None => (None, name),
+        Some((namespace, member)) if !namespace.is_empty() && !member.is_empty() => {
+            (Some(namespace), member)
+        }
+        _ => (None, name),
     };
     let mut item = serde_json::Map::new();
     item.insert("id".into(), Value::from(id));

@@ -166,6 +166,8 @@ struct Answer<'m> {
     reasoning_text: String,
     reasoning_tokens: u64,
     tool_calls: usize,
+    /// The answer calls a tool that starts a sub-agent (see [`is_spawn_tool`]).
+    spawns_agent: bool,
     output_ids: OutputIds,
 }
 
@@ -187,6 +189,7 @@ impl<'m> Answer<'m> {
             reasoning_text: String::new(),
             reasoning_tokens: 0,
             tool_calls: 0,
+            spawns_agent: false,
             output_ids: OutputIds::new(
                 execution.lock().execution,
                 &prepared.agent,
@@ -279,6 +282,7 @@ impl<'m> Answer<'m> {
             events,
             &mut self.reasoning_text,
             &mut self.tool_calls,
+            &mut self.spawns_agent,
             &mut self.output_ids,
             so_far,
         )
@@ -547,6 +551,7 @@ pub async fn run(
     let encoded = prepared.encoded as u64;
     let reused = prepared.reused_by_text as u64;
     // Record, then commit, then release the end of the answer.
+    sampled.spawns_agent = answer.spawns_agent;
     let finished = execution.lock().finish_call(prepared, sampled);
     let record = match finished {
         Ok(record) => record,
@@ -747,6 +752,18 @@ async fn run_replay(
         .await;
 }
 
+/// Tools that start a sub-agent: Claude Code's `Agent` (`Task` before it) and Codex's
+/// `multi_agent_v1.spawn_agent`. A sub-agent's first call is recorded as spawned by the
+/// agent's last call that called one (Codex's spawn returns at once, so the main agent has
+/// often made another call before the sub-agent's first request arrives).
+fn is_spawn_tool(name: &str) -> bool {
+    matches!(name, "Agent" | "Task")
+        || name
+            .rsplit(crate::openai_responses::NAMESPACE_SEPARATOR)
+            .next()
+            == Some("spawn_agent")
+}
+
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.
 #[allow(clippy::too_many_arguments)]
 fn emit(
@@ -757,6 +774,7 @@ fn emit(
     events: Vec<OutputEvent>,
     reasoning_text: &mut String,
     tool_calls: &mut usize,
+    spawns_agent: &mut bool,
     output_ids: &mut OutputIds,
     sampled_so_far: &[u32],
 ) -> Vec<SseEvent> {
@@ -780,6 +798,7 @@ fn emit(
                 let id = output_ids.next_tool_call(api, sampled_so_far);
                 execution.lock().remember_tool_call(&id, &arguments);
                 *tool_calls += 1;
+                *spawns_agent |= is_spawn_tool(&name);
                 frames.extend(builder.push(StreamItem::ToolCall {
                     id: &id,
                     name: &name,

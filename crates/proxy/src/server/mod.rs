@@ -907,19 +907,27 @@ async fn read_body(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiErr
 }
 
 /// The agent a call belongs to. Claude Code marks sub-agent calls with `x-claude-code-agent-id`.
-/// Codex (0.171) sends a spawned sub-agent's calls with `x-openai-subagent` and
-/// `x-codex-parent-thread-id`, and the sub-agent's own `thread-id` (its `x-codex-turn-metadata`
-/// still names the agent `/root`); the thread id names it. Anything else is the main agent.
+/// Codex (0.171) sends a spawned sub-agent's calls with `x-openai-subagent: collab_spawn`,
+/// `x-codex-parent-thread-id` and the sub-agent's own thread id (`thread-id`, also the part of
+/// `x-codex-window-id` before `:`); its `x-codex-turn-metadata` still says `agent_name: "/root"`.
+/// That is agent `sub:<thread>`; another `x-openai-subagent` kind (a side thread the harness
+/// starts itself, not the model) is `side:<kind>:<thread>`. Anything else is the main agent.
 fn agent_of(headers: &HeaderMap) -> Option<String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(agent) = header("x-claude-code-agent-id") {
         return Some(format!("sub:{agent}"));
     }
-    if header("x-openai-subagent").is_some() || header("x-codex-parent-thread-id").is_some() {
-        let thread = header("thread-id").unwrap_or("codex");
-        return Some(format!("sub:{thread}"));
+    let kind = header("x-openai-subagent");
+    if kind.is_none() && header("x-codex-parent-thread-id").is_none() {
+        return None;
     }
-    None
+    let thread = header("thread-id")
+        .or_else(|| header("x-codex-window-id").and_then(|window| window.split(':').next()))
+        .filter(|thread| !thread.is_empty())?;
+    Some(match kind {
+        None | Some("collab_spawn") => format!("sub:{thread}"),
+        Some(kind) => format!("side:{kind}:{thread}"),
+    })
 }
 
 async fn model_call(
@@ -1469,5 +1477,41 @@ mod tests {
             max: 0,
         });
         assert!(Charge::take(&off, 1).is_none(), "0 turns reuse off");
+    }
+
+    /// Claude Code's and Codex's sub-agent headers, as the real CLIs send them.
+    #[test]
+    fn agents_are_told_apart_by_the_harnesses_headers() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, HeaderValue::from_static(value));
+            }
+            map
+        };
+        let main_codex = headers(&[("thread-id", "t0"), ("session-id", "t0")]);
+        assert_eq!(agent_of(&main_codex), None);
+        assert_eq!(
+            agent_of(&headers(&[("x-claude-code-agent-id", "a7")])).as_deref(),
+            Some("sub:a7")
+        );
+        let spawned = headers(&[
+            ("thread-id", "t1"),
+            ("x-openai-subagent", "collab_spawn"),
+            ("x-codex-parent-thread-id", "t0"),
+        ]);
+        assert_eq!(agent_of(&spawned).as_deref(), Some("sub:t1"));
+        let review = headers(&[("thread-id", "t2"), ("x-openai-subagent", "review")]);
+        assert_eq!(agent_of(&review).as_deref(), Some("side:review:t2"));
+        let windowed = headers(&[
+            ("x-codex-window-id", "t3:0"),
+            ("x-codex-parent-thread-id", "t0"),
+        ]);
+        assert_eq!(agent_of(&windowed).as_deref(), Some("sub:t3"));
+        // A sub-agent header without any thread id names no agent rather than one shared name.
+        assert_eq!(
+            agent_of(&headers(&[("x-openai-subagent", "collab_spawn")])),
+            None
+        );
     }
 }

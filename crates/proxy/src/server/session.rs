@@ -167,6 +167,8 @@ pub struct Sampled {
     pub requested_at: Timestamp,
     pub first_token_after: Duration,
     pub completed_after: Duration,
+    /// The answer called a tool that starts a sub-agent.
+    pub spawns_agent: bool,
 }
 
 #[derive(Debug)]
@@ -178,6 +180,9 @@ pub struct Session {
     reasoning: HashMap<String, String>,
     special: HashSet<u32>,
     next_call: u64,
+    /// The main agent's last call whose answer started a sub-agent: what a new sub-agent's
+    /// first call is spawned by (unknown after a restart: then the main agent's last call).
+    last_spawn: Option<CallId>,
     pub closed: bool,
     /// Why a session could not be rebuilt after a restart (it then stays closed).
     pub lost: Option<String>,
@@ -244,6 +249,7 @@ impl Session {
             reasoning: HashMap::new(),
             special,
             next_call: 0,
+            last_spawn: None,
             closed: false,
             lost: None,
             contexts_pending: false,
@@ -489,8 +495,11 @@ impl Session {
         } else {
             CallKind::Turn
         };
-        let spawned_by = if agent != "main" && !self.agents.contains_key(&agent) {
-            self.agents.get("main").and_then(|main| main.call)
+        // Only spawned sub-agents (`sub:`) are spawned by a call; a harness's side threads
+        // (`side:`, e.g. a Codex review) are not.
+        let spawned_by = if agent.starts_with("sub:") && !self.agents.contains_key(&agent) {
+            self.last_spawn
+                .or_else(|| self.agents.get("main").and_then(|main| main.call))
         } else {
             None
         };
@@ -590,6 +599,9 @@ impl Session {
             });
         }
         self.spend_call_id(&record, "record")?;
+        if sampled.spawns_agent && prepared.agent == "main" {
+            self.last_spawn = Some(call);
+        }
         let mut context = AgentContext {
             call: Some(call),
             output_start: prepared.context_ids.len(),
