@@ -79,8 +79,10 @@ impl TrajectoryBuffer {
     /// scheduler records as consumed is marked so and its closed members' trees retire.
     pub fn retire_consumed(&mut self, consumed: impl IntoIterator<Item = (GroupId, StepId)>) {
         for (group, step) in consumed {
-            if !self.consumed_groups.contains_key(&group) {
-                self.consumed_groups.insert(group, step);
+            if let std::collections::btree_map::Entry::Vacant(entry) =
+                self.consumed_groups.entry(group)
+            {
+                entry.insert(step);
                 self.retire_group(group, step);
             }
         }

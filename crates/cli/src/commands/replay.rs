@@ -302,7 +302,7 @@ enum Source {
         path: PathBuf,
         reader: EventFileReader,
     },
-    DataDir(DataDir),
+    DataDir(Box<DataDir>),
 }
 
 impl Source {
@@ -571,7 +571,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         }
         let start_state = std::mem::replace(&mut data.start_state, ControlState::new());
         let start_index = data.start_index;
-        (Source::DataDir(data), start_state, start_index)
+        (Source::DataDir(Box::new(data)), start_state, start_index)
     } else {
         let reader = EventFileReader::open(&args.log)
             .with_context(|| format!("opening {}", args.log.display()))?;
