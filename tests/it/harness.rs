@@ -377,6 +377,47 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
     assert_turns_extend_previous_prompts(&sub);
 }
 
+/// Runs `codex exec --json PROMPT` in `dir/work` with a scratch `CODEX_HOME` whose config points
+/// the model provider at `proxy` (plus `extra_config` lines); its stdout, after asserting it
+/// exited 0.
+fn codex_exec(codex: &Path, proxy: &Proxy, dir: &Path, extra_config: &str, prompt: &str) -> String {
+    let work = dir.join("work");
+    let codex_home = dir.join("codex-home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\n{extra_config}[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+            proxy.openai_base_url
+        ),
+    )
+    .expect("codex config");
+    let output = crate::support::output_within(
+        Command::new(codex)
+            .current_dir(&work)
+            .env("CODEX_HOME", &codex_home)
+            .env("GYRE_EXECUTION_KEY", &proxy.token)
+            .args([
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--json",
+                prompt,
+            ])
+            .stdin(Stdio::null()),
+        HARNESS_RUN_LIMIT,
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "codex exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn codex_turns_extend_the_tree_through_the_responses_api() {
     let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
@@ -389,38 +430,12 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     let capture = dir.path().join("capture.jsonl");
     let proxy = start_proxy(&script, &log, &capture);
     let work = dir.path().join("work");
-    let codex_home = dir.path().join("codex-home");
-    std::fs::create_dir_all(&work).expect("work dir");
-    std::fs::create_dir_all(&codex_home).expect("codex home");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
-            proxy.openai_base_url
-        ),
-    )
-    .expect("codex config");
-    let output = crate::support::output_within(
-        Command::new(&codex)
-            .current_dir(&work)
-            .env("CODEX_HOME", &codex_home)
-            .env("GYRE_EXECUTION_KEY", &proxy.token)
-            .args([
-                "exec",
-                "--skip-git-repo-check",
-                "--dangerously-bypass-approvals-and-sandbox",
-                "--json",
-                "Create hello.txt and list the directory",
-            ])
-            .stdin(Stdio::null()),
-        HARNESS_RUN_LIMIT,
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "codex exited {:?}\nstdout: {stdout}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = codex_exec(
+        &codex,
+        &proxy,
+        dir.path(),
+        "",
+        "Create hello.txt and list the directory",
     );
     assert!(
         stdout.contains("\"text\":\"All done.\""),
@@ -484,38 +499,12 @@ fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
     let capture = dir.path().join("capture.jsonl");
     let proxy = start_proxy(&script, &log, &capture);
     let work = dir.path().join("work");
-    let codex_home = dir.path().join("codex-home");
-    std::fs::create_dir_all(&work).expect("work dir");
-    std::fs::create_dir_all(&codex_home).expect("codex home");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\nmodel_auto_compact_token_limit = 20000\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
-            proxy.openai_base_url
-        ),
-    )
-    .expect("codex config");
-    let output = crate::support::output_within(
-        Command::new(&codex)
-            .current_dir(&work)
-            .env("CODEX_HOME", &codex_home)
-            .env("GYRE_EXECUTION_KEY", &proxy.token)
-            .args([
-                "exec",
-                "--skip-git-repo-check",
-                "--dangerously-bypass-approvals-and-sandbox",
-                "--json",
-                "Write a.txt and b.txt, have a sub-agent write c.txt, then print a long listing",
-            ])
-            .stdin(Stdio::null()),
-        HARNESS_RUN_LIMIT,
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "codex exited {:?}\nstdout: {stdout}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = codex_exec(
+        &codex,
+        &proxy,
+        dir.path(),
+        "model_auto_compact_token_limit = 20000\n",
+        "Write a.txt and b.txt, have a sub-agent write c.txt, then print a long listing",
     );
     assert!(
         stdout.contains("\"text\":\"All done.\""),
