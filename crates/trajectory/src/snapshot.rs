@@ -666,7 +666,10 @@ impl TrajectoryBuffer {
             previous = Some(group);
             packed_groups.insert(GroupId(group));
         }
+        // Format 2 only: retired trees, members retiring when they close, consumed groups.
         let mut retired = BTreeMap::new();
+        let mut retiring = BTreeMap::new();
+        let mut consumed_groups = BTreeMap::new();
         if with_retired {
             let count = reader.count("trajectory.retired", 5)?;
             let mut previous = None;
@@ -691,9 +694,6 @@ impl TrajectoryBuffer {
                 }
                 retired.insert(execution, tree);
             }
-        }
-        let mut retiring = BTreeMap::new();
-        if with_retired {
             let count = reader.count("trajectory.retiring", 2)?;
             let mut previous = None;
             for _ in 0..count {
@@ -716,9 +716,6 @@ impl TrajectoryBuffer {
                 }
                 retiring.insert(execution, step);
             }
-        }
-        let mut consumed_groups = BTreeMap::new();
-        if with_retired {
             let count = reader.count("trajectory.consumed_groups", 2)?;
             let mut previous = None;
             for _ in 0..count {
