@@ -116,7 +116,7 @@ impl ControlNode {
                 .membership_config
                 .membership()
                 .get_node(&leader)
-                .map_or_else(|| format!("node {leader}"), |node| node.addr.clone())
+                .map(|node| node.addr.clone())
         });
         let proposer = Proposer {
             raft: node.raft.clone(),

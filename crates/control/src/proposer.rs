@@ -84,7 +84,7 @@ pub struct Proposer {
     pub raft: Raft,
     pub state_machine: StateMachineStore<ControlProjection>,
     pub log: LogStoreHandle,
-    pub leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    pub leader_address: Arc<dyn Fn(u64) -> Option<String> + Send + Sync>,
     pub options: ProposerOptions,
 }
 
@@ -204,11 +204,28 @@ impl Proposer {
     }
 }
 
+/// Where a write refused with "forward to leader" should go. A follower can know the leader's
+/// id (from its vote) before the membership entry naming the leader's address has reached it:
+/// that is "no leader yet" to a writer (retryable), never an address made up from the id.
+fn forward_target(
+    leader_id: Option<u64>,
+    leader_node: Option<&gyre_log::raft::Node>,
+    leader_address: &(dyn Fn(u64) -> Option<String> + Send + Sync),
+) -> ControlError {
+    match leader_node
+        .map(|node| node.addr.clone())
+        .or_else(|| leader_id.and_then(leader_address))
+    {
+        Some(leader) => ControlError::NotLeader { leader },
+        None => ControlError::NoLeader,
+    }
+}
+
 async fn write_batch(
     raft: Raft,
     mut jobs: Vec<AppendJob>,
     now: Timestamp,
-    leader_address: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    leader_address: Arc<dyn Fn(u64) -> Option<String> + Send + Sync>,
 ) {
     let mut all = Vec::with_capacity(jobs.iter().map(|job| job.records.len()).sum());
     let counts: Vec<usize> = jobs.iter().map(|job| job.records.len()).collect();
@@ -255,17 +272,44 @@ async fn write_batch(
         }
         Err(error) => {
             let failure = || match error.forward_to_leader() {
-                Some(forward) => match forward.leader_id {
-                    Some(leader) => ControlError::NotLeader {
-                        leader: leader_address(leader),
-                    },
-                    None => ControlError::NoLeader,
-                },
+                Some(forward) => forward_target(
+                    forward.leader_id,
+                    forward.leader_node.as_ref(),
+                    &*leader_address,
+                ),
                 None => ControlError::Raft(error.to_string()),
             };
             for job in jobs {
                 let _ = job.reply.send(Err(failure()));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod forward_tests {
+    use super::*;
+
+    #[test]
+    fn a_leader_whose_address_is_not_known_yet_is_no_leader() {
+        let unknown = |_: u64| None;
+        assert!(matches!(
+            forward_target(Some(1), None, &unknown),
+            ControlError::NoLeader
+        ));
+        assert!(matches!(
+            forward_target(None, None, &unknown),
+            ControlError::NoLeader
+        ));
+        let known = |id: u64| (id == 1).then(|| "127.0.0.1:7001".to_string());
+        match forward_target(Some(1), None, &known) {
+            ControlError::NotLeader { leader } => assert_eq!(leader, "127.0.0.1:7001"),
+            other => panic!("expected NotLeader, got {other:?}"),
+        }
+        let node = gyre_log::raft::Node::new("127.0.0.1:7002");
+        match forward_target(Some(2), Some(&node), &unknown) {
+            ControlError::NotLeader { leader } => assert_eq!(leader, "127.0.0.1:7002"),
+            other => panic!("expected NotLeader, got {other:?}"),
         }
     }
 }
