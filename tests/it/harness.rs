@@ -585,6 +585,11 @@ fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
     drop(proxy);
     // The namespaced call went out with its namespace and came back in the history with it.
     let captured = std::fs::read_to_string(&capture).expect("capture");
+    // Codex also marks its compaction call outside the body (what `compaction_requested` reads).
+    assert!(
+        captured.contains(r#"\"request_kind\":\"compaction\""#),
+        "the compaction call's x-codex-turn-metadata says request_kind compaction"
+    );
     assert!(
         captured.contains(r#"\"namespace\":\"multi_agent_v1\""#),
         "the history echoes the call's namespace"

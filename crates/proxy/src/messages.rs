@@ -267,6 +267,10 @@ pub struct ChatRequest {
     pub ignored_fields: Vec<String>,
     /// Top-level fields the parser does not know; tolerated.
     pub unknown_fields: Vec<String>,
+    /// The harness said, outside the body, that this call is a context compaction (Codex's
+    /// `x-codex-turn-metadata` header with `request_kind: "compaction"`). The body's own
+    /// compaction instructions are recognised as well; this holds when their wording changes.
+    pub harness_compaction: bool,
 }
 
 impl ChatRequest {
@@ -286,6 +290,7 @@ impl ChatRequest {
             user: None,
             ignored_fields: Vec::new(),
             unknown_fields: Vec::new(),
+            harness_compaction: false,
         }
     }
 

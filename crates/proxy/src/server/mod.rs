@@ -930,6 +930,21 @@ fn agent_of(headers: &HeaderMap) -> Option<String> {
     })
 }
 
+/// Whether the harness's headers mark the call as a context compaction: Codex sends
+/// `x-codex-turn-metadata` (JSON) with `request_kind: "compaction"` on its compaction call.
+/// A header that is not JSON, or has no such field, says nothing.
+fn compaction_requested(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-codex-turn-metadata")
+        .and_then(|value| serde_json::from_slice::<serde_json::Value>(value.as_bytes()).ok())
+        .is_some_and(|metadata| {
+            metadata
+                .get("request_kind")
+                .and_then(serde_json::Value::as_str)
+                == Some("compaction")
+        })
+}
+
 async fn model_call(
     app: Arc<AppState>,
     api: Api,
@@ -948,6 +963,7 @@ async fn model_call(
         Err(error) => return rejected(&app, &error),
     };
     let agent = agent_of(&headers);
+    let harness_compaction = compaction_requested(&headers);
     let capture_head = app.capture.as_ref().map(|_| {
         let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
         capture::Capture::head(path, &headers)
@@ -972,6 +988,7 @@ async fn model_call(
             let previous = execution.take_body(api, agent_key);
             let body = crate::body::parse_body(api, bytes, previous)?;
             let mut request = crate::read_parsed_request(api, &body)?;
+            request.harness_compaction = harness_compaction;
             app.metrics
                 .body_elements(body.elements(), body.reused_elements());
             execution.keep_body(&app.bodies, api, agent_key.to_string(), body);
@@ -1477,6 +1494,25 @@ mod tests {
             max: 0,
         });
         assert!(Charge::take(&off, 1).is_none(), "0 turns reuse off");
+    }
+
+    /// Codex's turn metadata (as Codex 0.171 sends it, ids shortened) marks its compaction call.
+    #[test]
+    fn a_codex_compaction_is_told_by_its_turn_metadata() {
+        let with = |value: &'static str| {
+            let mut map = HeaderMap::new();
+            map.insert("x-codex-turn-metadata", HeaderValue::from_static(value));
+            map
+        };
+        assert!(compaction_requested(&with(
+            r#"{"agent_name":"/root","window_number":0,"request_kind":"compaction","compaction":{"trigger":"auto","reason":"context_limit","strategy":"memento"}}"#
+        )));
+        assert!(!compaction_requested(&with(
+            r#"{"agent_name":"/root","request_kind":"turn"}"#
+        )));
+        assert!(!compaction_requested(&with("not json")));
+        assert!(!compaction_requested(&with(r#"{"request_kind":7}"#)));
+        assert!(!compaction_requested(&HeaderMap::new()));
     }
 
     /// Claude Code's and Codex's sub-agent headers, as the real CLIs send them.

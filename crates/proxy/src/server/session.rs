@@ -486,11 +486,12 @@ impl Session {
             .iter()
             .rev()
             .find(|message| message.role == Role::User);
-        let kind = if last_user.is_some_and(|message| {
-            COMPACTION_MARKERS
-                .iter()
-                .any(|marker| message.content.contains(marker))
-        }) {
+        let kind = if request.harness_compaction
+            || last_user.is_some_and(|message| {
+                COMPACTION_MARKERS
+                    .iter()
+                    .any(|marker| message.content.contains(marker))
+            }) {
             CallKind::Summary
         } else {
             CallKind::Turn

@@ -255,6 +255,28 @@ fn a_growing_conversation_encodes_only_its_new_tokens() {
     assert!(second.encoded < 16, "encoded {}", second.encoded);
 }
 
+/// A call the harness marks as a compaction in its headers is a summary call even when its
+/// instructions carry none of the known compaction wordings; an unmarked one is a turn.
+#[test]
+fn a_harness_marked_compaction_is_a_summary_call() {
+    use gyre_event::CallKind;
+    let model = model();
+    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let mut request = ChatRequest::new(Api::OpenAiResponses, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::User, "Condense everything so far."));
+    let plain = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(plain.kind, CallKind::Turn);
+    request.harness_compaction = true;
+    let marked = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(marked.kind, CallKind::Summary);
+}
+
 /// A session rebuilt from its records (a proxy restart) prepares the next request of every
 /// agent exactly as the session that recorded them: same tokens, same reuse, same parent, and
 /// the tool-call text and reasoning behind the ids the proxy minted are restored.
