@@ -115,6 +115,9 @@ pub struct ModelCallJson {
     pub requested_at: u64,
     pub first_token_after: u64,
     pub completed_after: u64,
+    /// The request's stop sequences; omitted when it gave none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_sequences: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -480,6 +483,7 @@ impl From<&ev::Event> for EventJson {
                 requested_at: r.requested_at.0,
                 first_token_after: r.first_token_after.0,
                 completed_after: r.completed_after.0,
+                stop_sequences: r.stop_sequences.clone(),
             }),
             E::EvaluationRequested {
                 execution,
@@ -735,6 +739,7 @@ impl TryFrom<EventJson> for ev::Event {
                 requested_at: ev::Timestamp(r.requested_at),
                 first_token_after: ev::Duration(r.first_token_after),
                 completed_after: ev::Duration(r.completed_after),
+                stop_sequences: r.stop_sequences,
             })),
             BodyJson::EvaluationRequested {
                 execution,

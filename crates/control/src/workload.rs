@@ -43,6 +43,7 @@ pub fn record(
             requested_at: Timestamp::ZERO,
             first_token_after: gyre_event::Duration(0),
             completed_after: gyre_event::Duration(0),
+            stop_sequences: Vec::new(),
         })),
     )
 }

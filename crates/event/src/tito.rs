@@ -96,7 +96,18 @@ pub struct ModelCallRecord {
     pub requested_at: Timestamp,
     pub first_token_after: Duration,
     pub completed_after: Duration,
+    /// The request's stop sequences (Anthropic `stop_sequences`, OpenAI `stop`), empty when
+    /// it gave none. When one of them occurs in the decoded output, the harness got the text
+    /// before its first occurrence; `output_ids` still holds every sampled token through the one
+    /// that completed it. Kept so that a reader of the log (a restarted proxy, an audit) knows
+    /// where the answer the harness saw ended and why.
+    pub stop_sequences: Vec<String>,
 }
+
+/// Bounds on [`ModelCallRecord::stop_sequences`] (the proxy refuses requests beyond them): far
+/// above any real use (OpenAI allows 4).
+pub const STOP_SEQUENCES_MAX: usize = 64;
+pub const STOP_SEQUENCE_BYTES_MAX: usize = 1024;
 
 impl ModelCallRecord {
     /// Structural checks the log applies before accepting a record.
@@ -120,6 +131,24 @@ impl ModelCallRecord {
                 self.call,
                 provenance_total,
                 self.input_ids.len()
+            ));
+        }
+        if self.stop_sequences.len() > STOP_SEQUENCES_MAX {
+            return Err(format!(
+                "call {}: {} stop sequences (at most {STOP_SEQUENCES_MAX})",
+                self.call,
+                self.stop_sequences.len()
+            ));
+        }
+        if let Some(bad) = self
+            .stop_sequences
+            .iter()
+            .find(|stop| stop.is_empty() || stop.len() > STOP_SEQUENCE_BYTES_MAX)
+        {
+            return Err(format!(
+                "call {}: a stop sequence of {} bytes (1 to {STOP_SEQUENCE_BYTES_MAX})",
+                self.call,
+                bad.len()
             ));
         }
         if let Some(bad) = self

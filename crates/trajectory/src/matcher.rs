@@ -193,6 +193,7 @@ pub fn record_from_context(tree: &Tree, call: &ContextCall<'_>) -> ModelCallReco
         requested_at: Timestamp::ZERO,
         first_token_after: Duration::ZERO,
         completed_after: Duration::ZERO,
+        stop_sequences: Vec::new(),
     }
 }
 

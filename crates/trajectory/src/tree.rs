@@ -579,6 +579,7 @@ impl Tree {
                 requested_at: gyre_event::Timestamp::ZERO,
                 first_token_after: gyre_event::Duration(0),
                 completed_after: gyre_event::Duration(0),
+                stop_sequences: Vec::new(),
             })
             .collect()
     }

@@ -197,6 +197,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                         "requested_at_s": record.requested_at.as_secs_f64(),
                         "first_token_after_s": record.first_token_after.as_secs_f64(),
                         "completed_after_s": record.completed_after.as_secs_f64(),
+                        "stop_sequences": record.stop_sequences,
                     }));
                     cite = true;
                 }

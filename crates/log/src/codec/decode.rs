@@ -311,6 +311,7 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
         requested_at: Timestamp(0),
         first_token_after: Duration(0),
         completed_after: Duration(0),
+        stop_sequences: Vec::new(),
     };
     let (mut kind, mut agent, mut input_ids, mut output_ids, mut output_logprobs) =
         (0i32, &[][..], &[][..], &[][..], &[][..]);
@@ -363,6 +364,12 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
             14 => record.requested_at = Timestamp(reader.varint_field(wire_type)?),
             15 => record.first_token_after = Duration(reader.varint_field(wire_type)?),
             16 => record.completed_after = Duration(reader.varint_field(wire_type)?),
+            17 => {
+                let stop = reader.bytes_field(wire_type)?;
+                let stop = std::str::from_utf8(stop)
+                    .map_err(|_| reader.malformed("a `stop_sequences` element is not UTF-8"))?;
+                record.stop_sequences.push(stop.to_string());
+            }
             _ => reader.skip(tag, wire_type)?,
         }
     }
@@ -410,6 +417,7 @@ fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
         requested_at: Timestamp(message.requested_at_nanos),
         first_token_after: Duration(message.first_token_after_nanos),
         completed_after: Duration(message.completed_after_nanos),
+        stop_sequences: message.stop_sequences,
     })
 }
 
@@ -471,6 +479,7 @@ mod wire_tests {
                 any::<u64>(),
                 any::<u64>(),
                 any::<u64>(),
+                proptest::collection::vec("[a-z\\n]{0,4}", 0..3),
             ),
         )
             .prop_map(
@@ -478,7 +487,7 @@ mod wire_tests {
                     (execution, call, agent, kind),
                     (parent_call, reused, spawned_by),
                     (input, provenance, output, logprobs),
-                    (engine, policy, requested, first, completed),
+                    (engine, policy, requested, first, completed, stops),
                 )| pb::ModelCall {
                     execution,
                     call,
@@ -496,6 +505,7 @@ mod wire_tests {
                     requested_at_nanos: requested,
                     first_token_after_nanos: first,
                     completed_after_nanos: completed,
+                    stop_sequences: stops,
                 },
             )
     }

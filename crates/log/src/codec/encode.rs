@@ -288,5 +288,6 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
         requested_at_nanos: record.requested_at.nanos(),
         first_token_after_nanos: record.first_token_after.nanos(),
         completed_after_nanos: record.completed_after.nanos(),
+        stop_sequences: record.stop_sequences.clone(),
     }
 }

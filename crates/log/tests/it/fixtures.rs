@@ -51,6 +51,7 @@ pub fn model_call() -> ModelCallRecord {
         requested_at: Timestamp(9_000_000_000),
         first_token_after: Duration(120_000_000),
         completed_after: Duration(2_500_000_000),
+        stop_sequences: Vec::new(),
     }
 }
 

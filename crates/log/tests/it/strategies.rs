@@ -93,6 +93,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            proptest::collection::vec("\\PC{0,6}", 0..3),
         ),
     )
         .prop_map(
@@ -100,7 +101,14 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 (execution, call, agent, kind),
                 (parent_call, reused_prefix_tokens_count, spawned_by),
                 (input_ids, spans, output_ids, output_logprobs),
-                (engine, policy_version, requested_at, first_token_after, completed_after),
+                (
+                    engine,
+                    policy_version,
+                    requested_at,
+                    first_token_after,
+                    completed_after,
+                    stop_sequences,
+                ),
             )| ModelCallRecord {
                 execution: ExecutionId(execution),
                 call: CallId(call),
@@ -128,6 +136,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 requested_at: Timestamp(requested_at),
                 first_token_after: Duration(first_token_after),
                 completed_after: Duration(completed_after),
+                stop_sequences,
             },
         )
 }

@@ -8,9 +8,9 @@
 //! where it is cut (a property test checks it).
 
 /// The most stop sequences a request may give, and the longest one, in bytes: far above any
-/// real use (OpenAI allows 4), and they bound the matcher's work per token.
-pub const STOP_SEQUENCES_MAX: usize = 64;
-pub const STOP_SEQUENCE_BYTES_MAX: usize = 1024;
+/// real use (OpenAI allows 4), and they bound the matcher's work per token. The record that
+/// keeps them (`ModelCallRecord::stop_sequences`) is checked against the same bounds.
+pub use gyre_event::{STOP_SEQUENCES_MAX, STOP_SEQUENCE_BYTES_MAX};
 
 /// What one piece of text did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

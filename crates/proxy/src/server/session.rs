@@ -34,6 +34,7 @@ use super::output_ids::{tool_call_prefix, OutputIds};
 use crate::engine::IdsJson;
 use crate::messages::{Api, ChatRequest, Role};
 use crate::model_dir::ChatModel;
+use crate::output::stop::StopStrings;
 use crate::output::{OutputEvent, OutputFormat, OutputParser};
 use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
@@ -189,6 +190,8 @@ pub struct Session {
     /// Rebuilt from records whose agent contexts are not decoded yet: the first `prepare`
     /// does it ([`Session::finish_recovery`]), so a restarted proxy serves at once.
     contexts_pending: bool,
+    /// Recovery: the stop sequences of each recovered call that ran with some.
+    recovered_stops: BTreeMap<CallId, Vec<String>>,
     /// Index of the engine this execution is pinned to.
     pub engine: usize,
     pub tokens_encoded: u64,
@@ -196,6 +199,24 @@ pub struct Session {
     /// Requests whose rendered history diverged from the agent's last context inside a sampled
     /// output (a template that does not re-render outputs exactly; counted, never hidden).
     pub sampled_divergences: u64,
+}
+
+/// Where a stop sequence cut an output, as the server cut it while streaming: the byte length
+/// of the text before the sequence, or `None` when none of `stops` occurs.
+fn stop_cut(model: &ChatModel, stops: &[String], output: &[u32]) -> Result<Option<usize>, String> {
+    let mut stream = model.text_stream();
+    let mut matcher = StopStrings::new(stops);
+    for token in output {
+        let delta = stream
+            .push(*token)
+            .map_err(|error| format!("decoding a stopped output: {error}"))?;
+        if let Some(delta) = delta {
+            if matcher.push(&delta).matched.is_some() {
+                return Ok(matcher.cut());
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Run-length provenance of a token slice.
@@ -253,6 +274,7 @@ impl Session {
             closed: false,
             lost: None,
             contexts_pending: false,
+            recovered_stops: BTreeMap::new(),
             engine,
             tokens_encoded: 0,
             tokens_reused: 0,
@@ -593,6 +615,7 @@ impl Session {
             requested_at: sampled.requested_at,
             first_token_after: sampled.first_token_after,
             completed_after: sampled.completed_after,
+            stop_sequences: sampled.stop_sequences.clone(),
         };
         if record.output_ids.is_empty() {
             return Err(ProxyError::Engine {
@@ -701,6 +724,8 @@ impl Session {
             requested_at,
             first_token_after: Duration(0),
             completed_after,
+            // The call that continues the attempt keeps the request's stop sequences.
+            stop_sequences: Vec::new(),
         };
         self.spend_call_id(&record, "aborted attempt")?;
         Ok(record)
@@ -749,7 +774,14 @@ impl Session {
         // Streamed as the server streamed it (one detokenized delta per token into the
         // parser), so each event fires at the token it fired at then: the ids derive from the
         // output up to that token.
+        // Through the call's stop sequences, as the server ran them: a tool call or reasoning
+        // that the cut left unterminated never got an id.
         let mut stream = model.text_stream();
+        let mut stop = StopStrings::new(&record.stop_sequences);
+        if !record.stop_sequences.is_empty() {
+            self.recovered_stops
+                .insert(record.call, record.stop_sequences.clone());
+        }
         let mut parser = OutputParser::new(format.clone());
         let mut reasoning = String::new();
         let output = &record.output_ids;
@@ -758,11 +790,19 @@ impl Session {
                 match stream.push(output[at]).map_err(|error| {
                     format!("call {}: decoding its output: {error}", record.call.get())
                 })? {
-                    Some(delta) => parser.push(&delta),
+                    Some(delta) if stop.is_empty() => parser.push(&delta),
+                    Some(delta) => parser.push(&stop.push(&delta).release),
                     None => continue,
                 }
             } else {
-                parser.finish()
+                let tail = stop.finish();
+                let mut events = if tail.is_empty() {
+                    Vec::new()
+                } else {
+                    parser.push(&tail)
+                };
+                events.extend(parser.finish());
+                events
             };
             let so_far = &output[..(at + 1).min(output.len())];
             for event in events {
@@ -814,9 +854,20 @@ impl Session {
         for (agent, id) in last {
             let ids = self.tree.path_tokens(id);
             let mut provenance = Vec::with_capacity(ids.len());
+            // Outputs a stop sequence cut: (first token in `ids`, tokens, byte length of the
+            // text the harness got). Their text is cut there, as the live context's was.
+            let mut stopped: Vec<(usize, usize, usize)> = Vec::new();
             for piece in self.tree.path(id) {
                 let node = self.tree.node(piece.node);
                 let cut = piece.cut as usize;
+                if cut > node.input_ids.len() {
+                    if let Some(stops) = self.recovered_stops.get(&node.call) {
+                        if let Some(bytes) = stop_cut(model, stops, &node.output_ids)? {
+                            let first = provenance.len() + node.input_ids.len();
+                            stopped.push((first, cut - node.input_ids.len(), bytes));
+                        }
+                    }
+                }
                 let mut left = cut.min(node.input_ids.len());
                 for span in &node.input_provenance {
                     let take = (span.tokens_count as usize).min(left);
@@ -831,12 +882,33 @@ impl Session {
             let mut stream = model.text_stream();
             let mut text = String::new();
             let mut ends = Vec::with_capacity(ids.len());
-            for token in &ids {
+            let mut stopped = stopped.into_iter().peekable();
+            // The byte length the text may reach inside a cut output.
+            let mut limit: Option<(usize, usize)> = None;
+            for (at, token) in ids.iter().enumerate() {
+                if let Some(&(first, count, bytes)) = stopped.peek() {
+                    if at == first {
+                        limit = Some((first + count, text.len() + bytes));
+                        stopped.next();
+                    }
+                }
+                if limit.is_some_and(|(end, _)| at >= end) {
+                    limit = None;
+                }
                 if let Some(delta) = stream
                     .push(*token)
                     .map_err(|error| format!("decoding agent {agent}'s context: {error}"))?
                 {
-                    text.push_str(&delta);
+                    match limit {
+                        Some((_, max)) => {
+                            let mut room = max.saturating_sub(text.len()).min(delta.len());
+                            while !delta.is_char_boundary(room) {
+                                room -= 1;
+                            }
+                            text.push_str(&delta[..room]);
+                        }
+                        None => text.push_str(&delta),
+                    }
                 }
                 ends.push(text.len() as u32);
             }
@@ -861,7 +933,9 @@ impl Session {
                     // answer reached the harness before the restart is unknown.
                     committed: true,
                     delivered: false,
-                    stops: None,
+                    // Records written before they kept their stop sequences read as none:
+                    // then a re-sent call's own stops are used.
+                    stops: self.recovered_stops.get(&node.call).cloned(),
                 },
             );
         }

@@ -393,6 +393,91 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
     assert_eq!(rebuilt.sampled_divergences, 0);
 }
 
+/// What the server makes of an answer that a stop sequence cuts: every token through the one
+/// that completes `stop`, the text before `stop` (what the harness gets), ends clamped to it.
+fn sampled_stopped(model: &ChatModel, answer: &str, stop: &str) -> Sampled {
+    let ids = model.encode(answer).expect("encodes");
+    let cut = answer.find(stop).expect("the answer holds the stop sequence");
+    let mut kept = Vec::new();
+    let mut ends = Vec::new();
+    let mut so_far = String::new();
+    for id in &ids {
+        so_far.push_str(&model.decode(&[*id]).expect("decodes"));
+        kept.push(*id);
+        ends.push(so_far.len().min(cut) as u32);
+        if so_far.len() >= cut + stop.len() {
+            break;
+        }
+    }
+    Sampled {
+        output_logprobs: vec![-0.5; kept.len()],
+        output_ids: kept,
+        output_ends: ends,
+        output_text: answer[..cut].to_string(),
+        stop_sequences: vec!["never".to_string(), stop.to_string()],
+        ..Sampled::default()
+    }
+}
+
+/// Calls that a stop sequence cut keep their stop sequences in the record, so a session
+/// rebuilt after a restart cuts those outputs where the harness saw them end: the next turn
+/// (which sends the cut text back) extends every sampled token, through two cut calls in a
+/// row, exactly as the live session does.
+#[test]
+fn a_rebuilt_session_cuts_stopped_outputs_where_the_harness_saw_them_end() {
+    use gyre_proxy::output::OutputFormat;
+
+    let model = model();
+    let mut live = Session::new(ExecutionId(14), &model, 0);
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::User, "Think aloud, then stop.".repeat(4)));
+    let mut records = Vec::new();
+    for round in 0..2 {
+        let prepared = live
+            .prepare(&model, &request, None, reference_now())
+            .expect("prepares");
+        let answer = format!("Thought {round}: look around.\nObservation: more text");
+        let sampled = sampled_stopped(&model, &answer, "\nObservation:");
+        let seen = sampled.output_text.clone();
+        let record = live.finish_call(prepared, sampled).expect("finishes");
+        assert_eq!(record.stop_sequences.len(), 2, "the record keeps the stops");
+        live.record_committed(&record);
+        records.push(record);
+        request.messages.push(Message::new(Role::Assistant, seen));
+        request
+            .messages
+            .push(Message::new(Role::User, format!("Observation {round}: a file.")));
+    }
+    let mut rebuilt = Session::new(ExecutionId(14), &model, 0);
+    for record in &records {
+        rebuilt
+            .recover_record(record, &model, &OutputFormat::test_model())
+            .expect("every record folds");
+    }
+    rebuilt.finish_recovery(&model).expect("contexts rebuild");
+    let expected = live
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let got = rebuilt
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(got.context_ids, expected.context_ids);
+    assert_eq!(got.tree_reused, expected.tree_reused);
+    let cut_call = &records[1];
+    assert_eq!(
+        got.tree_reused,
+        cut_call.reused_prefix_tokens_count
+            + (cut_call.input_ids.len() + cut_call.output_ids.len()) as u64,
+        "the turn extends every token of the cut call"
+    );
+    assert_eq!(got.reused_by_text, expected.reused_by_text);
+    assert_eq!(got.encoded, expected.encoded);
+    assert_eq!(rebuilt.sampled_divergences, 0);
+    assert_eq!(live.sampled_divergences, 0);
+}
+
 /// A harness that re-sends a call whose answer it never received (the proxy was killed, or
 /// the connection dropped, after the record was committed) gets the committed answer again:
 /// `prepare` says so, takes nothing from the agent's context and records nothing; the next
