@@ -210,3 +210,63 @@ fn proxies_sharing_a_quorum_number_executions_apart() {
         cluster.shutdown().await;
     });
 }
+
+/// A retried append can commit a record twice over (the first attempt committed, its answer
+/// was lost with a leader or a connection): the log refuses the second as already recorded, and
+/// the sink reads the record back and accepts, since the log holds exactly that record. A
+/// different record under the same call id stays an error.
+#[test]
+fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
+    use gyre_event::{CallKind, Duration as EventDuration, ModelCallRecord, PolicyVersion};
+    use gyre_event::{Provenance, ProvenanceSpan};
+    use gyre_proxy::server::RecordSink;
+
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let cluster = InProcessCluster::start().await;
+        let sink = ControlSink::new(&cluster.addresses.join(",")).expect("control sink");
+        let record = ModelCallRecord {
+            execution: ExecutionId(91),
+            call: CallId(0),
+            agent: "main".into(),
+            kind: CallKind::Turn,
+            parent_call: None,
+            reused_prefix_tokens_count: 0,
+            spawned_by: None,
+            input_ids: vec![1, 2, 3],
+            input_provenance: vec![ProvenanceSpan {
+                provenance: Provenance::User,
+                tokens_count: 3,
+            }],
+            output_ids: vec![4, 5],
+            output_logprobs: vec![-0.5, -0.25],
+            engine: EngineId(0),
+            policy_version: PolicyVersion(0),
+            requested_at: Timestamp(5),
+            first_token_after: EventDuration(6),
+            completed_after: EventDuration(7),
+            stop_sequences: vec!["\nObservation:".into()],
+        };
+        let event = |record: &ModelCallRecord| {
+            Event::new(
+                Timestamp::ZERO,
+                EventBody::ModelCall(Box::new(record.clone())),
+            )
+        };
+        sink.commit(event(&record)).await.expect("first commit");
+        sink.commit(event(&record))
+            .await
+            .expect("the same record again: already in the log, accepted");
+        let mut other = record.clone();
+        other.output_ids = vec![4, 6];
+        let refused = sink
+            .commit(event(&other))
+            .await
+            .expect_err("a different record under the same call id");
+        assert!(
+            refused.contains("already recorded") && refused.contains("a different record"),
+            "{refused}"
+        );
+        cluster.shutdown().await;
+    });
+}

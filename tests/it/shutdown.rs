@@ -15,12 +15,7 @@ fn the_last_node_stops_with_a_write_in_flight() {
     let runtime = crate::support::runtime();
     runtime.block_on(async {
         let cluster = InProcessCluster::start().await;
-        let leader = cluster.nodes[0]
-            .raft
-            .raft
-            .current_leader()
-            .await
-            .expect("the started cluster has a leader");
+        let leader = cluster.leader_id().await;
         let InProcessCluster {
             _dir,
             nodes,

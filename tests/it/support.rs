@@ -102,6 +102,29 @@ impl InProcessCluster {
         }
     }
 
+    /// The id of the node that is leader by its own account (polled for up to 30 s: right
+    /// after the start a node can still be voting, or a loaded host can hold an election).
+    pub async fn leader_id(&self) -> u64 {
+        use gyre_log::raft::openraft::ServerState;
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                for node in &self.nodes {
+                    if node.raft.raft.metrics().borrow().state == ServerState::Leader {
+                        return node.id;
+                    }
+                }
+                let mut metrics = self.nodes[0].raft.raft.metrics();
+                // Any change of node 1's view (a vote, a new leader) is a reason to look again;
+                // the bound keeps a change on another node from being missed for long.
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_millis(50), metrics.changed())
+                        .await;
+            }
+        })
+        .await
+        .expect("a node leads within 30 s")
+    }
+
     /// Commits a `Tick` and waits until every node has applied it (so each node's projection
     /// holds everything acknowledged before).
     pub async fn every_node_applied(&self) {

@@ -177,6 +177,19 @@ impl ClusterClient {
             .map_err(|status| from_status(address, status))
     }
 
+    /// The address of the node that says it leads, asking each node in turn; `None` when
+    /// none answers so.
+    async fn leader_address(&mut self) -> Option<String> {
+        for address in self.addresses.clone() {
+            if let Ok(status) = self.status_of(&address).await {
+                if status.leader_id != 0 && status.leader_id == status.node_id {
+                    return Some(address);
+                }
+            }
+        }
+        None
+    }
+
     /// One execution's trajectory tree as `address`'s projection holds it, as the records that
     /// rebuild it (in apply order), and whether the scheduler closed the execution.
     pub async fn read_execution(
@@ -218,7 +231,17 @@ impl ClusterClient {
         stop_at_end: bool,
     ) -> Result<tonic::Streaming<pb::CommittedEntry>, ControlError> {
         let mut last_error = ControlError::NoLeader;
-        for address in self.addresses.clone() {
+        let mut addresses = self.addresses.clone();
+        if stop_at_end {
+            // A node streams what it has applied: a follower can be a heartbeat behind what
+            // was acknowledged, the leader never is (it answers an append after applying it).
+            // So "everything committed so far" is read from the leader when one is known.
+            if let Some(leader) = self.leader_address().await {
+                addresses.retain(|address| *address != leader);
+                addresses.insert(0, leader);
+            }
+        }
+        for address in addresses {
             let request = pb::SubscribeRequest {
                 from_index: from.index,
                 from_position: from.position,

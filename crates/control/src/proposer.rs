@@ -277,6 +277,17 @@ async fn write_batch(
                     forward.leader_node.as_ref(),
                     &*leader_address,
                 ),
+                // A node that stops (shutdown, or a restart under way) hands its writes back as
+                // retryable: another node takes over and the client's retry finds it.
+                None if matches!(
+                    error,
+                    gyre_log::raft::openraft::error::RaftError::Fatal(
+                        gyre_log::raft::openraft::error::Fatal::Stopped
+                    )
+                ) =>
+                {
+                    ControlError::ShuttingDown
+                }
                 None => ControlError::Raft(error.to_string()),
             };
             for job in jobs {

@@ -25,6 +25,8 @@ pub trait RecordSink: Send + Sync + 'static {
 
 pub struct ControlSink {
     producer: gyre_control::Producer,
+    /// For reading a record back (see [`ControlSink::already_in_log`]).
+    client: gyre_control::ClusterClient,
     addresses: String,
 }
 
@@ -33,24 +35,94 @@ impl ControlSink {
     pub fn new(addresses: &str) -> Result<ControlSink, String> {
         let client = gyre_control::ClusterClient::new(addresses).map_err(|e| e.to_string())?;
         Ok(ControlSink {
-            producer: gyre_control::Producer::new(client, gyre_control::ProducerOptions::default()),
+            producer: gyre_control::Producer::new(
+                client.clone(),
+                gyre_control::ProducerOptions::default(),
+            ),
+            client,
             addresses: addresses.to_string(),
         })
+    }
+
+    /// Whether `record` is in the log exactly as given. Appends are retried when a leader dies
+    /// or a connection drops, so a record can be committed by an attempt whose answer was lost
+    /// and then refused by the retry as already recorded: that commit is the record's, and the
+    /// harness must get its answer (failing it would have the harness re-send, and the proxy
+    /// sample a sibling beside a record the log already holds). A different record under the
+    /// same call id is a real conflict. Each node is asked until one holds the call (the node
+    /// that refused the retry holds it; another may lag). A node answers from its trajectory
+    /// tree, which keeps every token, log-prob and the call's place, but no times or stop
+    /// sequences: those are not compared.
+    async fn already_in_log(
+        mut client: gyre_control::ClusterClient,
+        record: &gyre_event::ModelCallRecord,
+    ) -> Result<bool, String> {
+        let mut last_error = None;
+        for address in client.addresses().to_vec() {
+            match client
+                .read_execution(&address, record.execution.get())
+                .await
+            {
+                Ok((events, _closed)) => {
+                    let held = events.iter().find_map(|event| match &event.body {
+                        gyre_event::EventBody::ModelCall(held) if held.call == record.call => {
+                            Some(held)
+                        }
+                        _ => None,
+                    });
+                    if let Some(held) = held {
+                        let mut ours = record.clone();
+                        ours.requested_at = held.requested_at;
+                        ours.first_token_after = held.first_token_after;
+                        ours.completed_after = held.completed_after;
+                        ours.stop_sequences.clone_from(&held.stop_sequences);
+                        return Ok(**held == ours);
+                    }
+                }
+                Err(error) => last_error = Some(error.to_string()),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            format!(
+                "no node holds call {} of execution {}",
+                record.call, record.execution
+            )
+        }))
     }
 }
 
 impl RecordSink for ControlSink {
     fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>> {
         let producer = self.producer.clone();
+        let client = self.client.clone();
         Box::pin(async move {
+            let record = match &event.body {
+                gyre_event::EventBody::ModelCall(record) => Some(record.clone()),
+                _ => None,
+            };
             let (_, refused) = producer
                 .append(vec![event])
                 .await
                 .map_err(|error| format!("control log: {error}"))?;
-            match refused.into_iter().find(|reason| !reason.is_empty()) {
-                Some(reason) => Err(format!("control log refused the record: {reason}")),
-                None => Ok(()),
+            let Some(reason) = refused.into_iter().find(|reason| !reason.is_empty()) else {
+                return Ok(());
+            };
+            if let Some(record) = record.filter(|_| reason.contains("was already recorded")) {
+                match ControlSink::already_in_log(client, &record).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {
+                        return Err(format!(
+                            "control log refused the record: {reason} (a different record)"
+                        ))
+                    }
+                    Err(error) => {
+                        return Err(format!(
+                            "control log refused the record: {reason} (reading it back: {error})"
+                        ))
+                    }
+                }
             }
+            Err(format!("control log refused the record: {reason}"))
         })
     }
 

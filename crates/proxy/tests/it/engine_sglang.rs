@@ -296,7 +296,9 @@ async fn a_silent_engine_times_out() {
         .expect("the fake binds");
     let config = SglangConfig {
         http: HttpEngineConfig {
-            idle_timeout_ms: 150,
+            // Long enough that a descheduled test thread does not time out before the
+            // first tokens (the stall comes after them).
+            idle_timeout_ms: 1000,
             ..HttpEngineConfig::default()
         },
         ..SglangConfig::default()
@@ -313,7 +315,7 @@ async fn a_silent_engine_times_out() {
     assert!(
         matches!(
             rest.failure(),
-            Some(EngineFailure::TimedOut { after_ms: 150, .. })
+            Some(EngineFailure::TimedOut { after_ms: 1000, .. })
         ),
         "{:?}",
         rest.end

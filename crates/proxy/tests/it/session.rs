@@ -397,7 +397,9 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
 /// that completes `stop`, the text before `stop` (what the harness gets), ends clamped to it.
 fn sampled_stopped(model: &ChatModel, answer: &str, stop: &str) -> Sampled {
     let ids = model.encode(answer).expect("encodes");
-    let cut = answer.find(stop).expect("the answer holds the stop sequence");
+    let cut = answer
+        .find(stop)
+        .expect("the answer holds the stop sequence");
     let mut kept = Vec::new();
     let mut ends = Vec::new();
     let mut so_far = String::new();
@@ -430,9 +432,10 @@ fn a_rebuilt_session_cuts_stopped_outputs_where_the_harness_saw_them_end() {
     let model = model();
     let mut live = Session::new(ExecutionId(14), &model, 0);
     let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
-    request
-        .messages
-        .push(Message::new(Role::User, "Think aloud, then stop.".repeat(4)));
+    request.messages.push(Message::new(
+        Role::User,
+        "Think aloud, then stop.".repeat(4),
+    ));
     let mut records = Vec::new();
     for round in 0..2 {
         let prepared = live
@@ -446,9 +449,10 @@ fn a_rebuilt_session_cuts_stopped_outputs_where_the_harness_saw_them_end() {
         live.record_committed(&record);
         records.push(record);
         request.messages.push(Message::new(Role::Assistant, seen));
-        request
-            .messages
-            .push(Message::new(Role::User, format!("Observation {round}: a file.")));
+        request.messages.push(Message::new(
+            Role::User,
+            format!("Observation {round}: a file."),
+        ));
     }
     let mut rebuilt = Session::new(ExecutionId(14), &model, 0);
     for record in &records {
