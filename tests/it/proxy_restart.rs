@@ -502,3 +502,89 @@ fn records_by_execution(log: &std::path::Path) -> std::collections::BTreeMap<u64
     }
     counts
 }
+
+/// A stop sequence cuts the answer; the proxy is killed and restarted; the harness sends the
+/// cut text back with its next question: that call extends every token the model sampled (the
+/// record keeps its stop sequences, so the rebuilt context is cut where the harness's text
+/// ends), on an event file and on a quorum (rebuilt from the projection's tree).
+#[test]
+fn a_stopped_answer_is_extended_after_a_restart_from_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    stopped_restart_scenario(
+        dir.path(),
+        &["--log".to_string(), log.display().to_string()],
+    );
+}
+
+#[test]
+fn a_stopped_answer_is_extended_after_a_restart_from_a_quorum() {
+    let runtime = crate::support::runtime();
+    let cluster = runtime.block_on(crate::support::InProcessCluster::start());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = dir.path().join("proxy.credentials");
+    stopped_restart_scenario(
+        dir.path(),
+        &[
+            "--cluster".to_string(),
+            cluster.addresses.join(","),
+            "--credentials".to_string(),
+            credentials.display().to_string(),
+        ],
+    );
+    runtime.block_on(cluster.shutdown());
+}
+
+fn stopped_restart_scenario(dir: &std::path::Path, sink: &[String]) {
+    let before = dir.join("before.jsonl");
+    let after = dir.join("after.jsonl");
+    let line = |text: &str| {
+        json!({"agent": "main", "blocks": [{"type": "text", "text": text}]}).to_string() + "\n"
+    };
+    std::fs::write(&before, line("Looking around.\nObservation: nothing here")).expect("script");
+    std::fs::write(&after, line("Done.")).expect("script");
+    let stops = json!(["\nObservation:"]);
+    let question = json!({"role": "user", "content": "Look around, then report."});
+
+    let mut proxy = Proxy::start(sink, &before, 1);
+    let token = proxy.next()["token"].as_str().expect("token").to_string();
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 64, "stop_sequences": stops, "messages": [question]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["stop_reason"], "stop_sequence", "{answer}");
+    assert_eq!(answer["content"][0]["text"], "Looking around.", "{answer}");
+    let prompt = answer["usage"]["input_tokens"].as_u64().expect("usage");
+    let sampled = answer["usage"]["output_tokens"].as_u64().expect("usage");
+    proxy.kill();
+
+    let mut proxy = Proxy::start(sink, &after, 0);
+    let recovered = proxy.next();
+    assert_eq!(recovered["recovered"]["calls_recovered"], 1, "{recovered}");
+    let history = json!([
+        question,
+        {"role": "assistant", "content": [{"type": "text", "text": "Looking around."}]},
+        {"role": "user", "content": "Go on."}
+    ]);
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 64, "stop_sequences": stops, "messages": history}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let cached = answer["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached >= prompt + sampled,
+        "the call after the restart reuses the first prompt ({prompt}) and every sampled token \
+         ({sampled}), past the cut included: {cached} cached: {answer}"
+    );
+    let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
+    assert_eq!(status, 200, "{closing}");
+    assert_eq!(closing["calls"], 2, "{closing}");
+    assert_eq!(closing["sampled_divergences"], 0, "{closing}");
+    proxy.kill();
+}

@@ -29,8 +29,12 @@ use crate::ControlState;
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GYRESNAP";
 
 /// The format this build writes. It also reads version 1, written before consumed executions'
-/// trees were retired (no retired section: every tree is live).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+/// trees were retired (no retired section: every tree is live), and version 2, written before
+/// tree nodes kept their calls' stop sequences (none then).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+
+// The trajectory part is versioned with the snapshot.
+const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == SNAPSHOT_FORMAT_VERSION);
 
 /// The oldest format this build reads.
 const OLDEST_READ_VERSION: u32 = 1;
@@ -145,7 +149,7 @@ impl ControlState {
         }
         let mut reader = Reader::with_base(&covered[HEADER_BYTES..], HEADER_BYTES);
         let scheduler = SchedulerState::decode_from(&mut reader)?;
-        let mut trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version >= 2)?;
+        let mut trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version)?;
         if version == 1 {
             // Written before retirement: bring it to what a fold of the same log holds now.
             trajectories.retire_consumed(

@@ -41,5 +41,6 @@ pub use prng::*;
 pub use queue::*;
 pub use render::*;
 pub use scoring::*;
+pub use snapshot::TRAJECTORY_FORMAT;
 pub use stats::*;
 pub use tree::*;

@@ -243,6 +243,8 @@ impl Tree {
                 input_provenance,
                 output_ids,
                 output_logprobs,
+                // In the buffer's own section (format 3), set after every tree is read.
+                stop_sequences: Vec::new(),
             })
             .map_err(|message| {
                 inconsistent(reader, start_offset, "trajectory.trees.nodes", message)
@@ -558,6 +560,10 @@ fn read_admitted(reader: &mut Reader<'_>) -> Result<AdmittedTrajectory, WireErro
     })
 }
 
+/// The trajectory part's layout that [`TrajectoryBuffer::encode_into`] writes (the control
+/// snapshot's format version; see [`TrajectoryBuffer::decode_versioned`]).
+pub const TRAJECTORY_FORMAT: u32 = 3;
+
 impl TrajectoryBuffer {
     /// Appends the canonical snapshot encoding of the whole buffer.
     pub fn encode_into(&self, writer: &mut Writer) {
@@ -621,19 +627,42 @@ impl TrajectoryBuffer {
             previous = Some(group.get());
             writer.varint(step.get());
         }
+        // Format 3: the stop sequences of the live trees' calls that ran with some, by
+        // execution, then in node order (apart from the nodes, so the tree layout of formats 1
+        // and 2 is unchanged).
+        let stopped: Vec<(ExecutionId, &crate::tree::Node)> = trees
+            .iter()
+            .flat_map(|(execution, tree)| {
+                tree.nodes()
+                    .iter()
+                    .filter(|node| !node.stop_sequences.is_empty())
+                    .map(move |node| (*execution, node))
+            })
+            .collect();
+        writer.count(stopped.len());
+        for (execution, node) in stopped {
+            writer.varint(execution.get());
+            writer.varint(node.call.get());
+            writer.count(node.stop_sequences.len());
+            for stop in &node.stop_sequences {
+                writer.str(stop);
+            }
+        }
     }
 
     /// Reads what [`TrajectoryBuffer::encode_into`] wrote. Never panics.
     pub fn decode_from(reader: &mut Reader<'_>) -> Result<TrajectoryBuffer, WireError> {
-        Self::decode_versioned(reader, true)
+        Self::decode_versioned(reader, TRAJECTORY_FORMAT)
     }
 
-    /// [`TrajectoryBuffer::decode_from`] for a snapshot written before retirement existed
-    /// (`with_retired: false`: no retired section; every tree is live).
+    /// [`TrajectoryBuffer::decode_from`] for what an older build wrote: `format` 1 has no
+    /// retirement sections (every tree is live), 2 has them, 3 (current) adds the calls' stop
+    /// sequences.
     pub fn decode_versioned(
         reader: &mut Reader<'_>,
-        with_retired: bool,
+        format: u32,
     ) -> Result<TrajectoryBuffer, WireError> {
+        let with_retired = format >= 2;
         let tree_config = read_tree_config(reader, "trajectory.tree_config")?;
         let count = reader.count("trajectory.trees", 5)?;
         let mut trees = BTreeMap::new();
@@ -723,6 +752,39 @@ impl TrajectoryBuffer {
                 previous = Some(group);
                 let step = StepId(reader.varint("trajectory.consumed_groups.step")?);
                 consumed_groups.insert(GroupId(group), step);
+            }
+        }
+        if format >= 3 {
+            let count = reader.count("trajectory.stop_sequences", 3)?;
+            // (execution, node index) of the last entry: entries come in that order, once.
+            let mut previous: Option<(u64, NodeId)> = None;
+            for _ in 0..count {
+                let start_offset = reader.offset();
+                let execution = reader.varint("trajectory.stop_sequences.execution")?;
+                let call = CallId(reader.varint("trajectory.stop_sequences.call")?);
+                let stops_count = reader.count("trajectory.stop_sequences.stops", 1)?;
+                let mut stops = Vec::with_capacity(stops_count);
+                for _ in 0..stops_count {
+                    stops.push(reader.string("trajectory.stop_sequences.stops")?);
+                }
+                let restored = trees
+                    .get_mut(&ExecutionId(execution))
+                    .ok_or_else(|| format!("execution {execution} has no live tree"))
+                    .and_then(|tree| {
+                        let node = tree
+                            .node_of_call(call)
+                            .ok_or_else(|| format!("call {call} is not in the tree"))?;
+                        if previous.is_some_and(|last| last >= (execution, node)) {
+                            return Err(format!(
+                                "call {call} of execution {execution} is out of order"
+                            ));
+                        }
+                        tree.restore_stop_sequences(call, stops)
+                    });
+                let node = restored.map_err(|message| {
+                    inconsistent(reader, start_offset, "trajectory.stop_sequences", message)
+                })?;
+                previous = Some((execution, node));
             }
         }
         Ok(TrajectoryBuffer {

@@ -77,6 +77,9 @@ pub struct Node {
     /// Engine-sampled tokens: the only trainable tokens.
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
+    /// The record's stop sequences (empty for most calls): a proxy that rebuilds its session
+    /// from the tree cuts a stopped output where the harness saw it end.
+    pub stop_sequences: Vec<String>,
     /// Children in insertion order. Most nodes have one (a turn extending its context), so
     /// the list is inline up to two: no allocation per node on the fold's hot path.
     pub children: SmallVec<[NodeId; 2]>,
@@ -132,6 +135,7 @@ pub(crate) struct NodeParts {
     pub input_provenance: Vec<ProvenanceSpan>,
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
+    pub stop_sequences: Vec<String>,
 }
 
 /// One node's share of a root-to-leaf path: the first `cut` tokens of its segment.
@@ -295,6 +299,7 @@ impl Tree {
             input_provenance: record.input_provenance.clone(),
             output_ids: record.output_ids.clone(),
             output_logprobs: record.output_logprobs.clone(),
+            stop_sequences: record.stop_sequences.clone(),
         }))
     }
 
@@ -315,6 +320,7 @@ impl Tree {
             input_provenance: record.input_provenance,
             output_ids: record.output_ids,
             output_logprobs: record.output_logprobs,
+            stop_sequences: record.stop_sequences,
         }))
     }
 
@@ -457,11 +463,33 @@ impl Tree {
             input_provenance: parts.input_provenance,
             output_ids: parts.output_ids,
             output_logprobs: parts.output_logprobs,
+            stop_sequences: parts.stop_sequences,
             children: SmallVec::new(),
             children_at_end: 0,
             depth,
         });
         id
+    }
+
+    /// Sets a restored node's stop sequences (a snapshot keeps them apart from the nodes, in
+    /// a section of its own, so that older formats' node layout is unchanged).
+    pub(crate) fn restore_stop_sequences(
+        &mut self,
+        call: CallId,
+        stops: Vec<String>,
+    ) -> Result<NodeId, String> {
+        let id = self
+            .node_of_call(call)
+            .ok_or_else(|| format!("call {call} is not in the tree"))?;
+        let node = &mut self.nodes[id.index()];
+        if !node.stop_sequences.is_empty() {
+            return Err(format!("call {call}'s stop sequences appear twice"));
+        }
+        if stops.is_empty() {
+            return Err(format!("call {call} is listed with no stop sequences"));
+        }
+        node.stop_sequences = stops;
+        Ok(id)
     }
 
     /// Appends a node read from a snapshot after checking, without panicking, every structural
@@ -558,7 +586,8 @@ impl Tree {
 
     /// Records that rebuild this tree when applied to an empty one, in the order the nodes
     /// were applied (a proxy that restarts after the log was purged rebuilds an execution's
-    /// session from the projection's tree). The tree keeps no times: they read 0.
+    /// session from the projection's tree). The tree keeps no times: they read 0. Everything
+    /// else is the record's.
     pub fn records(&self) -> Vec<ModelCallRecord> {
         self.nodes
             .iter()
@@ -579,7 +608,7 @@ impl Tree {
                 requested_at: gyre_event::Timestamp::ZERO,
                 first_token_after: gyre_event::Duration(0),
                 completed_after: gyre_event::Duration(0),
-                stop_sequences: Vec::new(),
+                stop_sequences: node.stop_sequences.clone(),
             })
             .collect()
     }

@@ -228,14 +228,15 @@ fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
     }
     assert!(old.trajectories.retired.is_empty() && old.trajectories.consumed_groups.is_empty());
     let bytes = old.encode_snapshot();
-    // Version 2 ends its trajectory part with three sections (retired, retiring, consumed
-    // groups; empty here), then `events_applied` and the checksum; version 1 has none of them.
+    // Version 3 ends its trajectory part with four sections (retired, retiring, consumed
+    // groups, stop sequences; empty here), then `events_applied` and the checksum; version 1
+    // has none of them.
     let mut applied = gyre_event::wire::Writer::new();
     applied.varint(old.events_applied);
     let applied_len = applied.into_bytes().len();
     let sections_end = bytes.len() - CHECKSUM_BYTES - applied_len;
-    assert_eq!(bytes[sections_end - 3..sections_end], [0, 0, 0]);
-    let mut v1 = bytes[..sections_end - 3].to_vec();
+    assert_eq!(bytes[sections_end - 4..sections_end], [0, 0, 0, 0]);
+    let mut v1 = bytes[..sections_end - 4].to_vec();
     v1.extend_from_slice(&bytes[sections_end..]);
     v1[8..12].copy_from_slice(&1u32.to_le_bytes());
     reseal(&mut v1);
@@ -243,6 +244,31 @@ fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
     assert_eq!(restored, state);
     assert_eq!(restored.digest(), state.digest());
     assert_eq!(restored.encode_snapshot(), state.encode_snapshot());
+}
+
+/// A version-2 snapshot (written before nodes kept their calls' stop sequences: it has no such
+/// section) restores to the same state, none of its calls with stop sequences.
+#[test]
+fn version_2_snapshots_restore_without_stop_sequences() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let state = fold(&events);
+    let bytes = state.encode_snapshot();
+    let mut applied = gyre_event::wire::Writer::new();
+    applied.varint(state.events_applied);
+    let applied_len = applied.into_bytes().len();
+    let sections_end = bytes.len() - CHECKSUM_BYTES - applied_len;
+    assert_eq!(
+        bytes[sections_end - 1],
+        0,
+        "no call ran with stop sequences"
+    );
+    let mut v2 = bytes[..sections_end - 1].to_vec();
+    v2.extend_from_slice(&bytes[sections_end..]);
+    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal(&mut v2);
+    let restored = ControlState::decode_snapshot(&v2).expect("a version-2 snapshot restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.encode_snapshot(), bytes);
 }
 
 #[test]

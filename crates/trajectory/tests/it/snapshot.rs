@@ -230,7 +230,11 @@ impl Runtime {
                 let empty = Tree::new(execution, TreeConfig::default());
                 let tree = self.buffer.trees.get(&execution).unwrap_or(&empty);
                 let (calls, done) = &self.calls[&execution];
-                let record = record_from_context(tree, &context_call(&calls[*done]));
+                let mut record = record_from_context(tree, &context_call(&calls[*done]));
+                // Every third call ran with stop sequences (the snapshot's own section).
+                if *done % 3 == 1 {
+                    record.stop_sequences = vec!["\nObservation:".into(), format!("<{done}>")];
+                }
                 if let Some((_, done)) = self.calls.get_mut(&execution) {
                     *done += 1;
                 }
@@ -459,6 +463,20 @@ fn busy_buffer() -> TrajectoryBuffer {
     assert!(
         !buffer.packed_groups.is_empty(),
         "the fixture packed a group"
+    );
+    assert!(
+        buffer.trees.values().any(|tree| tree
+            .nodes()
+            .iter()
+            .any(|node| !node.stop_sequences.is_empty())),
+        "the fixture has calls with stop sequences"
+    );
+    assert!(
+        buffer.trees.values().any(|tree| tree
+            .records()
+            .iter()
+            .any(|record| !record.stop_sequences.is_empty())),
+        "the records a tree gives back (a proxy's restart) keep them"
     );
     assert!(buffer.trees.values().any(|tree| tree.roots().count() > 1));
     assert!(buffer.scoring.executions.values().any(|score| score
