@@ -485,8 +485,22 @@ impl Tree {
         if !node.stop_sequences.is_empty() {
             return Err(format!("call {call}'s stop sequences appear twice"));
         }
-        if stops.is_empty() {
-            return Err(format!("call {call} is listed with no stop sequences"));
+        if stops.is_empty() || stops.len() > gyre_event::STOP_SEQUENCES_MAX {
+            return Err(format!(
+                "call {call} is listed with {} stop sequences (1 to {})",
+                stops.len(),
+                gyre_event::STOP_SEQUENCES_MAX
+            ));
+        }
+        if let Some(bad) = stops
+            .iter()
+            .find(|stop| stop.is_empty() || stop.len() > gyre_event::STOP_SEQUENCE_BYTES_MAX)
+        {
+            return Err(format!(
+                "call {call} has a stop sequence of {} bytes (1 to {})",
+                bad.len(),
+                gyre_event::STOP_SEQUENCE_BYTES_MAX
+            ));
         }
         node.stop_sequences = stops;
         Ok(id)

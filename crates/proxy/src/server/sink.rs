@@ -51,8 +51,8 @@ impl ControlSink {
     /// sample a sibling beside a record the log already holds). A different record under the
     /// same call id is a real conflict. Each node is asked until one holds the call (the node
     /// that refused the retry holds it; another may lag). A node answers from its trajectory
-    /// tree, which keeps every token, log-prob and the call's place, but no times or stop
-    /// sequences: those are not compared.
+    /// tree, which keeps every token, log-prob and the call's place but no times (and no stop
+    /// sequences for trees restored from a format-2 snapshot): those are not compared.
     async fn already_in_log(
         mut client: gyre_control::ClusterClient,
         record: &gyre_event::ModelCallRecord,
