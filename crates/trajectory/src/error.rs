@@ -8,6 +8,15 @@ use std::fmt;
 
 use gyre_event::{CallId, ExecutionId, GroupId, MicroStepId};
 
+/// What a [`TrajectoryError::DuplicateCall`] says; [`is_duplicate_call_refusal`] reads it back.
+const DUPLICATE_CALL_PHRASE: &str = "was already recorded";
+
+/// Whether a refusal the log sent back (the text of a projection error) says the call was
+/// already recorded: to a writer whose appends are retried, an earlier attempt's commit.
+pub fn is_duplicate_call_refusal(reason: &str) -> bool {
+    reason.contains(DUPLICATE_CALL_PHRASE)
+}
+
 /// Why the trajectory processor rejected an input.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TrajectoryError {
@@ -72,7 +81,7 @@ impl fmt::Display for TrajectoryError {
             TrajectoryError::DuplicateCall { execution, call } => {
                 write!(
                     f,
-                    "call {call} was already recorded for execution {execution}"
+                    "call {call} {DUPLICATE_CALL_PHRASE} for execution {execution}"
                 )
             }
             TrajectoryError::UnknownParent { call, parent } => {

@@ -578,7 +578,7 @@ async fn soak_writer(
                     // Each sequence is appended once by this writer: "already recorded" means an
                     // earlier attempt committed (the client retries internally when a node
                     // stops or a connection drops, so this writer may not have seen an error).
-                    Some(reason) if reason.contains("was already recorded") => break,
+                    Some(reason) if gyre_trajectory::is_duplicate_call_refusal(reason) => break,
                     Some(reason) => {
                         anyhow::bail!("writer {writer}: record {sequence} refused: {reason}")
                     }

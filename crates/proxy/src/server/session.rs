@@ -201,24 +201,6 @@ pub struct Session {
     pub sampled_divergences: u64,
 }
 
-/// Where a stop sequence cut an output, as the server cut it while streaming: the byte length
-/// of the text before the sequence, or `None` when none of `stops` occurs.
-fn stop_cut(model: &ChatModel, stops: &[String], output: &[u32]) -> Result<Option<usize>, String> {
-    let mut stream = model.text_stream();
-    let mut matcher = StopStrings::new(stops);
-    for token in output {
-        let delta = stream
-            .push(*token)
-            .map_err(|error| format!("decoding a stopped output: {error}"))?;
-        if let Some(delta) = delta {
-            if matcher.push(&delta).matched.is_some() {
-                return Ok(matcher.cut());
-            }
-        }
-    }
-    Ok(None)
-}
-
 /// Run-length provenance of a token slice.
 pub fn spans(provenance: &[Provenance]) -> Vec<ProvenanceSpan> {
     let mut spans: Vec<ProvenanceSpan> = Vec::new();
@@ -854,18 +836,16 @@ impl Session {
         for (agent, id) in last {
             let ids = self.tree.path_tokens(id);
             let mut provenance = Vec::with_capacity(ids.len());
-            // Outputs a stop sequence cut: (first token in `ids`, tokens, byte length of the
-            // text the harness got). Their text is cut there, as the live context's was.
-            let mut stopped: Vec<(usize, usize, usize)> = Vec::new();
+            // Outputs of calls that ran with stop sequences: (first token in `ids`, tokens, the
+            // sequences). Where one matches, the text is cut, as the live context's was.
+            let mut stopped: Vec<(usize, usize, &[String])> = Vec::new();
             for piece in self.tree.path(id) {
                 let node = self.tree.node(piece.node);
                 let cut = piece.cut as usize;
                 if cut > node.input_ids.len() {
                     if let Some(stops) = self.recovered_stops.get(&node.call) {
-                        if let Some(bytes) = stop_cut(model, stops, &node.output_ids)? {
-                            let first = provenance.len() + node.input_ids.len();
-                            stopped.push((first, cut - node.input_ids.len(), bytes));
-                        }
+                        let first = provenance.len() + node.input_ids.len();
+                        stopped.push((first, cut - node.input_ids.len(), stops));
                     }
                 }
                 let mut left = cut.min(node.input_ids.len());
@@ -881,31 +861,35 @@ impl Session {
             }
             let mut stream = model.text_stream();
             let mut text = String::new();
-            let mut ends = Vec::with_capacity(ids.len());
+            let mut ends: Vec<u32> = Vec::with_capacity(ids.len());
             let mut stopped = stopped.into_iter().peekable();
-            // The byte length the text may reach inside a cut output.
-            let mut limit: Option<(usize, usize)> = None;
+            // The output being decoded that ran with stop sequences: (its end and start in
+            // `ids`, where its text starts, the matcher). The matcher sees the same deltas as the text.
+            let mut matching: Option<(usize, usize, usize, StopStrings)> = None;
             for (at, token) in ids.iter().enumerate() {
-                if let Some(&(first, count, bytes)) = stopped.peek() {
-                    if at == first {
-                        limit = Some((first + count, text.len() + bytes));
-                        stopped.next();
-                    }
+                if let Some((first, count, stops)) = stopped.next_if(|(first, ..)| *first == at) {
+                    matching = Some((first + count, first, text.len(), StopStrings::new(stops)));
                 }
-                if limit.is_some_and(|(end, _)| at >= end) {
-                    limit = None;
+                if matching.as_ref().is_some_and(|(end, ..)| at >= *end) {
+                    matching = None;
                 }
                 if let Some(delta) = stream
                     .push(*token)
                     .map_err(|error| format!("decoding agent {agent}'s context: {error}"))?
                 {
-                    match limit {
-                        Some((_, max)) => {
-                            let mut room = max.saturating_sub(text.len()).min(delta.len());
-                            while !delta.is_char_boundary(room) {
-                                room -= 1;
+                    match &mut matching {
+                        // Past a match nothing more of this output reached the harness.
+                        Some((.., matcher)) if matcher.matched().is_some() => {}
+                        Some((_, first, start, matcher)) => {
+                            matcher.push(&delta);
+                            text.push_str(&delta);
+                            if let Some(cut) = matcher.cut() {
+                                text.truncate(*start + cut);
+                                // Tokens of the held-back sequence end where the text does.
+                                for end in &mut ends[*first..] {
+                                    *end = (*end).min(text.len() as u32);
+                                }
                             }
-                            text.push_str(&delta[..room]);
                         }
                         None => text.push_str(&delta),
                     }

@@ -107,7 +107,9 @@ impl RecordSink for ControlSink {
             let Some(reason) = refused.into_iter().find(|reason| !reason.is_empty()) else {
                 return Ok(());
             };
-            if let Some(record) = record.filter(|_| reason.contains("was already recorded")) {
+            if let Some(record) =
+                record.filter(|_| gyre_trajectory::is_duplicate_call_refusal(&reason))
+            {
                 match ControlSink::already_in_log(client, &record).await {
                     Ok(true) => return Ok(()),
                     Ok(false) => {

@@ -107,6 +107,27 @@ fn reseal(bytes: &mut [u8]) {
     bytes[covered..].copy_from_slice(&sum);
 }
 
+/// `state`'s snapshot as an older `version` wrote it: the trajectory part's last `sections`
+/// sections (each empty here: one zero count byte; they sit just before `events_applied` and
+/// the checksum) left out, the version set, the checksum redone.
+fn as_older_version(state: &ControlState, sections: usize, version: u32) -> Vec<u8> {
+    let bytes = state.encode_snapshot();
+    let mut applied = gyre_event::wire::Writer::new();
+    applied.varint(state.events_applied);
+    let sections_end = bytes.len() - CHECKSUM_BYTES - applied.into_bytes().len();
+    assert!(
+        bytes[sections_end - sections..sections_end]
+            .iter()
+            .all(|count| *count == 0),
+        "the left-out sections are empty"
+    );
+    let mut older = bytes[..sections_end - sections].to_vec();
+    older.extend_from_slice(&bytes[sections_end..]);
+    older[8..12].copy_from_slice(&version.to_le_bytes());
+    reseal(&mut older);
+    older
+}
+
 /// Refused, or decoded to a state that re-encodes to exactly these bytes.
 fn assert_refused_or_canonical(bytes: &[u8]) {
     if let Ok(state) = ControlState::decode_snapshot(bytes) {
@@ -227,19 +248,9 @@ fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
         }
     }
     assert!(old.trajectories.retired.is_empty() && old.trajectories.consumed_groups.is_empty());
-    let bytes = old.encode_snapshot();
     // Version 3 ends its trajectory part with four sections (retired, retiring, consumed
-    // groups, stop sequences; empty here), then `events_applied` and the checksum; version 1
-    // has none of them.
-    let mut applied = gyre_event::wire::Writer::new();
-    applied.varint(old.events_applied);
-    let applied_len = applied.into_bytes().len();
-    let sections_end = bytes.len() - CHECKSUM_BYTES - applied_len;
-    assert_eq!(bytes[sections_end - 4..sections_end], [0, 0, 0, 0]);
-    let mut v1 = bytes[..sections_end - 4].to_vec();
-    v1.extend_from_slice(&bytes[sections_end..]);
-    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
-    reseal(&mut v1);
+    // groups, stop sequences; empty here); version 1 has none of them.
+    let v1 = as_older_version(&old, 4, 1);
     let restored = ControlState::decode_snapshot(&v1).expect("a version-1 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.digest(), state.digest());
