@@ -43,3 +43,88 @@ fn a_follower_forwards_appends_to_the_leader() {
         cluster.shutdown().await;
     });
 }
+
+/// Reading "everything committed so far" (`gyre log tail` without `--follow`) is a
+/// linearizable read: a follower refuses it (it can be a heartbeat behind what was
+/// acknowledged, and a deposed leader cannot tell it was deposed without asking a quorum), the
+/// leader serves it up to every entry committed before the request, and a client that knows
+/// only a follower still gets the whole log from the leader.
+#[test]
+fn a_read_to_the_end_of_the_log_is_served_by_a_confirmed_leader_only() {
+    use gyre_control::pb;
+    use gyre_control::Sequence;
+
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let mut cluster = InProcessCluster::start().await;
+        let leader = cluster.leader_id().await;
+        let leader_address = cluster.addresses[usize::try_from(leader - 1).expect("id")].clone();
+        let follower = cluster
+            .addresses
+            .iter()
+            .find(|address| **address != leader_address)
+            .expect("a follower")
+            .clone();
+        let events: Vec<Event> = (0..3)
+            .map(|_| Event::new(Timestamp::ZERO, EventBody::Tick))
+            .collect();
+        let (sequences, _) = cluster.client.append(&events).await.expect("appends");
+        let acknowledged = sequences[0].index;
+
+        let request = pb::SubscribeRequest {
+            from_index: 0,
+            from_position: 0,
+            stop_at_end: true,
+        };
+        let mut raw = pb::control_client::ControlClient::connect(format!("http://{follower}"))
+            .await
+            .expect("connects to the follower");
+        let refused = raw
+            .subscribe(request.clone())
+            .await
+            .expect_err("a follower does not vouch for the end of the log");
+        assert!(
+            refused.message().contains("leader"),
+            "the refusal names the reason: {refused:?}"
+        );
+
+        let mut raw =
+            pb::control_client::ControlClient::connect(format!("http://{leader_address}"))
+                .await
+                .expect("connects to the leader");
+        let mut stream = raw
+            .subscribe(request)
+            .await
+            .expect("the leader serves it")
+            .into_inner();
+        let mut last = 0;
+        while let Some(entry) = stream.message().await.expect("streams") {
+            last = entry.index;
+        }
+        assert!(
+            last >= acknowledged,
+            "ends at or after the acknowledged entry ({last} < {acknowledged})"
+        );
+
+        let mut through_follower = ClusterClient::new(&follower).expect("client");
+        let mut stream = through_follower
+            .subscribe(
+                Sequence {
+                    index: 0,
+                    position: 0,
+                },
+                true,
+            )
+            .await
+            .expect("the client finds the leader");
+        let mut last = 0;
+        while let Some(entry) = stream.message().await.expect("streams") {
+            last = entry.index;
+        }
+        assert!(
+            last >= acknowledged,
+            "ends at or after the acknowledged entry ({last} < {acknowledged})"
+        );
+        cluster.shutdown().await;
+    });
+}

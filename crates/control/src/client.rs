@@ -177,17 +177,22 @@ impl ClusterClient {
             .map_err(|status| from_status(address, status))
     }
 
-    /// The address of the node that says it leads, asking each node in turn; `None` when
-    /// none answers so.
+    /// The address of the leader, asking each node in turn: a node that says it leads, else the
+    /// leader's address as a follower knows it (so a client given only a follower finds the
+    /// leader); `None` when no node knows one.
     async fn leader_address(&mut self) -> Option<String> {
+        let mut named = None;
         for address in self.addresses.clone() {
             if let Ok(status) = self.status_of(&address).await {
                 if status.leader_id != 0 && status.leader_id == status.node_id {
                     return Some(address);
                 }
+                if status.leader_id != 0 && !status.leader_address.is_empty() {
+                    named.get_or_insert(status.leader_address);
+                }
             }
         }
-        None
+        named
     }
 
     /// One execution's trajectory tree as `address`'s projection holds it, as the records that
@@ -224,35 +229,46 @@ impl ClusterClient {
         all
     }
 
-    /// Committed entries from `from` on, from the first node that answers.
+    /// Committed entries from `from` on. Following (`stop_at_end` false), any node that
+    /// answers streams what it applies. Otherwise the stream ends at everything committed
+    /// before the call, which only the leader can vouch for (the node checks its leadership
+    /// with a quorum and refuses if it cannot); the leader is asked first, and while an
+    /// election is under way the nodes are tried again until the retry deadline.
     pub async fn subscribe(
         &mut self,
         from: Sequence,
         stop_at_end: bool,
     ) -> Result<tonic::Streaming<pb::CommittedEntry>, ControlError> {
-        let mut last_error = ControlError::NoLeader;
-        let mut addresses = self.addresses.clone();
-        if stop_at_end {
-            // A node streams what it has applied: a follower can be a heartbeat behind what
-            // was acknowledged, the leader never is (it answers an append after applying it).
-            // So "everything committed so far" is read from the leader when one is known.
-            if let Some(leader) = self.leader_address().await {
-                addresses.retain(|address| *address != leader);
-                addresses.insert(0, leader);
+        let started = tokio::time::Instant::now();
+        loop {
+            let mut addresses = self.addresses.clone();
+            if stop_at_end {
+                if let Some(leader) = self.leader_address().await {
+                    addresses.retain(|address| *address != leader);
+                    addresses.insert(0, leader);
+                }
             }
-        }
-        for address in addresses {
-            let request = pb::SubscribeRequest {
-                from_index: from.index,
-                from_position: from.position,
-                stop_at_end,
-            };
-            match self.client(&address)?.subscribe(request).await {
-                Ok(stream) => return Ok(stream.into_inner()),
-                Err(status) => last_error = from_status(&address, status),
+            let mut last_error = ControlError::NoLeader;
+            for address in addresses {
+                let request = pb::SubscribeRequest {
+                    from_index: from.index,
+                    from_position: from.position,
+                    stop_at_end,
+                };
+                match self.client(&address)?.subscribe(request).await {
+                    Ok(stream) => return Ok(stream.into_inner()),
+                    Err(status) => last_error = from_status(&address, status),
+                }
             }
+            let retry = matches!(
+                last_error,
+                ControlError::Unreachable { .. } | ControlError::NoLeader
+            );
+            if !stop_at_end || !retry || started.elapsed() > self.retry_deadline {
+                return Err(last_error);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(last_error)
     }
 
     pub async fn export(

@@ -43,6 +43,29 @@ pub fn control_client(channel: Channel) -> pb::control_client::ControlClient<Cha
 }
 
 impl ControlService {
+    /// The applied index a linearizable read of "everything committed so far" ends at: this
+    /// node must be the leader, confirmed by a quorum's heartbeat replies, and have applied
+    /// everything committed before the call.
+    async fn linearizable_end(&self) -> Result<u64, ControlError> {
+        use gyre_log::raft::openraft::error::{CheckIsLeaderError, Fatal, RaftError};
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(self
+                .state_machine
+                .with_projection(|_, last| last.map_or(0, |log_id| log_id.index))),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+                Err(match forward.leader_node {
+                    Some(node) => ControlError::NotLeader { leader: node.addr },
+                    None => ControlError::NoLeader,
+                })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                Err(ControlError::NoLeader)
+            }
+            Err(RaftError::Fatal(Fatal::Stopped)) => Err(ControlError::ShuttingDown),
+            Err(error) => Err(ControlError::Raft(error.to_string())),
+        }
+    }
+
     pub fn server(self) -> pb::control_server::ControlServer<Self> {
         pb::control_server::ControlServer::new(self)
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -262,6 +285,15 @@ impl pb::control_server::Control for ControlService {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let request = request.into_inner();
+        // "Everything committed so far" is a linearizable read: only a leader that a quorum
+        // still follows knows where that ends, and it streams up to what it has applied once
+        // everything committed before the request is applied. A follower, or a deposed leader
+        // that has not noticed yet, refuses, and the client asks another node.
+        let end = if request.stop_at_end {
+            Some(self.linearizable_end().await.map_err(to_status)?)
+        } else {
+            None
+        };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let log = self.log.clone();
         let state_machine = self.state_machine.clone();
@@ -273,8 +305,9 @@ impl pb::control_server::Control for ControlService {
             loop {
                 let applied =
                     state_machine.with_projection(|_, last| last.map_or(0, |log_id| log_id.index));
+                let applied = end.unwrap_or(applied);
                 if next > applied {
-                    if request.stop_at_end {
+                    if end.is_some() {
                         return;
                     }
                     tokio::select! {
