@@ -270,3 +270,141 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
         cluster.shutdown().await;
     });
 }
+
+/// A quorum restarted after snapshotting and purging past an execution's records restores
+/// that execution's tree from snapshot format 3, stop sequences included: every node's
+/// `ReadExecution` (what a restarted proxy rebuilds its session from) gives back the calls as
+/// they were recorded, and the nodes agree on the projection's digest.
+#[test]
+fn a_restarted_quorum_restores_stop_sequences_from_its_snapshots() {
+    use gyre_event::{CallKind, Duration as EventDuration, ModelCallRecord, PolicyVersion};
+    use gyre_event::{Provenance, ProvenanceSpan};
+
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let mut cluster = InProcessCluster::start_with(|options| {
+            options.snapshot_every_entries = 4;
+            options.entries_kept_behind_snapshot = 0;
+        })
+        .await;
+        let call = |call: u64, parent: Option<u64>, stops: &[&str]| {
+            let reused = if parent.is_some() { 5 * call } else { 0 };
+            ModelCallRecord {
+                execution: ExecutionId(92),
+                call: CallId(call),
+                agent: "main".into(),
+                kind: CallKind::Turn,
+                parent_call: parent.map(CallId),
+                reused_prefix_tokens_count: reused,
+                spawned_by: None,
+                input_ids: vec![10 + call as u32, 11, 12],
+                input_provenance: vec![ProvenanceSpan {
+                    provenance: Provenance::User,
+                    tokens_count: 3,
+                }],
+                output_ids: vec![20 + call as u32, 21],
+                output_logprobs: vec![-0.5, -0.25],
+                engine: EngineId(0),
+                policy_version: PolicyVersion(0),
+                requested_at: Timestamp(5),
+                first_token_after: EventDuration(6),
+                completed_after: EventDuration(7),
+                stop_sequences: stops.iter().map(|stop| stop.to_string()).collect(),
+            }
+        };
+        let recorded = [
+            call(0, None, &["\nObservation:", "</answer>"]),
+            call(1, Some(0), &[]),
+            call(2, Some(1), &["STOP"]),
+        ];
+        let mut client = cluster.client.clone();
+        let mut last = 0;
+        for record in &recorded {
+            let (sequences, refused) = client
+                .append(&[Event::new(
+                    Timestamp::ZERO,
+                    EventBody::ModelCall(Box::new(record.clone())),
+                )])
+                .await
+                .expect("appends");
+            assert!(refused.iter().all(String::is_empty), "{refused:?}");
+            last = sequences[0].index;
+        }
+        // Enough entries after the records for every node to snapshot and purge past them.
+        for _ in 0..12 {
+            client
+                .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+                .await
+                .expect("a tick commits");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let purged: Vec<u64> = client
+                .status_all()
+                .await
+                .into_iter()
+                .map(|(_, reply)| reply.map_or(0, |reply| reply.purged_index))
+                .collect();
+            if purged.iter().all(|index| *index >= last) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the nodes did not purge past {last}: {purged:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        cluster.restart_all().await;
+        cluster.every_node_applied().await;
+        let mut digests = std::collections::BTreeSet::new();
+        for address in cluster.addresses.clone() {
+            let (events, _) = client
+                .read_execution(&address, 92)
+                .await
+                .expect("the tree reads");
+            let read: Vec<ModelCallRecord> = events
+                .into_iter()
+                .map(|event| match event.body {
+                    EventBody::ModelCall(record) => *record,
+                    other => panic!("a model call, not {other:?}"),
+                })
+                .collect();
+            assert_eq!(read.len(), recorded.len(), "{address}: every call");
+            for (got, want) in read.iter().zip(&recorded) {
+                assert_eq!(
+                    (
+                        got.call,
+                        got.parent_call,
+                        &got.input_ids,
+                        &got.output_ids,
+                        &got.stop_sequences
+                    ),
+                    (
+                        want.call,
+                        want.parent_call,
+                        &want.input_ids,
+                        &want.output_ids,
+                        &want.stop_sequences
+                    ),
+                    "{address}: the call as recorded"
+                );
+            }
+            let status = client.status_of(&address).await.expect("status");
+            assert!(
+                status.purged_index >= last,
+                "{address} restarted from a snapshot past the records"
+            );
+            digests.insert((status.last_applied_index, status.digest_hex));
+        }
+        let applied: std::collections::BTreeSet<u64> = digests.iter().map(|(at, _)| *at).collect();
+        if applied.len() == 1 {
+            assert_eq!(
+                digests.len(),
+                1,
+                "equal digests at equal index: {digests:?}"
+            );
+        }
+        cluster.shutdown().await;
+    });
+}

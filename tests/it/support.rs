@@ -37,6 +37,8 @@ pub struct InProcessCluster {
     pub client: gyre_control::ClusterClient,
     /// The log index of the first committed `Tick`.
     pub first_index: u64,
+    /// What each node was started with (a restart reuses it: same data dir and address).
+    pub options: Vec<gyre_control::NodeOptions>,
 }
 
 impl InProcessCluster {
@@ -93,6 +95,22 @@ impl InProcessCluster {
             addresses,
             client,
             first_index: first[0].index,
+            options,
+        }
+    }
+
+    /// Stops every node and starts each again on its data directory (each restores its newest
+    /// snapshot, then replays the log after it).
+    pub async fn restart_all(&mut self) {
+        for node in std::mem::take(&mut self.nodes) {
+            node.shutdown().await.expect("shutdown");
+        }
+        for options in &self.options {
+            self.nodes.push(
+                gyre_control::ControlNode::start(options.clone())
+                    .await
+                    .expect("node restarts"),
+            );
         }
     }
 
