@@ -161,17 +161,23 @@ impl FileSink {
             .name("gyre-proxy-log".into())
             .spawn(move || {
                 while let Ok(first) = queue.recv() {
-                    let mut group = vec![first];
-                    while let Ok(next) = queue.try_recv() {
-                        group.push(next);
+                    // One write and one `fdatasync` for everything queued meanwhile; the
+                    // events move into the batch (a first call's record holds its whole
+                    // prompt), the replies wait for the sync.
+                    let mut events = Vec::new();
+                    let mut replies = Vec::new();
+                    for job in
+                        std::iter::once(first).chain(std::iter::from_fn(|| queue.try_recv().ok()))
+                    {
+                        events.push(job.event);
+                        replies.push(job.reply);
                     }
-                    let events: Vec<Event> = group.iter().map(|job| job.event.clone()).collect();
                     let result = writer
                         .append_batch(&events)
                         .and_then(|_| writer.sync())
                         .map_err(|error| format!("{shown}: {error}"));
-                    for job in group {
-                        let _ = job.reply.send(result.clone());
+                    for reply in replies {
+                        let _ = reply.send(result.clone());
                     }
                 }
             })
