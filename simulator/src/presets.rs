@@ -147,6 +147,7 @@ struct Shape {
     async_training_cells: u32,
 }
 
+#[allow(clippy::too_many_arguments)] // one row of the paper's tables, named at each call site
 fn build(
     name: &str,
     seed: u64,

@@ -217,7 +217,7 @@ impl<'a> Simulation<'a> {
         }
         self.batch_ends.push(self.events.len());
         let entries = self.batch_ends.len() as u64;
-        if entries % DIGEST_EVERY_ENTRIES == 0 {
+        if entries.is_multiple_of(DIGEST_EVERY_ENTRIES) {
             let hash = self.control.digest();
             self.record(EventBody::ProjectionDigest {
                 upto: gyre_event::LogIndex(entries),
@@ -423,14 +423,12 @@ impl<'a> Simulation<'a> {
                     },
                 );
             }
-            EventBody::BurstEnded { .. } => {
-                if !self.publish_scheduled {
-                    self.publish_scheduled = true;
-                    self.schedule(
-                        self.now + seconds(self.config.training.publish_s),
-                        Occurrence::PublishDone,
-                    );
-                }
+            EventBody::BurstEnded { .. } if !self.publish_scheduled => {
+                self.publish_scheduled = true;
+                self.schedule(
+                    self.now + seconds(self.config.training.publish_s),
+                    Occurrence::PublishDone,
+                );
             }
             _ => {}
         }

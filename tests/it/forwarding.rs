@@ -80,7 +80,7 @@ fn a_read_to_the_end_of_the_log_is_served_by_a_confirmed_leader_only() {
             .await
             .expect("connects to the follower");
         let refused = raw
-            .subscribe(request.clone())
+            .subscribe(request)
             .await
             .expect_err("a follower does not vouch for the end of the log");
         assert!(

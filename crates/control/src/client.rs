@@ -160,7 +160,7 @@ impl ClusterClient {
                 return Err(error);
             }
             attempt += 1;
-            if attempt % self.addresses.len() == 0 {
+            if attempt.is_multiple_of(self.addresses.len()) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

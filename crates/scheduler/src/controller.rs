@@ -147,9 +147,7 @@ impl Controller {
     pub fn next_wakeup(&self, state: &SchedulerState) -> Option<Timestamp> {
         let config = state.config()?;
         let since = state.supply_ok_since?;
-        if self.join_candidate(state).is_none() {
-            return None;
-        }
+        self.join_candidate(state)?;
         let due = since.plus(config.tau);
         (due > state.now).then_some(due)
     }
@@ -170,14 +168,13 @@ impl Controller {
             .filter(|(_, free)| *free > 0)
             .collect();
         let mut events = Vec::new();
-        let mut execution = state.next_execution;
         let mut queue = state.start_queue.iter().map(|group| {
             let started = state.groups.get(group).map(|g| (g.size, g.started));
             (*group, started.unwrap_or((0, 0)))
         });
         let mut current = queue.next();
         let mut slot_index = 0;
-        for _ in 0..count {
+        for execution in (state.next_execution..).take(count as usize) {
             let Some((group, (size, started))) = current.as_mut() else {
                 break;
             };
@@ -196,7 +193,6 @@ impl Controller {
                 },
             ));
             *free -= 1;
-            execution += 1;
             *started += 1;
             if *started >= *size {
                 current = queue.next();

@@ -179,7 +179,7 @@ impl LogIndex {
         }
         if self
             .last_purged
-            .map_or(true, |purged| purged.index < upto.index)
+            .is_none_or(|purged| purged.index < upto.index)
         {
             self.last_purged = Some(upto);
         }

@@ -249,6 +249,7 @@ fn read_index(shared: &Shared) -> std::sync::RwLockReadGuard<'_, super::index::L
 impl LogReader {
     /// Entries in `[start, end)` that exist, stopping early at the byte or count budget when
     /// `limited` (always at least one entry if any exists).
+    #[allow(clippy::result_large_err)] // openraft's `StorageError`, as its traits return it
     fn read_range(&self, start: u64, end: u64, limited: bool) -> Result<Vec<Entry>, StorageError> {
         let slots: Vec<(u64, Slot)> = {
             let index = read_index(&self.shared);

@@ -138,6 +138,7 @@ impl<P: Projection> StateMachineStore<P> {
         self.with_projection(|projection, last_applied| (last_applied, projection.digest()))
     }
 
+    #[allow(clippy::result_large_err)] // openraft's `StorageError`, as its traits return it
     fn apply_entry(state: &mut State<P>, entry: Entry) -> Result<Applied, StorageError> {
         let log_id = entry.log_id;
         let index = log_id.index;
@@ -282,10 +283,11 @@ impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
         I::IntoIter: OptionalSend,
     {
         let mut state = lock(&self.inner.state);
-        entries
-            .into_iter()
-            .map(|entry| Self::apply_entry(&mut state, entry))
-            .collect()
+        let mut applied = Vec::new();
+        for entry in entries {
+            applied.push(Self::apply_entry(&mut state, entry)?);
+        }
+        Ok(applied)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

@@ -181,6 +181,10 @@ impl WriterSegment {
     }
 }
 
+/// A record written in the current group: its index, the entry, the segment it is in, its
+/// offset there and its payload length (slots are filled from it once the group is synced).
+type Written = (u64, Arc<Entry>, Arc<SegmentFile>, u64, u32);
+
 /// A written record waiting for its chain hash: its index and term, and where its payload
 /// sits in the group's frame buffer.
 struct Unhashed {
@@ -222,7 +226,7 @@ pub(crate) struct Writer {
     /// takes milliseconds); anything that reads a chain value settles these first.
     unhashed: Vec<Unhashed>,
     callbacks: Vec<Completion>,
-    written: Vec<(u64, Arc<Entry>, Arc<SegmentFile>, u64, u32)>,
+    written: Vec<Written>,
     /// Entries whose slots keep a cached copy, oldest first, with their payload lengths.
     cached: VecDeque<(u64, u32)>,
     cached_bytes: u64,

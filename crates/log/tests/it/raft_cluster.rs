@@ -318,7 +318,7 @@ async fn check(cluster: &Cluster, acknowledged: &BTreeSet<u64>) {
         });
         digests.insert(*id, (applied, digest));
     }
-    let first = digests.values().next().expect("nodes").clone();
+    let first = *digests.values().next().expect("nodes");
     assert!(
         digests.values().all(|digest| *digest == first),
         "digests differ: {digests:?}"

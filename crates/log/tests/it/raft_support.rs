@@ -75,7 +75,7 @@ impl Projection for CountingProjection {
     }
 
     fn restore(body: &[u8]) -> Result<Self, String> {
-        if body.len() < 56 || (body.len() - 56) % 8 != 0 {
+        if body.len() < 56 || !(body.len() - 56).is_multiple_of(8) {
             return Err(format!("body of {} bytes has the wrong length", body.len()));
         }
         let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));

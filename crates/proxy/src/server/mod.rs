@@ -128,7 +128,7 @@ impl ExecutionNumbering {
         } else {
             self.stride - (at - self.offset)
         };
-        from.checked_add(ahead).unwrap_or(u64::MAX)
+        from.saturating_add(ahead)
     }
 
     pub fn owns(&self, id: u64) -> bool {

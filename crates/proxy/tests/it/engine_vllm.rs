@@ -174,7 +174,7 @@ async fn malformed_events_are_protocol_failures_naming_the_field() {
         (json!("text"), "event: not a JSON object"),
     ];
     for (bad, expected) in cases {
-        let collected = through(&[bad.clone()]).await;
+        let collected = through(std::slice::from_ref(&bad)).await;
         match collected.failure() {
             Some(EngineFailure::Protocol { engine, message }) => {
                 assert!(engine.starts_with("vllm@127.0.0.1:"), "{engine}");
