@@ -101,6 +101,7 @@ impl ParsedBody {
 /// body that does not parse gets exactly the whole-document parse's error.
 pub fn parse_body(api: Api, bytes: Bytes, previous: Option<ParsedBody>) -> Read<ParsedBody> {
     let key = conversation_key(api);
+    let bytes = replace_lone_surrogates(bytes);
     if let Some(parsed) = parse_elementwise(&bytes, key, previous) {
         let (value, layout, reused) = parsed;
         return Ok(ParsedBody {
@@ -119,6 +120,65 @@ pub fn parse_body(api: Api, bytes: Bytes, previous: Option<ParsedBody>) -> Read<
         layout: None,
         reused: 0,
     })
+}
+
+/// `\uXXXX` escapes of UTF-16 surrogates that are not part of a pair, rewritten in place to
+/// `\ufffd` (the replacement character, also six bytes), so the body parses.
+///
+/// JavaScript strings are UTF-16, and a harness that cuts one by code units (a long tool
+/// output truncated to N characters) can cut an emoji in half; `JSON.stringify` then writes
+/// the lone half as an escape (`"\ud83d"`), which Python's `json` and the model APIs accept
+/// and `serde_json` refuses. Replacing it is what decoding the string as UTF-8 would do. The
+/// same body always becomes the same bytes, so the next turn's history (which repeats the
+/// escape) still extends this one. Bodies without such an escape are returned as they are
+/// (one `memchr` scan for `\u`, which JSON writers use only for control characters).
+pub fn replace_lone_surrogates(bytes: Bytes) -> Bytes {
+    match lone_surrogates_replaced(&bytes) {
+        Some(fixed) => {
+            tracing::debug!("a request body held lone UTF-16 surrogate escapes; replaced");
+            Bytes::from(fixed)
+        }
+        None => bytes,
+    }
+}
+
+/// [`replace_lone_surrogates`] on a slice: the rewritten copy, or `None` when nothing needs it.
+pub(crate) fn lone_surrogates_replaced(bytes: &[u8]) -> Option<Vec<u8>> {
+    fn surrogate_at(bytes: &[u8], at: usize) -> Option<u16> {
+        let hex = bytes.get(at + 2..at + 6)?;
+        let text = std::str::from_utf8(hex).ok()?;
+        let unit = u16::from_str_radix(text, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&unit).then_some(unit)
+    }
+    let mut fixed: Option<Vec<u8>> = None;
+    let mut skip_to = 0;
+    for at in memchr::memmem::find_iter(bytes, b"\\u") {
+        if at < skip_to {
+            continue;
+        }
+        // An escape starts here only after an even run of backslashes (`\\u` is a
+        // backslash and a `u`).
+        let run = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|b| **b == b'\\')
+            .count();
+        if run % 2 == 1 {
+            continue;
+        }
+        let Some(unit) = surrogate_at(&bytes, at) else {
+            continue;
+        };
+        let paired = (0xD800..0xDC00).contains(&unit)
+            && bytes.get(at + 6..at + 8) == Some(b"\\u")
+            && surrogate_at(&bytes, at + 6).is_some_and(|low| low >= 0xDC00);
+        if paired {
+            skip_to = at + 12;
+            continue;
+        }
+        fixed.get_or_insert_with(|| bytes.to_vec())[at..at + 6].copy_from_slice(b"\\ufffd");
+    }
+    fixed
 }
 
 /// What a previous body offers: its prefix members and its first `elements` conversation
@@ -418,6 +478,69 @@ impl Cursor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JSON string literal of UTF-16 code units as JavaScript's `JSON.stringify` writes it:
+    /// printable ASCII as itself, everything else (lone surrogates included) as `\uXXXX`.
+    fn js_string(units: &[u16]) -> String {
+        let mut out = String::from("\"");
+        for unit in units {
+            match char::from_u32(u32::from(*unit)) {
+                Some(c) if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' => out.push(c),
+                _ => out.push_str(&format!("\\u{unit:04x}")),
+            }
+        }
+        out.push('"');
+        out
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_become_replacement_characters() {
+        let cases = [
+            (r#"{"t":"cut \ud83d"}"#, "cut \u{fffd}"),
+            (r#"{"t":"\ude00 tail"}"#, "\u{fffd} tail"),
+            (r#"{"t":"\ud83d\ud83d\ude00"}"#, "\u{fffd}\u{1f600}"),
+            (r#"{"t":"\\\ud83d"}"#, "\\\u{fffd}"),
+        ];
+        for (body, text) in cases {
+            let fixed = replace_lone_surrogates(Bytes::from(body));
+            assert_eq!(fixed.len(), body.len(), "rewritten in place: {body}");
+            let value: Value = serde_json::from_slice(&fixed).expect("parses");
+            assert_eq!(value["t"], text, "{body}");
+        }
+        // Nothing to replace: a pair, an escaped backslash before `ud83d`, no escape at all.
+        for body in [
+            r#"{"t":"\ud83d\ude00"}"#,
+            r#"{"t":"\\ud83d"}"#,
+            r#"{"t":"plain"}"#,
+        ] {
+            assert_eq!(lone_surrogates_replaced(body.as_bytes()), None, "{body}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any sequence of UTF-16 code units, written as JavaScript would, parses after the
+        /// rewrite to what lossy UTF-16 decoding gives (one U+FFFD per lone surrogate).
+        #[test]
+        fn any_utf16_string_parses_as_lossy_utf16(
+            units in proptest::collection::vec(
+                proptest::prop_oneof![
+                    0x20u16..0x7f,
+                    0xd800u16..0xdc00,
+                    0xdc00u16..0xe000,
+                    0x00u16..0x20,
+                    0xe000u16..=0xffff,
+                ],
+                0..24,
+            )
+        ) {
+            let body = format!("{{\"t\":{}}}", js_string(&units));
+            let fixed = replace_lone_surrogates(Bytes::from(body.clone()));
+            let value: Value = serde_json::from_slice(&fixed)
+                .map_err(|error| proptest::test_runner::TestCaseError::fail(format!("{body}: {error}")))?;
+            let expected = String::from_utf16_lossy(&units);
+            proptest::prop_assert_eq!(value["t"].as_str(), Some(expected.as_str()));
+        }
+    }
 
     fn parse(body: &str, previous: Option<ParsedBody>) -> ParsedBody {
         parse_body(Api::Anthropic, Bytes::from(body.to_string()), previous).unwrap()

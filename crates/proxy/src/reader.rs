@@ -18,10 +18,12 @@ pub(crate) fn body_object(api: Api, bytes: &[u8]) -> Read<Value> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_field(api, "", "request body is empty"));
     }
+    let cleaned = crate::body::lone_surrogates_replaced(bytes);
     // serde_json bounds nesting at 128 levels, so hostile depth is an error, not a crash.
-    let value: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ApiError::invalid_field(api, "", format!("request body is not valid JSON: {error}"))
-    })?;
+    let value: Value =
+        serde_json::from_slice(cleaned.as_deref().unwrap_or(bytes)).map_err(|error| {
+            ApiError::invalid_field(api, "", format!("request body is not valid JSON: {error}"))
+        })?;
     if !value.is_object() {
         return Err(ApiError::invalid_field(
             api,

@@ -340,3 +340,18 @@ fn tool_references_render_as_the_deferred_tools_definitions() {
         error.body()
     );
 }
+
+/// A tool output that a JavaScript harness cut by UTF-16 units can end in half an emoji, which
+/// `JSON.stringify` writes as a lone surrogate escape. The request is answered (the half reads
+/// as U+FFFD), not refused as invalid JSON: one truncated `Bash` output must not end a run.
+#[test]
+fn a_tool_output_cut_inside_an_emoji_is_accepted() {
+    let body = r#"{"model":"m","max_tokens":5,"messages":[
+        {"role":"user","content":"run it"},
+        {"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"cat log"}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"done \ud83d"}]}
+    ]}"#;
+    let chat = parse(body.as_bytes()).expect("accepted");
+    let result = chat.messages.last().expect("the tool result");
+    assert_eq!(result.content, "done \u{fffd}");
+}

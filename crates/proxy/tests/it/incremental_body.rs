@@ -121,9 +121,11 @@ impl Conversation {
 }
 
 /// The whole-document parse's verdict, as `parse_body` must give it: the value's text, or the
-/// error the request parser gives for bytes that are not a JSON object.
+/// error the request parser gives for bytes that are not a JSON object. Both read lone
+/// UTF-16 surrogate escapes as U+FFFD.
 fn whole(bytes: &[u8]) -> Result<String, String> {
-    match serde_json::from_slice::<Value>(bytes) {
+    let cleaned = gyre_proxy::body::replace_lone_surrogates(Bytes::copy_from_slice(bytes));
+    match serde_json::from_slice::<Value>(&cleaned) {
         Ok(value) if value.is_object() => Ok(serde_json::to_string(&value).unwrap()),
         _ => Err(gyre_proxy::anthropic::parse_request(bytes)
             .expect_err("not a JSON object")
