@@ -7,6 +7,7 @@ mod forwarding;
 mod harness;
 mod proxy_cluster;
 mod proxy_failover;
+mod proxy_http;
 mod proxy_restart;
 mod replay;
 mod shutdown;

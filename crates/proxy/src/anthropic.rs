@@ -259,6 +259,20 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
     })
 }
 
+/// An `image`, `document` or `search_result` block as the text the model is shown (see
+/// [`crate::media`]).
+fn read_text_like(node: Node<'_>, kind: &str) -> Read<String> {
+    node.object()?;
+    Ok(match kind {
+        "search_result" => crate::media::anthropic_search_result_text(node.value),
+        "document" => match crate::media::anthropic_document_text(node.value) {
+            Some(text) => text,
+            None => crate::media::placeholder(kind, node.value),
+        },
+        _ => crate::media::placeholder(kind, node.value),
+    })
+}
+
 fn unsupported_block(node: Node<'_>, kind: &str) -> ApiError {
     match kind {
         "image" | "document" => node.error(format!(
@@ -308,6 +322,9 @@ fn read_result_parts(node: Node<'_>) -> Read<Vec<ResultPart>> {
                 "tool_reference" => Ok(ResultPart::ToolReference {
                     tool_name: block.required_str("tool_name")?.to_string(),
                 }),
+                kind @ ("image" | "document" | "search_result") => Ok(ResultPart::Text {
+                    text: read_text_like(block, kind)?,
+                }),
                 kind => Err(unsupported_block(block, kind)),
             }
         })
@@ -346,6 +363,17 @@ fn read_message(node: Node<'_>) -> Read<InputMessage> {
 
 fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
     let kind = node.type_tag()?;
+    // Media, documents, search results and server-side tools' blocks are shown as text.
+    let as_text = match (role, kind) {
+        (InputRole::User, "image" | "document" | "search_result") => {
+            Some(read_text_like(node, kind)?)
+        }
+        (InputRole::Assistant, _) => crate::media::anthropic_server_block_text(kind, node.value),
+        _ => None,
+    };
+    if let Some(text) = as_text {
+        return Ok(ContentBlock::Text { text });
+    }
     let allowed = match role {
         InputRole::User => matches!(kind, "text" | "tool_result"),
         InputRole::Assistant => {

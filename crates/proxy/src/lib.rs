@@ -21,6 +21,7 @@ pub mod body;
 pub mod engine;
 mod error;
 pub mod fast_bpe;
+pub mod media;
 pub mod messages;
 pub mod model_dir;
 pub mod openai_chat;

@@ -225,10 +225,10 @@ fn read_content(node: Node<'_>, allow_refusal: bool) -> Read<Vec<String>> {
             match part.type_tag()? {
                 "text" => Ok(part.required_str("text")?.to_string()),
                 "refusal" if allow_refusal => Ok(part.required_str("refusal")?.to_string()),
-                "image_url" | "input_audio" | "file" => Err(part.error(format!(
-                    "`{}` content is not supported: this model takes text only",
-                    part.type_tag()?
-                ))),
+                kind @ ("image_url" | "input_audio" | "file") => {
+                    part.object()?;
+                    Ok(crate::media::placeholder(kind, part.value))
+                }
                 other => Err(part.error(format!("unsupported content part type `{other}`"))),
             }
         })

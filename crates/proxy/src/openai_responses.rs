@@ -285,9 +285,10 @@ fn read_text_parts(node: Node<'_>) -> Read<Vec<String>> {
                     Ok(part.required_str("text")?.to_string())
                 }
                 "refusal" => Ok(part.required_str("refusal")?.to_string()),
-                kind @ ("input_image" | "input_file" | "input_audio") => Err(part.error(format!(
-                    "`{kind}` content is not supported: this model takes text only"
-                ))),
+                kind @ ("input_image" | "input_file" | "input_audio") => {
+                    part.object()?;
+                    Ok(crate::media::placeholder(kind, part.value))
+                }
                 other => Err(part.error(format!("unsupported content part type `{other}`"))),
             }
         })
@@ -361,6 +362,26 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
                 encrypted_content: node.optional_str("encrypted_content")?.map(str::to_string),
             }
         }
+        // A search the server ran: history the model reads, as an assistant's text.
+        "web_search_call" => InputItem::Message {
+            role: ItemRole::Assistant,
+            content: vec![format!(
+                "[web_search: {}]",
+                node.get("action")?
+                    .map(|action| serde_json::to_string(action.value).unwrap_or_default())
+                    .unwrap_or_default()
+            )],
+        },
+        // The `local_shell` tool's call and output pair like a function call's.
+        "local_shell_call" => InputItem::FunctionCall {
+            call_id: node.required_str("call_id")?.to_string(),
+            name: "local_shell".to_string(),
+            arguments: serde_json::to_string(node.required("action")?.value).unwrap_or_default(),
+        },
+        "local_shell_call_output" => InputItem::FunctionCallOutput {
+            call_id: node.required_str("call_id")?.to_string(),
+            output: read_text_parts(node.required("output")?.node())?.join(TEXT_PART_SEPARATOR),
+        },
         "item_reference" => {
             return Err(node.error(
                 "item_reference is not supported: this proxy keeps no items; send them in full",

@@ -41,6 +41,14 @@ enum Format {
     Chatml,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Media {
+    /// Each image, audio clip or binary file becomes a short text placeholder naming it.
+    Placeholder,
+    /// A request holding one is refused (400 in the API's format, naming the part).
+    Reject,
+}
+
 /// Arguments of `gyre proxy`.
 #[derive(Args, Debug)]
 pub struct ProxyArgs {
@@ -100,6 +108,11 @@ pub struct ProxyArgs {
     /// Cap on new tokens per call.
     #[arg(long, default_value_t = 4096)]
     max_new_tokens: u32,
+    /// What the model is shown for images, audio and binary files in a request (a text-only
+    /// model cannot read them; Claude Code sends one when it reads a PNG, Codex for
+    /// `view_image`): a placeholder keeps the execution going, `reject` refuses the request.
+    #[arg(long, value_enum, default_value = "placeholder")]
+    media: Media,
     /// Unknown credentials open a new execution (keyed by that credential) instead of 401:
     /// for replaying captured harness traffic or harnesses with a fixed API key.
     #[arg(long)]
@@ -194,6 +207,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_limit": args.body_limit,
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
+                "media": format!("{:?}", args.media).to_lowercase(),
                 "auto_open": args.auto_open,
                 "execution_stride": numbering.stride(),
                 "execution_offset": numbering.offset(),
@@ -224,6 +238,10 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         capture: args.capture.clone(),
         credentials: credentials.clone(),
         numbering,
+        media: match args.media {
+            Media::Placeholder => gyre_proxy::media::MediaPolicy::Placeholder,
+            Media::Reject => gyre_proxy::media::MediaPolicy::Reject,
+        },
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;

@@ -76,6 +76,8 @@ pub struct ServerConfig {
     pub credentials: Option<std::path::PathBuf>,
     /// Which ids this proxy gives the executions it numbers itself.
     pub numbering: ExecutionNumbering,
+    /// Images, audio and files in requests: placeholders, or refused (`crate::media`).
+    pub media: crate::media::MediaPolicy,
 }
 
 /// The ids a proxy gives the executions it numbers itself (opened without an id, or by
@@ -148,6 +150,7 @@ impl Default for ServerConfig {
             capture: None,
             credentials: None,
             numbering: ExecutionNumbering::default(),
+            media: crate::media::MediaPolicy::default(),
         }
     }
 }
@@ -988,6 +991,18 @@ async fn model_call(
             let previous = execution.take_body(api, agent_key);
             let body = crate::body::parse_body(api, bytes, previous)?;
             let mut request = crate::read_parsed_request(api, &body)?;
+            if app.config.media == crate::media::MediaPolicy::Reject {
+                if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
+                    return Err(ApiError::invalid_field(
+                        api,
+                        path,
+                        format!(
+                            "`{kind}` content is not supported: this model takes text only \
+                             (the proxy runs with --media reject)"
+                        ),
+                    ));
+                }
+            }
             request.harness_compaction = harness_compaction;
             app.metrics
                 .body_elements(body.elements(), body.reused_elements());
@@ -1269,8 +1284,34 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
     response
 }
 
-async fn not_found() -> Response {
-    let error = ApiError::new(Api::Anthropic, ApiErrorKind::NotFound, "no such route");
+/// 404 in the error shape of the API the client speaks: Anthropic's when it sends
+/// `anthropic-version`, else the one the path belongs to (an OpenAI client reads OpenAI's
+/// shape, e.g. for `/v1/responses/compact` or `/v1/models`, which this proxy does not serve).
+async fn not_found(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let path = uri.path();
+    let api = if headers.contains_key("anthropic-version") {
+        Api::Anthropic
+    } else if path.contains("/responses") {
+        Api::OpenAiResponses
+    } else if ["/chat/", "/completions", "/models", "/embeddings"]
+        .iter()
+        .any(|part| path.contains(part))
+        && !path.contains("/messages")
+    {
+        Api::OpenAiChat
+    } else {
+        Api::Anthropic
+    };
+    let shown: String = path.chars().take(200).collect();
+    let error = ApiError::new(
+        api,
+        ApiErrorKind::NotFound,
+        format!("no such route: {method} {shown}"),
+    );
     error_response(&error)
 }
 

@@ -239,14 +239,14 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "max_tokens": 1, "messages": []}).to_string().into_bytes(), "messages: at least one message is required"),
         (json!({"model": "m", "max_tokens": 1, "messages": {}}).to_string().into_bytes(), "messages: expected an array, got an object"),
         (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "bot", "content": "x"}]}).to_string().into_bytes(), "messages[0].role: unknown role `bot`, expected `user`, `assistant` or `system`"),
-        (base_with(json!([{"type": "text", "text": "a"}, {"type": "image", "source": {}}])).to_string().into_bytes(), "messages[0].content[1]: image content is not supported: this model takes text only"),
+        (base_with(json!([{"type": "text", "text": "a"}, {"type": "video", "source": {}}])).to_string().into_bytes(), "messages[0].content[1]: unsupported content block type `video`"),
         (base_with(json!([{"type": "tool_use", "id": "x", "name": "n", "input": {}}])).to_string().into_bytes(), "messages[0].content[0]: a `tool_use` block cannot appear in a user message"),
         (base_with(json!([{"type": "thinking", "thinking": "t"}])).to_string().into_bytes(), "messages[0].content[0]: a `thinking` block cannot appear in a user message"),
         (base_with(json!([{"type": "text"}])).to_string().into_bytes(), "messages[0].content[0].text: field required"),
         (base_with(json!([{"text": "x"}])).to_string().into_bytes(), "messages[0].content[0].type: field required"),
         (base_with(json!([{"type": "bogus"}])).to_string().into_bytes(), "messages[0].content[0]: unsupported content block type `bogus`"),
         (base_with(json!([{"type": "tool_result", "tool_use_id": "nope", "content": "x"}])).to_string().into_bytes(), "messages[0].content[0].tool_use_id: no tool_use block with id `nope` in an earlier assistant message"),
-        (base_with(json!([{"type": "tool_result", "tool_use_id": "x", "content": [{"type": "image"}]}])).to_string().into_bytes(), "messages[0].content[0].content[0]: image content is not supported: this model takes text only"),
+        (base_with(json!([{"type": "tool_result", "tool_use_id": "x", "content": [{"type": "video"}]}])).to_string().into_bytes(), "messages[0].content[0].content[0]: unsupported content block type `video`"),
         (json!({"model": "m", "max_tokens": 1, "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "system[0]: image content is not supported: this model takes text only"),
         (json!({"model": "m", "max_tokens": 1, "stream": "yes", "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "stream: expected a boolean, got a string"),
         (json!({"model": "m", "max_tokens": 1, "tools": [{"name": "t"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tools[0].input_schema: field required"),
@@ -354,4 +354,51 @@ fn a_tool_output_cut_inside_an_emoji_is_accepted() {
     let chat = parse(body.as_bytes()).expect("accepted");
     let result = chat.messages.last().expect("the tool result");
     assert_eq!(result.content, "done \u{fffd}");
+}
+
+/// Media a text-only model cannot read becomes a placeholder naming it (Claude Code sends an
+/// image when it reads a PNG); documents with a text source, search results and a server-side
+/// search's blocks become their text. Nothing here is refused.
+#[test]
+fn media_documents_and_server_tool_blocks_are_shown_as_text() {
+    let body = json!({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "document", "title": "notes", "source": {"type": "text", "media_type": "text/plain", "data": "Plain text doc"}},
+            {"type": "search_result", "source": "https://x.example", "title": "X", "content": [{"type": "text", "text": "result text"}]}
+        ]},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "gyre"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [{"type": "web_search_result", "url": "https://a.example", "title": "A", "encrypted_content": "E"}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a.png"}}
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        ]}]}
+    ]});
+    let chat = parse_json(&body).expect("accepted");
+    let user = &chat.messages[0].content;
+    assert!(user.contains("notes\nPlain text doc"), "{user}");
+    assert!(
+        user.contains("X (https://x.example)\nresult text"),
+        "{user}"
+    );
+    let assistant = &chat.messages[1].content;
+    assert!(
+        assistant.contains(r#"[web_search: {"query":"gyre"}]"#),
+        "{assistant}"
+    );
+    assert!(
+        assistant.contains("[web_search results]\n- A (https://a.example)"),
+        "{assistant}"
+    );
+    assert_eq!(
+        chat.messages[1].tool_calls.len(),
+        1,
+        "the client tool call stays a call"
+    );
+    assert_eq!(
+        chat.messages[2].content,
+        "[image (image/png, 8 bytes) omitted: this model reads text only]"
+    );
 }

@@ -82,7 +82,7 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "messages": []}), "messages: at least one message is required", "messages"),
         (json!({"model": "m", "messages": [{"role": "user"}]}), "messages[0].content: field required", "messages[0].content"),
         (json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}), "messages[0].role: unsupported role `function`, expected system, developer, user, assistant or tool", "messages[0].role"),
-        (json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}), "messages[0].content[0]: `image_url` content is not supported: this model takes text only", "messages[0].content[0]"),
+        (json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "u"}}]}]}), "messages[0].content[0]: unsupported content part type `video_url`", "messages[0].content[0]"),
         (json!({"model": "m", "messages": [user, {"role": "tool", "tool_call_id": "call_9", "content": "r"}]}), "messages[1].tool_call_id: no tool call with id `call_9` in an earlier assistant message", "messages[1].tool_call_id"),
         (json!({"model": "m", "messages": [user, {"role": "tool", "content": "r"}]}), "messages[1].tool_call_id: field required", "messages[1].tool_call_id"),
         (json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]}]}), "messages[0].tool_calls[0].function.arguments: expected a string, got an object", "messages[0].tool_calls[0].function.arguments"),

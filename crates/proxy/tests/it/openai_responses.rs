@@ -98,12 +98,13 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "input": 3}), "input: expected an array, got a number"),
         (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id: is not supported: this proxy keeps no responses; send the whole conversation in `input`"),
         (json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_z", "output": "o"}]}), "input[0].call_id: no function_call with call_id `call_z` earlier in the input"),
-        (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}), "input[0].content[0]: `input_image` content is not supported: this model takes text only"),
+        (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_video", "video_url": "u"}]}]}), "input[0].content[0]: unsupported content part type `input_video`"),
         (json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0]: item_reference is not supported: this proxy keeps no items; send them in full"),
         (json!({"model": "m", "input": [{"content": "x"}]}), "input[0].type: field required"),
         (json!({"model": "m", "input": [{"type": "message", "role": "tool", "content": "x"}]}), "input[0].role: unknown role `tool`, expected user, assistant, system or developer"),
         (json!({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}), "input[0].arguments: expected a string, got an object"),
-        (json!({"model": "m", "input": [{"type": "local_shell_call"}]}), "input[0]: unsupported input item type `local_shell_call`"),
+        (json!({"model": "m", "input": [{"type": "image_generation_call"}]}), "input[0]: unsupported input item type `image_generation_call`"),
+        (json!({"model": "m", "input": [{"type": "local_shell_call"}]}), "input[0].call_id: field required"),
     ];
     for (body, message) in cases {
         let error = rejection(&body);
@@ -216,4 +217,37 @@ fn malformed_namespaces_are_refused_by_field() {
         assert_eq!(error.status(), 400);
         assert_eq!(error.message, message);
     }
+}
+
+/// Items Codex echoes from tools the model cannot have used here (a server-side web search,
+/// the `local_shell` tool) and media in a tool's output are read, not refused: a search as the
+/// assistant's text, a shell call and its output paired like a function call's, an image as a
+/// placeholder naming it.
+#[test]
+fn searches_shell_calls_and_images_in_history_are_read() {
+    let body = json!({"model": "m", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "list and search"}]},
+        {"type": "local_shell_call", "id": "lsc_1", "call_id": "call_ls1", "status": "completed", "action": {"type": "exec", "command": ["ls"], "env": {}}},
+        {"type": "local_shell_call_output", "call_id": "call_ls1", "output": "a\nb\n"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "gyre"}},
+        {"type": "function_call", "call_id": "call_v", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_v", "output": [{"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}
+    ]});
+    let chat = parse(body.to_string().as_bytes()).expect("accepted");
+    let shell = &chat.messages[1];
+    assert_eq!(shell.tool_calls[0].name, "local_shell");
+    assert_eq!(chat.messages[2].content, "a\nb\n");
+    assert_eq!(chat.messages[2].tool_call_id.as_deref(), Some("call_ls1"));
+    assert!(
+        chat.messages
+            .iter()
+            .any(|message| message.content.starts_with("[web_search: {")
+                && message.content.contains(r#""query":"gyre""#)),
+        "{:?}",
+        chat.messages
+    );
+    assert_eq!(
+        chat.messages.last().expect("the output").content,
+        "[image (image/png, 8 bytes) omitted: this model reads text only]"
+    );
 }
