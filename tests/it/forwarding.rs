@@ -92,22 +92,19 @@ fn a_read_to_the_end_of_the_log_is_served_by_a_confirmed_leader_only() {
             pb::control_client::ControlClient::connect(format!("http://{leader_address}"))
                 .await
                 .expect("connects to the leader");
-        let mut stream = raw
+        let stream = raw
             .subscribe(request)
             .await
             .expect("the leader serves it")
             .into_inner();
-        let mut last = 0;
-        while let Some(entry) = stream.message().await.expect("streams") {
-            last = entry.index;
-        }
+        let last = last_index(stream).await;
         assert!(
             last >= acknowledged,
             "ends at or after the acknowledged entry ({last} < {acknowledged})"
         );
 
         let mut through_follower = ClusterClient::new(&follower).expect("client");
-        let mut stream = through_follower
+        let stream = through_follower
             .subscribe(
                 Sequence {
                     index: 0,
@@ -117,14 +114,20 @@ fn a_read_to_the_end_of_the_log_is_served_by_a_confirmed_leader_only() {
             )
             .await
             .expect("the client finds the leader");
-        let mut last = 0;
-        while let Some(entry) = stream.message().await.expect("streams") {
-            last = entry.index;
-        }
+        let last = last_index(stream).await;
         assert!(
             last >= acknowledged,
             "ends at or after the acknowledged entry ({last} < {acknowledged})"
         );
         cluster.shutdown().await;
     });
+}
+
+/// The index of the last entry a subscription streams before it ends.
+async fn last_index(mut stream: tonic::Streaming<gyre_control::pb::CommittedEntry>) -> u64 {
+    let mut last = 0;
+    while let Some(entry) = stream.message().await.expect("streams") {
+        last = entry.index;
+    }
+    last
 }

@@ -330,30 +330,7 @@ fn a_restarted_quorum_restores_stop_sequences_from_its_snapshots() {
             assert!(refused.iter().all(String::is_empty), "{refused:?}");
             last = sequences[0].index;
         }
-        // Enough entries after the records for every node to snapshot and purge past them.
-        for _ in 0..12 {
-            client
-                .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-                .await
-                .expect("a tick commits");
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let purged: Vec<u64> = client
-                .status_all()
-                .await
-                .into_iter()
-                .map(|(_, reply)| reply.map_or(0, |reply| reply.purged_index))
-                .collect();
-            if purged.iter().all(|index| *index >= last) {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the nodes did not purge past {last}: {purged:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        cluster.purge_past(last).await;
 
         cluster.restart_all().await;
         cluster.every_node_applied().await;

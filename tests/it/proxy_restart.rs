@@ -75,7 +75,7 @@ fn a_killed_proxy_restarts_and_its_executions_continue_their_trees() {
 /// tree (`ReadExecution`) on a node that applied everything committed.
 #[test]
 fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
-    use gyre_event::{CallId, Event, EventBody, Timestamp};
+    use gyre_event::{CallId, EventBody};
     let runtime = crate::support::runtime();
     let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
         options.snapshot_every_entries = 4;
@@ -100,29 +100,7 @@ fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
                 .map(|reply| reply.commit_index)
                 .max()
                 .expect("a node answers");
-            for _ in 0..12 {
-                client
-                    .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
-                    .await
-                    .expect("a tick commits");
-            }
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-            loop {
-                let purged: Vec<u64> = client
-                    .status_all()
-                    .await
-                    .into_iter()
-                    .map(|(_, reply)| reply.map_or(0, |reply| reply.purged_index))
-                    .collect();
-                if purged.iter().all(|index| *index >= commit) {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the nodes did not purge past {commit}: {purged:?}"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+            cluster.purge_past(commit).await;
         });
     };
     let check = || {

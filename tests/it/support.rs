@@ -143,6 +143,37 @@ impl InProcessCluster {
         .expect("a node leads within 30 s")
     }
 
+    /// Commits enough `Tick`s for nodes that snapshot every few entries (and keep none behind)
+    /// to snapshot past `index`, and waits (up to 60 s) until every node has purged its log
+    /// past it.
+    pub async fn purge_past(&self, index: u64) {
+        use gyre_event::{Event, EventBody, Timestamp};
+        let mut client = self.client.clone();
+        for _ in 0..12 {
+            client
+                .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+                .await
+                .expect("a tick commits");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let purged: Vec<u64> = client
+                .status_all()
+                .await
+                .into_iter()
+                .map(|(_, reply)| reply.map_or(0, |reply| reply.purged_index))
+                .collect();
+            if purged.iter().all(|purged| *purged >= index) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the nodes did not purge past {index}: {purged:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Commits a `Tick` and waits until every node has applied it (so each node's projection
     /// holds everything acknowledged before).
     pub async fn every_node_applied(&self) {
