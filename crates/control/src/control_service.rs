@@ -42,13 +42,23 @@ pub fn control_client(channel: Channel) -> pb::control_client::ControlClient<Cha
         .max_encoding_message_size(MESSAGE_BYTES_MAX)
 }
 
+/// How long a read of "everything committed so far" waits for this node to confirm its
+/// leadership and apply up to the read index.
+const LINEARIZABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl ControlService {
     /// The applied index a linearizable read of "everything committed so far" ends at: this
     /// node must be the leader, confirmed by a quorum's heartbeat replies, and have applied
     /// everything committed before the call.
     async fn linearizable_end(&self) -> Result<u64, ControlError> {
         use gyre_log::raft::openraft::error::{CheckIsLeaderError, Fatal, RaftError};
-        match self.raft.ensure_linearizable().await {
+        // openraft waits without a bound for the state machine to reach the read index (a
+        // leader that loses its quorum before its first entry commits would hold the request
+        // forever): past the bound it is "no leader", which the client retries elsewhere.
+        let confirmed = tokio::time::timeout(LINEARIZABLE_WAIT, self.raft.ensure_linearizable())
+            .await
+            .map_err(|_| ControlError::NoLeader)?;
+        match confirmed {
             Ok(_) => Ok(self
                 .state_machine
                 .with_projection(|_, last| last.map_or(0, |log_id| log_id.index))),

@@ -131,7 +131,8 @@ pub fn parse_body(api: Api, bytes: Bytes, previous: Option<ParsedBody>) -> Read<
 /// and `serde_json` refuses. Replacing it is what decoding the string as UTF-8 would do. The
 /// same body always becomes the same bytes, so the next turn's history (which repeats the
 /// escape) still extends this one. Bodies without such an escape are returned as they are
-/// (one `memchr` scan for `\u`, which JSON writers use only for control characters).
+/// (one `memchr` scan for `\u`, rare in harness traffic: JavaScript's `JSON.stringify` writes
+/// it only for control characters).
 pub fn replace_lone_surrogates(bytes: Bytes) -> Bytes {
     match lone_surrogates_replaced(&bytes) {
         Some(fixed) => {
@@ -166,12 +167,12 @@ pub(crate) fn lone_surrogates_replaced(bytes: &[u8]) -> Option<Vec<u8>> {
         if run % 2 == 1 {
             continue;
         }
-        let Some(unit) = surrogate_at(&bytes, at) else {
+        let Some(unit) = surrogate_at(bytes, at) else {
             continue;
         };
         let paired = (0xD800..0xDC00).contains(&unit)
             && bytes.get(at + 6..at + 8) == Some(b"\\u")
-            && surrogate_at(&bytes, at + 6).is_some_and(|low| low >= 0xDC00);
+            && surrogate_at(bytes, at + 6).is_some_and(|low| low >= 0xDC00);
         if paired {
             skip_to = at + 12;
             continue;

@@ -134,7 +134,13 @@ pub fn anthropic_document_text(part: &Value) -> Option<String> {
             Value::String(text) => text.clone(),
             Value::Array(blocks) => blocks
                 .iter()
-                .filter_map(|block| block.get("text").and_then(Value::as_str))
+                .map(|block| match block.get("text").and_then(Value::as_str) {
+                    Some(text) => text.to_string(),
+                    None => placeholder(
+                        block.get("type").and_then(Value::as_str).unwrap_or("file"),
+                        block,
+                    ),
+                })
                 .collect::<Vec<_>>()
                 .join("\n"),
             _ => return None,
@@ -204,45 +210,77 @@ pub fn anthropic_server_block_text(kind: &str, part: &Value) -> Option<String> {
             })
         }
         kind if kind.ends_with("_tool_result") && kind != "tool_result" => {
-            Some(format!("[{kind}: {}]", compact(part.get("content"))))
+            let content = part
+                .get("content")
+                .map(|content| without_media(Api::Anthropic, content));
+            Some(format!("[{kind}: {}]", compact(content.as_ref())))
         }
+        _ => None,
+    }
+}
+
+/// The keys under which a part nests other parts (a tool result's `content`, a Responses
+/// output or reasoning summary, a document's `source`); tool inputs and arguments are the
+/// model's own JSON and are never searched.
+const NESTING_KEYS: [&str; 4] = ["content", "output", "summary", "source"];
+
+/// `value` with every media part inside it (at any depth, through [`NESTING_KEYS`]) replaced
+/// by its placeholder string: server-side tools' results hold fetched documents and images.
+pub fn without_media(api: Api, value: &Value) -> Value {
+    match value {
+        Value::Object(members) => {
+            let kind = members.get("type").and_then(Value::as_str).unwrap_or("");
+            if is_media(api, kind, value) {
+                return Value::String(placeholder(kind, value));
+            }
+            Value::Object(
+                members
+                    .iter()
+                    .map(|(key, member)| {
+                        let member = if NESTING_KEYS.contains(&key.as_str()) {
+                            without_media(api, member)
+                        } else {
+                            member.clone()
+                        };
+                        (key.clone(), member)
+                    })
+                    .collect(),
+            )
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|item| without_media(api, item)).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// The first media part at or under `value` (through [`NESTING_KEYS`]), with its path.
+fn find_media(api: Api, value: &Value, path: String) -> Option<(String, String)> {
+    match value {
+        Value::Object(members) => {
+            let kind = members.get("type").and_then(Value::as_str).unwrap_or("");
+            if is_media(api, kind, value) {
+                return Some((path, kind.to_string()));
+            }
+            NESTING_KEYS.iter().find_map(|key| {
+                members
+                    .get(*key)
+                    .and_then(|member| find_media(api, member, format!("{path}.{key}")))
+            })
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(at, item)| find_media(api, item, format!("{path}[{at}]"))),
         _ => None,
     }
 }
 
 /// The first media part of a request body (its path and type), for `--media reject`.
 pub fn first_media_part(api: Api, body: &Value) -> Option<(String, String)> {
-    let conversation = body.get(crate::body::conversation_key(api))?.as_array()?;
-    for (index, element) in conversation.iter().enumerate() {
-        let base = format!("{}[{index}]", crate::body::conversation_key(api));
-        for (key, parts) in [
-            ("content", element.get("content")),
-            ("output", element.get("output")),
-        ] {
-            let Some(Value::Array(parts)) = parts else {
-                continue;
-            };
-            for (at, part) in parts.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-                if is_media(api, kind, part) {
-                    return Some((format!("{base}.{key}[{at}]"), kind.to_string()));
-                }
-                // Anthropic tool results nest their content one level down.
-                if let Some(Value::Array(inner)) = part.get("content") {
-                    for (inner_at, inner_part) in inner.iter().enumerate() {
-                        let kind = inner_part.get("type").and_then(Value::as_str).unwrap_or("");
-                        if is_media(api, kind, inner_part) {
-                            return Some((
-                                format!("{base}.{key}[{at}].content[{inner_at}]"),
-                                kind.to_string(),
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    None
+    let key = crate::body::conversation_key(api);
+    body.get(key)
+        .and_then(|conversation| find_media(api, conversation, key.to_string()))
 }
 
 #[cfg(test)]
@@ -320,6 +358,61 @@ mod tests {
         assert_eq!(
             first_media_part(Api::OpenAiChat, &json!({"messages": []})),
             None
+        );
+    }
+
+    #[test]
+    fn media_nested_in_server_results_documents_and_summaries_is_found_and_replaced() {
+        let fetched = json!({"type": "web_fetch_tool_result", "tool_use_id": "s", "content": {
+            "type": "web_fetch_result", "url": "https://a.example/a.pdf",
+            "content": {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"}}
+        }});
+        let text =
+            anthropic_server_block_text("web_fetch_tool_result", &fetched).expect("a server block");
+        assert!(
+            !text.contains("JVBERi0x"),
+            "no base64 in the prompt: {text}"
+        );
+        assert!(
+            text.contains("[document (application/pdf, 9 bytes) omitted"),
+            "{text}"
+        );
+        let body = json!({"messages": [{"role": "assistant", "content": [fetched]}]});
+        assert_eq!(
+            first_media_part(Api::Anthropic, &body),
+            Some((
+                "messages[0].content[0].content.content".into(),
+                "document".into()
+            ))
+        );
+        let document = json!({"type": "document", "source": {"type": "content", "content": [
+            {"type": "text", "text": "before"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        ]}});
+        assert_eq!(
+            anthropic_document_text(&document).as_deref(),
+            Some("before\n[image (image/png, 8 bytes) omitted: this model reads text only]")
+        );
+        let body = json!({"messages": [{"role": "user", "content": [document]}]});
+        assert_eq!(
+            first_media_part(Api::Anthropic, &body),
+            Some((
+                "messages[0].content[0].source.content[1]".into(),
+                "image".into()
+            ))
+        );
+        let reasoning = json!({"input": [{"type": "reasoning", "summary": [{"type": "input_image", "image_url": "data:image/png;base64,"}]}]});
+        assert_eq!(
+            first_media_part(Api::OpenAiResponses, &reasoning),
+            Some(("input[0].summary[0]".into(), "input_image".into()))
+        );
+        let tool_input = json!({"messages": [{"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "draw", "input": {"type": "image"}}
+        ]}]});
+        assert_eq!(
+            first_media_part(Api::Anthropic, &tool_input),
+            None,
+            "tool inputs are the model's JSON"
         );
     }
 

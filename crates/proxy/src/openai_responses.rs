@@ -378,8 +378,12 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
             name: "local_shell".to_string(),
             arguments: serde_json::to_string(node.required("action")?.value).unwrap_or_default(),
         },
+        // OpenAI's type names the call by `id`; `call_id` is accepted too.
         "local_shell_call_output" => InputItem::FunctionCallOutput {
-            call_id: node.required_str("call_id")?.to_string(),
+            call_id: match node.optional_str("call_id")? {
+                Some(call_id) => call_id.to_string(),
+                None => node.required_str("id")?.to_string(),
+            },
             output: read_text_parts(node.required("output")?.node())?.join(TEXT_PART_SEPARATOR),
         },
         "item_reference" => {

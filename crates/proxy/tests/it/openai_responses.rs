@@ -228,7 +228,7 @@ fn searches_shell_calls_and_images_in_history_are_read() {
     let body = json!({"model": "m", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "list and search"}]},
         {"type": "local_shell_call", "id": "lsc_1", "call_id": "call_ls1", "status": "completed", "action": {"type": "exec", "command": ["ls"], "env": {}}},
-        {"type": "local_shell_call_output", "call_id": "call_ls1", "output": "a\nb\n"},
+        {"type": "local_shell_call_output", "id": "call_ls1", "output": "a\nb\n"},
         {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "gyre"}},
         {"type": "function_call", "call_id": "call_v", "name": "view_image", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_v", "output": [{"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}
