@@ -185,7 +185,21 @@ pub(crate) fn read_value(value: &Value) -> Result<MessagesRequest, ApiError> {
 
 /// Parses a `/v1/messages/count_tokens` body (no `max_tokens`).
 pub fn parse_count_tokens(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    parse_count_tokens_with(body, crate::media::MediaPolicy::Placeholder)
+}
+
+/// [`parse_count_tokens`] under a media policy: with `Reject`, a request holding an image or a
+/// binary document is refused by its path, as the model call itself would be.
+pub fn parse_count_tokens_with(
+    body: &[u8],
+    media: crate::media::MediaPolicy,
+) -> Result<MessagesRequest, ApiError> {
     let value = body_object(API, body)?;
+    if media == crate::media::MediaPolicy::Reject {
+        if let Some((path, kind)) = crate::media::first_media_part(API, &value) {
+            return Err(crate::media::rejected(API, path, &kind));
+        }
+    }
     read_request(Node::root(&value, API), false)
 }
 

@@ -277,6 +277,18 @@ fn find_media(api: Api, value: &Value, path: String) -> Option<(String, String)>
 }
 
 /// The first media part of a request body (its path and type), for `--media reject`.
+/// The 400 for a media part at `path` when the proxy runs with `--media reject`.
+pub fn rejected(api: Api, path: String, kind: &str) -> crate::api_error::ApiError {
+    crate::api_error::ApiError::invalid_field(
+        api,
+        path,
+        format!(
+            "`{kind}` content is not supported: this model takes text only \
+             (the proxy runs with --media reject)"
+        ),
+    )
+}
+
 pub fn first_media_part(api: Api, body: &Value) -> Option<(String, String)> {
     let key = crate::body::conversation_key(api);
     body.get(key)

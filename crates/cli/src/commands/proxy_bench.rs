@@ -405,6 +405,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         let mut direct_phase = Phase::default();
         let mut proxy_phase = Phase::default();
         let stages_before = state.metrics.stage_totals();
+        state.metrics.keep_samples();
         for pass in 0..args.passes {
             // Direct: the same engine, the same prompt lengths, through the SGLang client.
             let started = Instant::now();
@@ -521,6 +522,22 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             })
             .collect();
         println!("       mean ms per call by stage: {}", stages.join(", "));
+        // The tail by stage: which step the slow calls spend their time in.
+        let tails: Vec<String> = state
+            .metrics
+            .stage_samples()
+            .into_iter()
+            .map(|(stage, mut samples)| {
+                samples.sort_by(f64::total_cmp);
+                let at = |p: f64| {
+                    samples
+                        .get(((samples.len().max(1) - 1) as f64 * p).round() as usize)
+                        .map_or(0.0, |seconds| seconds * 1e3)
+                };
+                format!("{stage} {:.2} / {:.2}", at(0.5), at(0.99))
+            })
+            .collect();
+        println!("       p50 / p99 ms by stage: {}", tails.join(", "));
     }
 
     if let Some(venv) = &args.anchors {

@@ -96,6 +96,10 @@ pub struct Metrics {
     call_seconds: Mutex<Histogram>,
     commit_seconds: Mutex<Histogram>,
     stage_seconds: Mutex<[Histogram; STAGES.len()]>,
+    /// Every observation of every stage and of `commit`, in that order, while switched on by
+    /// [`Metrics::keep_samples`]: for a report of each stage's tail (the buckets above are too
+    /// coarse for a p99 of a fraction of a millisecond). Off in a serving proxy.
+    samples: Mutex<Option<Vec<Vec<f64>>>>,
 }
 
 fn api_index(api: Api) -> usize {
@@ -134,6 +138,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(seconds);
+        self.sample(STAGES.len(), seconds);
     }
 
     /// One call spent `seconds` in `stage`.
@@ -143,6 +148,40 @@ impl Metrics {
             .position(|(known, _)| *known == stage)
             .unwrap_or(0);
         self.stage_seconds.lock().unwrap_or_else(|p| p.into_inner())[index].observe(seconds);
+        self.sample(index, seconds);
+    }
+
+    fn sample(&self, index: usize, seconds: f64) {
+        if let Some(samples) = self
+            .samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            samples[index].push(seconds);
+        }
+    }
+
+    /// Starts keeping every stage observation (dropping any kept so far); `stage_samples`
+    /// returns them. A benchmark switches this on; memory grows with every call.
+    pub fn keep_samples(&self) {
+        *self.samples.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(vec![Vec::new(); STAGES.len() + 1]);
+    }
+
+    /// (stage, every observation in seconds) for every stage and then `commit`, since
+    /// `keep_samples`; empty when samples are not kept.
+    pub fn stage_samples(&self) -> Vec<(&'static str, Vec<f64>)> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(samples) = samples.as_ref() else {
+            return Vec::new();
+        };
+        STAGES
+            .iter()
+            .map(|(_, label)| *label)
+            .chain(["commit"])
+            .zip(samples.iter().cloned())
+            .collect()
     }
 
     /// (stage, seconds summed, calls) for every stage and then `commit`: what the stage
@@ -317,6 +356,24 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stage_samples_are_kept_only_when_asked_for() {
+        let metrics = Metrics::default();
+        metrics.stage(Stage::Parse, 0.001);
+        assert!(metrics.stage_samples().is_empty());
+        metrics.keep_samples();
+        metrics.stage(Stage::Parse, 0.002);
+        metrics.stage(Stage::Engine, 0.5);
+        metrics.commit_seconds(0.0003);
+        let samples = metrics.stage_samples();
+        let names: Vec<&str> = samples.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["wait", "parse", "prepare", "engine", "commit"]);
+        assert_eq!(samples[1].1, [0.002]);
+        assert_eq!(samples[3].1, [0.5]);
+        assert_eq!(samples[4].1, [0.0003]);
+        assert!(samples[0].1.is_empty());
+    }
 
     #[test]
     fn stage_histograms_render_as_one_labelled_family() {

@@ -993,14 +993,7 @@ async fn model_call(
             let mut request = crate::read_parsed_request(api, &body)?;
             if app.config.media == crate::media::MediaPolicy::Reject {
                 if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
-                    return Err(ApiError::invalid_field(
-                        api,
-                        path,
-                        format!(
-                            "`{kind}` content is not supported: this model takes text only \
-                             (the proxy runs with --media reject)"
-                        ),
-                    ));
+                    return Err(crate::media::rejected(api, path, &kind));
                 }
             }
             request.harness_compaction = harness_compaction;
@@ -1215,7 +1208,8 @@ async fn count_tokens_inner(
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
     };
-    let request = match crate::anthropic::parse_count_tokens(&bytes).and_then(|r| r.to_chat()) {
+    let parsed = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media);
+    let request = match parsed.and_then(|r| r.to_chat()) {
         Ok(request) => request,
         Err(error) => return rejected(&app, &error),
     };

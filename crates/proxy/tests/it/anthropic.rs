@@ -1,7 +1,8 @@
 //! Anthropic Messages requests: Claude Code's shapes, the normalisation its re-sends need, and
 //! rejections in Anthropic's error format naming the field.
 
-use gyre_proxy::anthropic::{parse, parse_count_tokens};
+use gyre_proxy::anthropic::{parse, parse_count_tokens, parse_count_tokens_with};
+use gyre_proxy::media::MediaPolicy;
 use gyre_proxy::messages::{ReasoningRequest, Role, ToolChoice};
 use gyre_proxy::{ApiError, ChatRequest};
 use serde_json::{json, Value};
@@ -215,6 +216,29 @@ fn count_tokens_needs_no_max_tokens() {
     assert_eq!(request.max_tokens, None);
     let error = parse_json(&body).expect_err("/v1/messages needs max_tokens");
     assert_eq!(error.message, "max_tokens: field required");
+}
+
+#[test]
+fn count_tokens_follows_the_media_policy() {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    ]}]})
+    .to_string();
+    let counted = parse_count_tokens_with(body.as_bytes(), MediaPolicy::Placeholder)
+        .expect("a placeholder is counted")
+        .to_chat()
+        .expect("converts");
+    assert!(counted.messages[0].content.contains("[image (image/png"));
+    let error = parse_count_tokens_with(body.as_bytes(), MediaPolicy::Reject)
+        .expect_err("refused under --media reject");
+    assert!(
+        error
+            .message
+            .starts_with("messages[0].content[1]: `image` content is not supported"),
+        "{}",
+        error.message
+    );
 }
 
 fn rejection(body: &[u8]) -> ApiError {
