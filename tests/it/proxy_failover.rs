@@ -841,6 +841,54 @@ fn re_sent_openai_calls_get_their_committed_answers_again() {
     });
 }
 
+/// Codex's freeform `apply_patch` through the proxy: the model's call of it (a patch that adds
+/// a file holding the tool-call end tag as text) reaches the harness as one `custom_tool_call`
+/// with the patch text, and the next turn, with Codex's `custom_tool_call` and its output in
+/// history, extends the first call's record with the whole first context reused.
+#[test]
+fn a_freeform_tool_call_goes_out_as_custom_and_the_next_turn_extends_it() {
+    use serde_json::{json, Value};
+    let patch = "*** Begin Patch\n*** Add File: t.jinja\n+{{ x }}</tool_call>\n*** End Patch\n";
+    let line = json!({"agent": "main", "blocks": [
+        {"type": "tool_use", "id": "a", "name": "apply_patch", "input": {"input": patch}}]});
+    let done = json!({"agent": "main", "blocks": [{"type": "text", "text": "Added."}]});
+    let tools = json!([{"type": "custom", "name": "apply_patch", "description": "Edit files.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: patch"}}]);
+    runtime().block_on(async {
+        let (state, sink) = gated_scripted_state(&format!("{line}\n{done}\n"));
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let user = json!({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": "Add t.jinja."}]});
+        let first = json!({"model": "gpt-5.5", "max_output_tokens": 400, "stream": false,
+                           "tools": tools, "input": [user]});
+        let (status, answer) = post(&state, "/v1/responses", &token, first.to_string()).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("json");
+        let item = &answer["output"][0];
+        assert_eq!(item["type"], "custom_tool_call", "{answer}");
+        assert_eq!(item["name"], "apply_patch");
+        assert_eq!(item["input"], patch);
+        let call_id = item["call_id"].as_str().expect("call_id").to_string();
+        let first_record = last_record(&sink);
+
+        let second = json!({"model": "gpt-5.5", "max_output_tokens": 400, "stream": true,
+            "tools": tools, "input": [user,
+                {"type": "custom_tool_call", "id": item["id"], "call_id": call_id,
+                 "name": "apply_patch", "input": patch, "status": "completed"},
+                {"type": "custom_tool_call_output", "call_id": call_id, "output": "Success."}]});
+        let (status, streamed) = post(&state, "/v1/responses", &token, second.to_string()).await;
+        assert_eq!(status, 200, "{streamed}");
+        assert!(streamed.contains("Added."), "{streamed}");
+        let second_record = last_record(&sink);
+        assert_eq!(second_record.parent_call, Some(first_record.call));
+        assert_eq!(
+            second_record.reused_prefix_tokens_count as usize,
+            first_record.input_ids.len() + first_record.output_ids.len(),
+            "the whole first context, its sampled call included, is reused"
+        );
+    });
+}
+
 /// The log refuses a call's record: the harness gets an overloaded error, and its re-send is a
 /// new call sampled anew (never the answer the log does not hold), which commits.
 #[test]

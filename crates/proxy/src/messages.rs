@@ -253,6 +253,9 @@ pub struct ChatRequest {
     /// Names of tools the request lists but the prompt does not show: Anthropic
     /// `defer_loading` tools, hosted/server tools (`web_search`, …).
     pub omitted_tools: Vec<String>,
+    /// Tools among `tools` that take plain text (OpenAI Responses `custom` tools): their calls
+    /// go back as `custom_tool_call` items.
+    pub freeform_tools: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: Option<bool>,
     pub reasoning: ReasoningRequest,
@@ -281,6 +284,7 @@ impl ChatRequest {
             messages: Vec::new(),
             tools: Vec::new(),
             omitted_tools: Vec::new(),
+            freeform_tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
             reasoning: ReasoningRequest::Unspecified,

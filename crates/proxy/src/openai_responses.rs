@@ -105,8 +105,11 @@ pub struct ResponsesRequest {
     pub instructions: Option<String>,
     pub input: Vec<InputItem>,
     pub tools: Vec<Tool>,
-    /// Hosted and non-function tools (`web_search`, `custom`, …), by name or type.
+    /// Hosted and other tools the model is not shown (`web_search`, …), by name or type.
     pub other_tools: Vec<String>,
+    /// The (qualified) names of freeform `custom` tools among `tools`: shown to the model as a
+    /// function taking one string, `input`, and answered as `custom_tool_call` items.
+    pub freeform_tools: Vec<String>,
     pub tool_choice: Option<ToolChoice>,
     pub stream: bool,
     pub max_output_tokens: Option<u32>,
@@ -147,24 +150,40 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
     let model = root.required_str("model")?.to_string();
     let input_child = root.required("input")?;
     let input_node = input_child.node();
+    let mut tools = Tools::default();
+    if let Some(child) = root.get("tools")? {
+        for tool in child.node().array()? {
+            read_tool(tool.node(), None, &mut tools)?;
+        }
+    }
     let input = match input_node.value.as_str() {
         Some(text) => vec![InputItem::Message {
             role: ItemRole::User,
             content: vec![text.to_string()],
         }],
-        None => input_node
-            .array()?
-            .iter()
-            .map(|child| read_item(child.node()))
-            .collect::<Read<Vec<_>>>()?,
-    };
-    let mut tools = Vec::new();
-    let mut other_tools = Vec::new();
-    if let Some(child) = root.get("tools")? {
-        for tool in child.node().array()? {
-            read_tool(tool.node(), None, &mut tools, &mut other_tools)?;
+        None => {
+            let mut items = Vec::new();
+            for child in input_node.array()? {
+                let node = child.node();
+                // Codex's "responses lite" models list their tools in an input item instead
+                // of `tools`; they are the request's tools all the same (the template shows
+                // every tool in one place).
+                if node.value.get("type").and_then(Value::as_str) == Some("additional_tools") {
+                    for tool in node.required("tools")?.node().array()? {
+                        read_tool(tool.node(), None, &mut tools)?;
+                    }
+                    continue;
+                }
+                items.push(read_item(node)?);
+            }
+            items
         }
-    }
+    };
+    let Tools {
+        functions: tools,
+        other: other_tools,
+        freeform: freeform_tools,
+    } = tools;
     let tool_choice = root
         .get("tool_choice")?
         .map(|child| read_tool_choice(child.node()))
@@ -183,6 +202,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         input,
         tools,
         other_tools,
+        freeform_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
         max_output_tokens: root.optional_u32("max_output_tokens")?,
@@ -204,12 +224,13 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
 /// call comes back with splits unambiguously into the `namespace` and `name` fields of the
 /// `function_call` item (see `output/openai_responses.rs`). Hosted and other tools are named in
 /// `other_tools` and not rendered.
-fn read_tool(
-    node: Node<'_>,
-    namespace: Option<&str>,
-    tools: &mut Vec<Tool>,
-    other_tools: &mut Vec<String>,
-) -> Read<()> {
+///
+/// A freeform `custom` tool (Codex's `apply_patch`, the lite models' `exec`) takes plain text,
+/// not JSON. The model sees it as a function with one string parameter, `input`, whose
+/// description carries the tool's input grammar when it has one; its calls go back to the
+/// harness as `custom_tool_call` items carrying that string, and history's `custom_tool_call`
+/// items render as the same `{"input": …}` call, so a turn renders as it was sampled.
+fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read<()> {
     let kind = node.type_tag()?;
     let qualify = |name: &str| match namespace {
         Some(namespace) => format!("{namespace}{NAMESPACE_SEPARATOR}{name}"),
@@ -231,10 +252,42 @@ fn read_tool(
                     .node()
                     .error(format!("function name `{name}` contains `.`")));
             }
-            tools.push(Tool {
+            tools.functions.push(Tool {
                 name: qualify(name),
                 description: node.optional_str("description")?.map(str::to_string),
                 parameters,
+            });
+        }
+        "custom" => {
+            let name_child = node.required("name")?;
+            let name = name_child.node().str()?;
+            if name.contains(NAMESPACE_SEPARATOR) {
+                return Err(name_child
+                    .node()
+                    .error(format!("tool name `{name}` contains `.`")));
+            }
+            let mut input = String::from("The tool's whole input, as plain text (not JSON).");
+            if let Some(format) = node.get("format")? {
+                let format = format.node();
+                format.object()?;
+                if let Some(definition) = format.optional_str("definition")? {
+                    let syntax = format.optional_str("syntax")?.unwrap_or("grammar");
+                    input.push_str(&format!(
+                        " It must match this {syntax} grammar:\n{definition}"
+                    ));
+                }
+            }
+            let qualified = qualify(name);
+            tools.freeform.push(qualified.clone());
+            tools.functions.push(Tool {
+                name: qualified,
+                description: node.optional_str("description")?.map(str::to_string),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"input": {"type": "string", "description": input}},
+                    "required": ["input"],
+                    "additionalProperties": false,
+                }),
             });
         }
         "namespace" if namespace.is_none() => {
@@ -246,16 +299,42 @@ fn read_tool(
                     .error(format!("namespace name `{name}` is empty or contains `.`")));
             }
             for member in node.required("tools")?.node().array()? {
-                read_tool(member.node(), Some(name), tools, other_tools)?;
+                read_tool(member.node(), Some(name), tools)?;
             }
         }
         "namespace" => return Err(node.error("a namespace cannot contain another namespace")),
         _ => {
             let name = node.optional_str("name")?.unwrap_or(kind);
-            other_tools.push(qualify(name));
+            tools.other.push(qualify(name));
         }
     }
     Ok(())
+}
+
+/// The tools of a request as `read_tool` sorts them.
+#[derive(Default)]
+struct Tools {
+    /// Shown to the model: functions and freeform tools.
+    functions: Vec<Tool>,
+    other: Vec<String>,
+    freeform: Vec<String>,
+}
+
+/// A freeform call's `input` as the arguments of the function the model sees.
+pub(crate) fn freeform_arguments(input: &str) -> String {
+    serde_json::json!({ "input": input }).to_string()
+}
+
+/// The text a freeform call carries, from the arguments the model produced: the `input`
+/// string, else (a model that wrote something else) the arguments themselves.
+pub(crate) fn freeform_input(arguments: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Arguments {
+        input: String,
+    }
+    serde_json::from_str::<Arguments>(arguments)
+        .map(|parsed| parsed.input)
+        .unwrap_or_else(|_| arguments.to_string())
 }
 
 /// Between a namespace and a function name in the names the model sees and calls.
@@ -471,21 +550,25 @@ impl ResponsesRequest {
                         }
                     }
                 }
-                InputItem::FunctionCall {
-                    call_id,
-                    name,
-                    arguments,
-                }
-                | InputItem::CustomToolCall {
-                    call_id,
-                    name,
-                    input: arguments,
-                } => {
+                InputItem::FunctionCall { .. } | InputItem::CustomToolCall { .. } => {
+                    let (call_id, name, arguments) = match item {
+                        InputItem::CustomToolCall {
+                            call_id,
+                            name,
+                            input,
+                        } => (call_id, name, freeform_arguments(input)),
+                        InputItem::FunctionCall {
+                            call_id,
+                            name,
+                            arguments,
+                        } => (call_id, name, arguments.clone()),
+                        _ => continue,
+                    };
                     calls.push((call_id.clone(), name.clone()));
                     let call = ToolCall {
                         id: call_id.clone(),
                         name: name.clone(),
-                        arguments: arguments.clone(),
+                        arguments,
                     };
                     match last_assistant(&mut chat.messages) {
                         Some(message) => message.tool_calls.push(call),
@@ -518,6 +601,7 @@ impl ResponsesRequest {
         }
         chat.tools = self.tools.clone();
         chat.omitted_tools = self.other_tools.clone();
+        chat.freeform_tools = self.freeform_tools.clone();
         chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
         chat.parallel_tool_calls = self.parallel_tool_calls;
         chat.reasoning = match self.reasoning_effort.as_deref() {

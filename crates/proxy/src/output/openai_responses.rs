@@ -5,14 +5,15 @@
 //! `response.reasoning_summary_text.delta`…, `….done`, `response.reasoning_summary_part.done`)
 //! | (message: `response.content_part.added`, `response.output_text.delta`…,
 //! `response.output_text.done`, `response.content_part.done`) | (function call:
-//! `response.function_call_arguments.delta`, `response.function_call_arguments.done`) →
+//! `response.function_call_arguments.delta`, `response.function_call_arguments.done`; for a
+//! freeform tool `response.custom_tool_call_input.delta` / `.done`) →
 //! `response.output_item.done`, and finally `response.completed` (or `response.incomplete`
 //! when the token limit cut the output). This is the sequence Codex accepted from the
 //! research fake server.
 //!
 //! Reasoning is shown as a summary and its handle goes out as `encrypted_content`, which
 //! Codex echoes back verbatim. Item ids derive from the response id (`rs_<id>_<index>`,
-//! `msg_<id>_<index>`, `fc_<id>_<index>`).
+//! `msg_<id>_<index>`, `fc_<id>_<index>`, `ctc_<id>_<index>`).
 
 use serde_json::{json, Value};
 
@@ -33,6 +34,8 @@ pub struct ResponsesResponse {
     output: Vec<Value>,
     open: Option<OpenItem>,
     open_text: String,
+    /// Tools that take plain text: a call of one goes out as a `custom_tool_call`.
+    freeform_tools: Vec<String>,
 }
 
 fn usage_json(usage: &Usage) -> Value {
@@ -45,9 +48,10 @@ fn usage_json(usage: &Usage) -> Value {
     })
 }
 
-/// A `function_call` item. A call of a namespaced tool, which the model sees and calls by its
-/// qualified name `<namespace>.<function>`, goes out as `namespace` and `name`.
-fn call_item(id: &str, status: &str, call_id: &str, name: &str, arguments: &str) -> Value {
+/// A call item: `function_call` with its `arguments`, or, for a freeform tool,
+/// `custom_tool_call` with its `input` text. A call of a namespaced tool, which the model sees
+/// and calls by its qualified name `<namespace>.<function>`, goes out as `namespace` and `name`.
+fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPayload) -> Value {
     let separator = crate::openai_responses::NAMESPACE_SEPARATOR;
     let (namespace, name) = match name.split_once(separator) {
         Some((namespace, member)) if !namespace.is_empty() && !member.is_empty() => {
@@ -57,15 +61,62 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, arguments: &str)
     };
     let mut item = serde_json::Map::new();
     item.insert("id".into(), Value::from(id));
-    item.insert("type".into(), Value::from("function_call"));
+    item.insert("type".into(), Value::from(payload.item_type()));
     item.insert("status".into(), Value::from(status));
     item.insert("call_id".into(), Value::from(call_id));
     if let Some(namespace) = namespace {
         item.insert("namespace".into(), Value::from(namespace));
     }
     item.insert("name".into(), Value::from(name));
-    item.insert("arguments".into(), Value::from(arguments));
+    match payload {
+        CallPayload::Arguments(arguments) => item.insert("arguments".into(), arguments.into()),
+        CallPayload::Input(input) => item.insert("input".into(), input.into()),
+    };
     Value::Object(item)
+}
+
+#[derive(Clone, Copy)]
+enum CallPayload<'a> {
+    Arguments(&'a str),
+    Input(&'a str),
+}
+
+impl<'a> CallPayload<'a> {
+    fn item_type(self) -> &'static str {
+        match self {
+            CallPayload::Arguments(_) => "function_call",
+            CallPayload::Input(_) => "custom_tool_call",
+        }
+    }
+
+    /// The SSE event names of this kind of call's text: (delta, done), and the `done` field.
+    fn events(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            CallPayload::Arguments(_) => (
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "arguments",
+            ),
+            CallPayload::Input(_) => (
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "input",
+            ),
+        }
+    }
+
+    fn text(self) -> &'a str {
+        match self {
+            CallPayload::Arguments(text) | CallPayload::Input(text) => text,
+        }
+    }
+
+    fn empty(self) -> Self {
+        match self {
+            CallPayload::Arguments(_) => CallPayload::Arguments(""),
+            CallPayload::Input(_) => CallPayload::Input(""),
+        }
+    }
 }
 
 impl ResponsesResponse {
@@ -76,7 +127,15 @@ impl ResponsesResponse {
             output: Vec::new(),
             open: None,
             open_text: String::new(),
+            freeform_tools: Vec::new(),
         }
+    }
+
+    /// Names the request's freeform (`custom`) tools: their calls go out as
+    /// `custom_tool_call` items with the `input` text.
+    pub fn with_freeform_tools(mut self, names: Vec<String>) -> Self {
+        self.freeform_tools = names;
+        self
     }
 
     /// The next sequence number (for an `error` event the server sends mid-stream).
@@ -279,24 +338,31 @@ impl ResponsesResponse {
             } => {
                 self.close_reasoning("", &mut events);
                 self.close_message(&mut events);
-                let id = self.item_id("fc");
                 let index = self.output_index();
-                let added = call_item(&id, "in_progress", call_id, name, "");
+                let input;
+                let (id, payload) = if self.freeform_tools.iter().any(|tool| tool == name) {
+                    input = crate::openai_responses::freeform_input(arguments);
+                    (self.item_id("ctc"), CallPayload::Input(&input))
+                } else {
+                    (self.item_id("fc"), CallPayload::Arguments(arguments))
+                };
+                let added = call_item(&id, "in_progress", call_id, name, payload.empty());
                 events.push(self.event(
                     "response.output_item.added",
                     json!({"output_index": index, "item": added}),
                 ));
-                if !arguments.is_empty() {
+                let (delta_event, done_event, done_field) = payload.events();
+                if !payload.text().is_empty() {
                     events.push(self.event(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": index, "delta": arguments}),
+                        delta_event,
+                        json!({"item_id": id, "output_index": index, "delta": payload.text()}),
                     ));
                 }
                 events.push(self.event(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "arguments": arguments}),
+                    done_event,
+                    json!({"item_id": id, "output_index": index, done_field: payload.text()}),
                 ));
-                let item = call_item(&id, "completed", call_id, name, arguments);
+                let item = call_item(&id, "completed", call_id, name, payload);
                 events.push(self.event(
                     "response.output_item.done",
                     json!({"output_index": index, "item": item}),

@@ -1,7 +1,8 @@
 //! The streaming output parser: generated text in (any chunking), [`OutputEvent`]s out.
 //!
 //! Text that could be the start of a tag (`<thi`) is held back until the next chunk decides.
-//! Tool calls are buffered whole and emitted at their end tag; a call whose body is not
+//! Tool calls are buffered whole and emitted at their end tag (an end tag inside one of the
+//! call's JSON strings is text of the call); a call whose body is not
 //! `{"name": string, "arguments": object}` is passed through as text, tags included, as vLLM's
 //! Hermes parser does. How the text is chunked changes only how deltas are split, never the
 //! blocks they add up to (a property test checks it).
@@ -190,6 +191,12 @@ impl OutputParser {
                 self.state = State::ToolCall;
             }
             Marker::ToolCallEnd => {
+                // The end tag inside a JSON string (a call writing a file that holds the tag)
+                // is the call's text, not its end.
+                if ends_inside_json_string(&self.tool_body) {
+                    self.tool_body.push_str(marker_text);
+                    return;
+                }
                 let body = std::mem::take(&mut self.tool_body);
                 match parse_tool_call(&body, &self.format) {
                     Some((name, arguments)) => {
@@ -298,6 +305,22 @@ fn held_back_len(buffer: &str, markers: &[(String, Marker)]) -> usize {
         }
     }
     held
+}
+
+/// Whether `body`, read as the start of a JSON text, ends inside a string literal.
+fn ends_inside_json_string(body: &str) -> bool {
+    let mut inside = false;
+    let mut escaped = false;
+    for byte in body.bytes() {
+        if escaped {
+            escaped = false;
+        } else if inside && byte == b'\\' {
+            escaped = true;
+        } else if byte == b'"' {
+            inside = !inside;
+        }
+    }
+    inside
 }
 
 /// `{"name": "...", "arguments": {...}}` → (name, arguments text exactly as written).

@@ -251,3 +251,114 @@ fn searches_shell_calls_and_images_in_history_are_read() {
         "[image (image/png, 8 bytes) omitted: this model reads text only]"
     );
 }
+
+/// Codex's freeform `apply_patch` (a `custom` tool with a Lark grammar): the model sees a
+/// function taking one string, `input`, described with the grammar; history's
+/// `custom_tool_call` renders as that function's call; the model's call of it goes back as a
+/// `custom_tool_call` item carrying the text, streamed as `custom_tool_call_input` events.
+#[test]
+fn freeform_tools_are_shown_as_one_string_and_answered_as_custom_calls() {
+    let patch = "*** Begin Patch\n*** Add File: a.txt\n+caf\u{e9} \"quoted\"\n*** End Patch\n";
+    let body = json!({
+        "model": "gpt-5.5", "stream": true,
+        "tools": [{"type": "custom", "name": "apply_patch", "description": "Edit files.",
+                   "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}],
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Add a.txt."}]},
+            {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": patch},
+            {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Success."}
+        ]
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    assert_eq!(chat.freeform_tools, ["apply_patch"]);
+    let tool = &chat.tools[0];
+    assert_eq!(tool.name, "apply_patch");
+    assert_eq!(tool.parameters["required"], json!(["input"]));
+    let described = tool.parameters["properties"]["input"]["description"]
+        .as_str()
+        .expect("a description");
+    assert!(
+        described.contains("lark grammar:\nstart: begin_patch hunk+ end_patch"),
+        "{described}"
+    );
+    let call = &chat.messages[1].tool_calls[0];
+    let arguments: Value = serde_json::from_str(&call.arguments).expect("JSON arguments");
+    assert_eq!(arguments, json!({"input": patch}));
+    assert_eq!(chat.messages[2].content, "Success.");
+
+    use gyre_proxy::output::openai_responses::ResponsesResponse;
+    use gyre_proxy::output::{ResponseMeta, StreamItem};
+    let meta = ResponseMeta {
+        id: "resp_1".into(),
+        model: "gpt-5.5".into(),
+        created_unix_s: 0,
+    };
+    let mut response = ResponsesResponse::new(meta).with_freeform_tools(chat.freeform_tools);
+    let mut events = response.start();
+    let generated = serde_json::to_string(&json!({"input": patch})).expect("json");
+    events.extend(response.push(StreamItem::ToolCall {
+        id: "call_2",
+        name: "apply_patch",
+        arguments: &generated,
+    }));
+    events.extend(response.push(StreamItem::ToolCall {
+        id: "call_3",
+        name: "exec_command",
+        arguments: "{}",
+    }));
+    let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+    assert!(
+        names.contains(&"response.custom_tool_call_input.delta"),
+        "{names:?}"
+    );
+    let done = events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("response.custom_tool_call_input.done"))
+        .expect("an input done event");
+    let done: Value = serde_json::from_str(&done.data).expect("json");
+    assert_eq!(done["input"], patch);
+    let usage = gyre_proxy::output::Usage {
+        input_tokens: 1,
+        cached_input_tokens: 0,
+        output_tokens: 1,
+        reasoning_tokens: 0,
+    };
+    let whole = response.response_json(&gyre_proxy::output::StopReason::ToolUse, &usage);
+    let output = &whole["output"];
+    assert_eq!(output[0]["type"], "custom_tool_call");
+    assert_eq!(output[0]["name"], "apply_patch");
+    assert_eq!(output[0]["call_id"], "call_2");
+    assert_eq!(output[0]["input"], patch);
+    assert!(output[0].get("arguments").is_none());
+    assert_eq!(output[1]["type"], "function_call");
+    assert_eq!(output[1]["arguments"], "{}");
+}
+
+/// Codex's "responses lite" models send no `tools`: an `additional_tools` input item lists
+/// them (here a `functions` namespace with a freeform `exec`). They are the request's tools.
+#[test]
+fn additional_tools_items_are_the_requests_tools() {
+    let body = json!({
+        "model": "gpt-6.2-sol",
+        "input": [
+            {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": [
+                {"type": "namespace", "name": "functions", "description": "", "tools": [
+                    {"type": "custom", "name": "exec", "description": "Run JavaScript."},
+                    {"type": "function", "name": "wait", "parameters": {"type": "object", "properties": {}}}
+                ]},
+                {"type": "web_search"}
+            ]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}
+        ]
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    let names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(names, ["functions.exec", "functions.wait"]);
+    assert_eq!(chat.freeform_tools, ["functions.exec"]);
+    assert_eq!(chat.omitted_tools, ["web_search"]);
+    assert_eq!(chat.messages.len(), 1, "the tools item is not a message");
+    assert_eq!(chat.messages[0].content, "Hi.");
+    let broken = json!({"model": "m", "input": [{"type": "additional_tools"}]});
+    let error = parse(broken.to_string().as_bytes()).expect_err("refused");
+    assert_eq!(error.message, "input[0].tools: field required");
+}

@@ -36,6 +36,19 @@ fn test_model_format_blocks() {
             vec![text("<tool_call>{\"name\": \"x\", \"arguments\": \"not an object\"}</tool_call>")],
         ),
         ("<tool_call>{broken</tool_call>tail", vec![text("<tool_call>{broken</tool_call>tail")]),
+        // The end tag inside a JSON string is the call's text (a call writing a template file).
+        (
+            "<tool_call>{\"name\": \"Write\", \"arguments\": {\"content\": \"a </tool_call> b\"}}</tool_call>done",
+            vec![call("Write", "{\"content\": \"a </tool_call> b\"}"), text("done")],
+        ),
+        (
+            "<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"\\\"</tool_call>\\\\\"}}</tool_call>",
+            vec![call("x", "{\"s\": \"\\\"</tool_call>\\\\\"}")],
+        ),
+        (
+            "<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"open</tool_call>tail",
+            vec![text("<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"open</tool_call>tail")],
+        ),
         ("<think>cut off by the limit", vec![reasoning("cut off by the limit")]),
         ("text <tool_call>{\"name\": \"x\"", vec![text("text <tool_call>{\"name\": \"x\"")]),
         ("<tool_call>{\"name\":\"x\"<|im_end|>", vec![text("<tool_call>{\"name\":\"x\"")]),
@@ -180,6 +193,11 @@ fn output_text() -> impl Strategy<Value = String> {
             "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, \"</x>\"]}}</tool_call>"
                 .to_string()
         ),
+        Just(
+            "<tool_call>{\"name\": \"g\", \"arguments\": {\"a\": \"</tool_call>\\\"\"}}</tool_call>"
+                .to_string()
+        ),
+        Just("\"".to_string()),
         Just("<thi".to_string()),
         Just("</tool".to_string()),
         Just("\n\n".to_string()),
@@ -221,10 +239,14 @@ proptest! {
                     }
                 }
                 OutputBlock::Text(text) => rebuilt.push_str(text),
-                OutputBlock::ToolCall { .. } => {
-                    // The call's exact bytes are in the input; skip past them.
+                OutputBlock::ToolCall { arguments, .. } => {
+                    // The call's exact bytes are in the input; skip past them (its end tag is
+                    // the first one after its arguments, which may hold the tag as text).
                     let rest = &visible[rebuilt.len()..];
-                    let end = rest.find("</tool_call>").expect("a parsed call was closed");
+                    let after = rest.find(arguments.as_str()).expect("arguments as written")
+                        + arguments.len();
+                    let end = after
+                        + rest[after..].find("</tool_call>").expect("a parsed call was closed");
                     rebuilt.push_str(&rest[..end + "</tool_call>".len()]);
                 }
             }
