@@ -381,6 +381,19 @@ fn claude_code_turns_extend_the_tree_with_a_sub_agent_root_and_a_compaction_bran
 /// the model provider at `proxy` (plus `extra_config` lines); its stdout, after asserting it
 /// exited 0.
 fn codex_exec(codex: &Path, proxy: &Proxy, dir: &Path, extra_config: &str, prompt: &str) -> String {
+    codex_exec_as(codex, proxy, dir, "gyre-test", extra_config, prompt)
+}
+
+/// `codex_exec` with Codex told the model is `model`: Codex picks its tools by the model's
+/// name (`gpt-5.5` gets the freeform `apply_patch`).
+fn codex_exec_as(
+    codex: &Path,
+    proxy: &Proxy,
+    dir: &Path,
+    model: &str,
+    extra_config: &str,
+    prompt: &str,
+) -> String {
     let work = dir.join("work");
     let codex_home = dir.join("codex-home");
     std::fs::create_dir_all(&work).expect("work dir");
@@ -388,7 +401,7 @@ fn codex_exec(codex: &Path, proxy: &Proxy, dir: &Path, extra_config: &str, promp
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
-            "model = \"gyre-test\"\nmodel_provider = \"gyre\"\n{extra_config}[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+            "model = \"{model}\"\nmodel_provider = \"gyre\"\n{extra_config}[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
             proxy.openai_base_url
         ),
     )
@@ -475,6 +488,61 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     assert_eq!(replayed[0].parent_call, None);
     let all: Vec<&ModelCallRecord> = replayed.iter().collect();
     assert_turns_extend_previous_prompts(&all);
+}
+
+/// Codex offers `gpt-5.5` its `apply_patch` as a freeform (`custom`) tool with a Lark grammar.
+/// The policy's call of it (a patch adding a file whose text holds the tool-call end tag) must
+/// reach Codex as a `custom_tool_call` Codex applies (a `function_call` it aborts as an
+/// "incompatible payload"), and the next turn, with the call and its output in history, must
+/// extend the first with the whole first context reused.
+#[test]
+fn codex_applies_a_patch_through_its_freeform_tool() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let patch =
+        "*** Begin Patch\n*** Add File: hello.txt\n+caf\u{e9} </tool_call>\n*** End Patch\n";
+    let script = dir.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        format!(
+            "{}\n{}\n",
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "text", "text": "Patching."},
+                {"type": "tool_use", "name": "apply_patch", "input": {"input": patch}}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "Patched."}]}),
+        ),
+    )
+    .expect("script");
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let stdout = codex_exec_as(
+        &codex,
+        &proxy,
+        dir.path(),
+        "gpt-5.5",
+        "",
+        "Create hello.txt",
+    );
+    assert!(
+        stdout.contains("\"type\":\"file_change\"") && stdout.contains("\"text\":\"Patched.\""),
+        "the patch was not applied: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/hello.txt"))
+            .expect("hello.txt written by apply_patch"),
+        "caf\u{e9} </tool_call>\n"
+    );
+    let records = records(&log);
+    assert_eq!(records.len(), 2, "two model calls");
+    assert_eq!(records[1].parent_call, Some(records[0].call));
+    assert_eq!(
+        records[1].reused_prefix_tokens_count,
+        path_end(&records[0]),
+        "the second turn reuses the whole first context, the sampled patch call included"
+    );
 }
 
 /// The real Codex CLI through `/v1/responses` with two parallel shell calls, a sub-agent spawned
