@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -51,7 +50,7 @@ impl Default for HttpEngineConfig {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpConnector, super::PiecesBody>;
 
 /// One engine endpoint: its name, base URL and pooled client.
 pub(crate) struct HttpEngine {
@@ -142,7 +141,7 @@ impl HttpEngine {
         &self,
         method: Method,
         path: &str,
-        json_body: Option<Vec<u8>>,
+        json_body: Option<super::PiecesBody>,
         accept_event_stream: bool,
         agent: Option<&str>,
     ) -> Result<Response<Incoming>, EngineFailure> {
@@ -159,7 +158,7 @@ impl HttpEngine {
             builder = builder.header(super::AGENT_HEADER, agent);
         }
         let request = builder
-            .body(Full::new(Bytes::from(json_body.unwrap_or_default())))
+            .body(json_body.unwrap_or_default())
             .map_err(|error| self.protocol(format!("building the request for {path}: {error}")))?;
         let timeout = Duration::from_millis(self.config.response_timeout_ms);
         let response = match tokio::time::timeout(timeout, self.client.request(request)).await {
@@ -193,7 +192,7 @@ impl HttpEngine {
         &self,
         method: Method,
         path: &str,
-        json_body: Option<Vec<u8>>,
+        json_body: Option<super::PiecesBody>,
     ) -> Result<(), EngineFailure> {
         let response = self.send(method, path, json_body, false, None).await?;
         read_truncated(response.into_body(), self.config.error_body_bytes_max).await;

@@ -86,6 +86,11 @@ impl IdsJson {
         self.extend(&ids[start..keep]);
     }
 
+    /// The text without the brackets (`1,2,3`).
+    pub fn text(&self) -> &[u8] {
+        &self.text
+    }
+
     /// Bytes of the array with its brackets.
     pub fn array_len(&self) -> usize {
         self.text.len() + 2
@@ -107,7 +112,11 @@ pub(crate) fn with_room<T: Copy>(buffer: Vec<T>, room: usize) -> Vec<T> {
     if buffer.capacity() - buffer.len() >= room {
         return buffer;
     }
-    let mut grown = Vec::with_capacity(buffer.len() + room + buffer.len() / 4);
+    // At least double, and never below 1 MiB: a context grows call by call, and every growth
+    // copies the whole buffer into fresh pages (a page fault each) on the call's path.
+    let floor = (1 << 20) / std::mem::size_of::<T>().max(1);
+    let capacity = (buffer.len() + room).max(buffer.len() * 2).max(floor);
+    let mut grown = Vec::with_capacity(capacity);
     grown.extend_from_slice(&buffer);
     grown
 }

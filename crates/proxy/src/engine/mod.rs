@@ -292,43 +292,142 @@ pub(crate) fn json_body_with_ids<T: serde::Serialize>(
     ids_key: &str,
     request: &EngineRequest,
     rest: &T,
-) -> Vec<u8> {
-    let written;
+) -> PiecesBody {
     let ids = match &request.input_ids_json {
+        // The session's own text of this context: shared with the body, never copied (at
+        // 128K tokens it is ~0.8 MB, and a copy is as many fresh pages on the call's path).
         Some(json) if json.len() == request.input_ids.len() => {
             debug_assert!(**json == IdsJson::of(&request.input_ids));
-            json.as_ref()
+            bytes::Bytes::from_owner(SharedIdsText(Arc::clone(json)))
         }
-        _ => {
-            written = IdsJson::of(&request.input_ids);
-            &written
-        }
+        _ => bytes::Bytes::from(IdsJson::of(&request.input_ids).text().to_vec()),
     };
     let members = serde_json::to_vec(rest).expect("serialising numbers and strings cannot fail");
-    let mut body = Vec::with_capacity(ids.array_len() + ids_key.len() + members.len() + 8);
-    body.extend_from_slice(b"{\"");
-    body.extend_from_slice(ids_key.as_bytes());
-    body.extend_from_slice(b"\":");
-    ids.write_array(&mut body);
+    let head = format!("{{\"{ids_key}\":[").into_bytes();
     // `members` is `{...}`; an empty object adds nothing but the closing brace.
-    match members.get(1..) {
-        Some(b"}") | None => body.push(b'}'),
-        Some(tail) => {
-            body.push(b',');
-            body.extend_from_slice(tail);
+    let tail = match members.get(1..) {
+        Some(b"}") | None => b"]}".to_vec(),
+        Some(rest) => {
+            let mut tail = b"],".to_vec();
+            tail.extend_from_slice(rest);
+            tail
         }
+    };
+    PiecesBody::new(vec![head.into(), ids, tail.into()])
+}
+
+/// An `IdsJson` shared with a request body.
+struct SharedIdsText(Arc<IdsJson>);
+
+impl AsRef<[u8]> for SharedIdsText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.text()
     }
-    body
+}
+
+/// A request body sent as its pieces, in order, with its exact length (so hyper sends a
+/// `Content-Length`): a prompt's ids go out from the session's own text, and a retry on another
+/// engine re-sends the same pieces by reference.
+#[derive(Clone, Debug, Default)]
+pub struct PiecesBody {
+    pieces: std::collections::VecDeque<bytes::Bytes>,
+    remaining: u64,
+}
+
+impl PiecesBody {
+    pub fn new(pieces: Vec<bytes::Bytes>) -> Self {
+        let pieces: std::collections::VecDeque<bytes::Bytes> =
+            pieces.into_iter().filter(|piece| !piece.is_empty()).collect();
+        let remaining = pieces.iter().map(|piece| piece.len() as u64).sum();
+        PiecesBody { pieces, remaining }
+    }
+
+    /// The whole body in one buffer (tests, fakes).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.remaining as usize);
+        for piece in &self.pieces {
+            out.extend_from_slice(piece);
+        }
+        out
+    }
+}
+
+impl From<Vec<u8>> for PiecesBody {
+    fn from(bytes: Vec<u8>) -> Self {
+        PiecesBody::new(vec![bytes.into()])
+    }
+}
+
+impl hyper::body::Body for PiecesBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        let piece = self.pieces.pop_front();
+        if let Some(piece) = &piece {
+            self.remaining -= piece.len() as u64;
+        }
+        std::task::Poll::Ready(piece.map(|piece| Ok(hyper::body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// Checks an adapter's body builder: `sampling_params.top_k` is present exactly when the
 /// request sets it.
 #[cfg(test)]
-pub(crate) fn top_k_is_sent_only_when_set(generate_body: fn(&EngineRequest) -> Vec<u8>) {
+pub(crate) fn top_k_is_sent_only_when_set(generate_body: fn(&EngineRequest) -> PiecesBody) {
     let mut request = EngineRequest::new("r", vec![1, 2], 8);
-    let body: serde_json::Value = serde_json::from_slice(&generate_body(&request)).expect("json");
+    let body: serde_json::Value =
+        serde_json::from_slice(&generate_body(&request).to_vec()).expect("json");
     assert!(body["sampling_params"].get("top_k").is_none(), "{body}");
     request.top_k = Some(20);
-    let body: serde_json::Value = serde_json::from_slice(&generate_body(&request)).expect("json");
+    let body: serde_json::Value =
+        serde_json::from_slice(&generate_body(&request).to_vec()).expect("json");
     assert_eq!(body["sampling_params"]["top_k"], 20, "{body}");
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use hyper::body::Body;
+
+    /// The body built from the session's shared ids text is byte for byte the body built from
+    /// the ids alone, it is sent as pieces whose lengths add up to its announced length, and the
+    /// shared text is not copied.
+    #[test]
+    fn a_pieces_body_is_the_json_of_the_request() {
+        let ids: Vec<u32> = (0..1000).map(|i| i * 7919 % 50_000).collect();
+        let mut request = EngineRequest::new("r-1", ids.clone(), 8);
+        let rest = serde_json::json!({"rid": "r-1", "stream": true});
+        let written = json_body_with_ids("input_ids", &request, &rest).to_vec();
+        let shared = Arc::new(IdsJson::of(&ids));
+        request.input_ids_json = Some(Arc::clone(&shared));
+        let body = json_body_with_ids("input_ids", &request, &rest);
+        assert_eq!(body.to_vec(), written);
+        let parsed: serde_json::Value = serde_json::from_slice(&written).expect("json");
+        assert_eq!(
+            parsed,
+            serde_json::json!({"input_ids": ids, "rid": "r-1", "stream": true})
+        );
+        assert_eq!(body.size_hint().exact(), Some(written.len() as u64));
+        assert!(
+            body.pieces
+                .iter()
+                .any(|piece| piece.as_ptr() == shared.text().as_ptr()),
+            "the ids go out from the shared text"
+        );
+        let empty = json_body_with_ids("token_ids", &request, &serde_json::json!({}));
+        let parsed: serde_json::Value = serde_json::from_slice(&empty.to_vec()).expect("json");
+        assert_eq!(parsed, serde_json::json!({"token_ids": ids}));
+    }
 }

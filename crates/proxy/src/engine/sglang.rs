@@ -87,7 +87,7 @@ struct SamplingParams<'a> {
 }
 
 /// The JSON body of a generate request (also what the fake parses).
-pub(crate) fn generate_body(request: &EngineRequest) -> Vec<u8> {
+pub(crate) fn generate_body(request: &EngineRequest) -> super::PiecesBody {
     super::json_body_with_ids(
         "input_ids",
         request,
@@ -112,7 +112,7 @@ pub(crate) fn generate_body(request: &EngineRequest) -> Vec<u8> {
 async fn abort_on_engine(engine: &HttpEngine, rid: &str) -> Result<(), EngineFailure> {
     let body = serde_json::json!({ "rid": rid }).to_string().into_bytes();
     engine
-        .call(Method::POST, "/abort_request", Some(body))
+        .call(Method::POST, "/abort_request", Some(body.into()))
         .await
 }
 

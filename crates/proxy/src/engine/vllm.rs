@@ -98,7 +98,7 @@ struct SamplingParams<'a> {
     seed: Option<u64>,
 }
 
-fn generate_body(request: &EngineRequest) -> Vec<u8> {
+fn generate_body(request: &EngineRequest) -> super::PiecesBody {
     super::json_body_with_ids(
         "token_ids",
         request,
@@ -140,7 +140,7 @@ async fn abort_on_engine(
         .to_string()
         .into_bytes();
     engine
-        .call(Method::POST, "/abort_requests", Some(body))
+        .call(Method::POST, "/abort_requests", Some(body.into()))
         .await
 }
 
