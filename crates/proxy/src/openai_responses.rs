@@ -492,6 +492,23 @@ fn read_tool_choice(node: Node<'_>) -> Read<ToolChoice> {
 }
 
 /// Where the assistant message being assembled stands.
+/// A call item of history: on the open assistant message, or a new one.
+fn push_call(messages: &mut Vec<Message>, call_id: &str, name: &str, arguments: String) {
+    let call = ToolCall {
+        id: call_id.to_string(),
+        name: name.to_string(),
+        arguments,
+    };
+    match last_assistant(messages) {
+        Some(message) => message.tool_calls.push(call),
+        None => {
+            let mut message = Message::new(Role::Assistant, "");
+            message.tool_calls.push(call);
+            messages.push(message);
+        }
+    }
+}
+
 fn last_assistant(messages: &mut [Message]) -> Option<&mut Message> {
     messages
         .last_mut()
@@ -550,34 +567,21 @@ impl ResponsesRequest {
                         }
                     }
                 }
-                InputItem::FunctionCall { .. } | InputItem::CustomToolCall { .. } => {
-                    let (call_id, name, arguments) = match item {
-                        InputItem::CustomToolCall {
-                            call_id,
-                            name,
-                            input,
-                        } => (call_id, name, freeform_arguments(input)),
-                        InputItem::FunctionCall {
-                            call_id,
-                            name,
-                            arguments,
-                        } => (call_id, name, arguments.clone()),
-                        _ => continue,
-                    };
+                InputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                } => {
                     calls.push((call_id.clone(), name.clone()));
-                    let call = ToolCall {
-                        id: call_id.clone(),
-                        name: name.clone(),
-                        arguments,
-                    };
-                    match last_assistant(&mut chat.messages) {
-                        Some(message) => message.tool_calls.push(call),
-                        None => {
-                            let mut message = Message::new(Role::Assistant, "");
-                            message.tool_calls.push(call);
-                            chat.messages.push(message);
-                        }
-                    }
+                    push_call(&mut chat.messages, call_id, name, arguments.clone());
+                }
+                InputItem::CustomToolCall {
+                    call_id,
+                    name,
+                    input,
+                } => {
+                    calls.push((call_id.clone(), name.clone()));
+                    push_call(&mut chat.messages, call_id, name, freeform_arguments(input));
                 }
                 InputItem::FunctionCallOutput { call_id, output }
                 | InputItem::CustomToolCallOutput { call_id, output } => {

@@ -336,8 +336,10 @@ pub struct PiecesBody {
 
 impl PiecesBody {
     pub fn new(pieces: Vec<bytes::Bytes>) -> Self {
-        let pieces: std::collections::VecDeque<bytes::Bytes> =
-            pieces.into_iter().filter(|piece| !piece.is_empty()).collect();
+        let pieces: std::collections::VecDeque<bytes::Bytes> = pieces
+            .into_iter()
+            .filter(|piece| !piece.is_empty())
+            .collect();
         let remaining = pieces.iter().map(|piece| piece.len() as u64).sum();
         PiecesBody { pieces, remaining }
     }
