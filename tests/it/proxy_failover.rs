@@ -841,6 +841,76 @@ fn re_sent_openai_calls_get_their_committed_answers_again() {
     });
 }
 
+/// A harness that stops sending its body mid-request gets 408 once the body has been idle for
+/// `body_idle_timeout`; one whose connection ends before the announced body does gets 400
+/// (not the 413 of an oversized body). Both in the API's shape, nothing recorded.
+#[test]
+fn a_stalled_or_cut_request_body_is_refused_by_what_happened() {
+    use futures_util::StreamExt;
+    runtime().block_on(async {
+        let sink = Arc::new(MemorySink::default());
+        let config = ServerConfig {
+            body_idle_timeout: std::time::Duration::from_millis(200),
+            ..ServerConfig::default()
+        };
+        let state = one_engine_state(config, sink.clone());
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let start: Result<axum::body::Bytes, std::io::Error> = Ok(axum::body::Bytes::from_static(
+            b"{\"model\": \"m\", \"max_tokens\": 8, ",
+        ));
+        let send = |body: Body, path: &'static str| {
+            let request = Request::post(path)
+                .header("x-api-key", token.as_str())
+                .header("content-type", "application/json")
+                .body(body)
+                .expect("request");
+            let state = state.clone();
+            async move {
+                let response = bounded(router(state).oneshot(request))
+                    .await
+                    .expect("infallible");
+                let status = response.status().as_u16();
+                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                (
+                    status,
+                    serde_json::from_slice::<serde_json::Value>(&bytes).expect("json"),
+                )
+            }
+        };
+        let stalled =
+            futures_util::stream::once(async { start }).chain(futures_util::stream::pending());
+        let (status, error) = send(Body::from_stream(stalled), "/v1/messages").await;
+        assert_eq!(status, 408, "{error}");
+        assert_eq!(error["error"]["type"], "timeout_error");
+        let message = error["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with("the request body stalled"), "{message}");
+
+        let start: Result<axum::body::Bytes, std::io::Error> =
+            Ok(axum::body::Bytes::from_static(b"{"));
+        let cut = futures_util::stream::iter([
+            start,
+            Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            )),
+        ]);
+        let (status, error) = send(Body::from_stream(cut), "/v1/chat/completions").await;
+        assert_eq!(status, 400, "{error}");
+        let message = error["error"]["message"].as_str().expect("message");
+        assert!(
+            message.starts_with("the request body ended early after 1 bytes"),
+            "{message}"
+        );
+        assert!(error["error"].get("code").is_some(), "OpenAI's shape");
+        assert!(
+            sink.events.lock().expect("sink").is_empty(),
+            "nothing recorded"
+        );
+    });
+}
+
 /// Codex's freeform `apply_patch` through the proxy: the model's call of it (a patch that adds
 /// a file holding the tool-call end tag as text) reaches the harness as one `custom_tool_call`
 /// with the patch text, and the next turn, with Codex's `custom_tool_call` and its output in

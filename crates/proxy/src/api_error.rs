@@ -20,6 +20,8 @@ pub enum ApiErrorKind {
     NotFound,
     /// Body over the configured limit: 413.
     RequestTooLarge,
+    /// The client stopped sending its body: 408.
+    RequestTimeout,
     RateLimited,
     /// A proxy bug or an engine failure that could not be retried: 500.
     Internal,
@@ -79,6 +81,7 @@ impl ApiError {
             (ApiErrorKind::PermissionDenied, _) => 403,
             (ApiErrorKind::NotFound, _) => 404,
             (ApiErrorKind::RequestTooLarge, _) => 413,
+            (ApiErrorKind::RequestTimeout, _) => 408,
             (ApiErrorKind::RateLimited, _) => 429,
             (ApiErrorKind::Internal, _) => 500,
             (ApiErrorKind::Overloaded, Api::Anthropic) => 529,
@@ -95,6 +98,7 @@ impl ApiError {
                 ApiErrorKind::PermissionDenied => "permission_error",
                 ApiErrorKind::NotFound => "not_found_error",
                 ApiErrorKind::RequestTooLarge => "request_too_large",
+                ApiErrorKind::RequestTimeout => "timeout_error",
                 ApiErrorKind::RateLimited => "rate_limit_error",
                 ApiErrorKind::Internal => "api_error",
                 ApiErrorKind::Overloaded => "overloaded_error",
@@ -103,7 +107,8 @@ impl ApiError {
                 ApiErrorKind::InvalidRequest
                 | ApiErrorKind::Authentication
                 | ApiErrorKind::NotFound
-                | ApiErrorKind::RequestTooLarge => "invalid_request_error",
+                | ApiErrorKind::RequestTooLarge
+                | ApiErrorKind::RequestTimeout => "invalid_request_error",
                 ApiErrorKind::PermissionDenied => "permission_error",
                 ApiErrorKind::RateLimited => "rate_limit_error",
                 ApiErrorKind::Internal | ApiErrorKind::Overloaded => "server_error",
@@ -119,6 +124,7 @@ impl ApiError {
             ApiErrorKind::PermissionDenied => Some("permission_denied"),
             ApiErrorKind::NotFound => Some("not_found"),
             ApiErrorKind::RequestTooLarge => Some("request_too_large"),
+            ApiErrorKind::RequestTimeout => Some("request_timeout"),
             ApiErrorKind::RateLimited => Some("rate_limit_exceeded"),
             ApiErrorKind::Overloaded => Some("overloaded"),
         }

@@ -55,6 +55,8 @@ pub use sink::{ControlSink, FileSink, RecordSink};
 pub struct ServerConfig {
     /// Request bodies above this get 413.
     pub body_bytes_max: usize,
+    /// A request body with no byte for this long gets 408.
+    pub body_idle_timeout: std::time::Duration,
     /// Cap on new tokens per call (a request's `max_tokens` is clipped to it).
     pub max_new_tokens: u32,
     /// Engines tried for one call before the harness gets an overloaded error.
@@ -142,6 +144,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             body_bytes_max: 32 << 20,
+            body_idle_timeout: std::time::Duration::from_secs(60),
             max_new_tokens: 4096,
             engine_attempts_max: 4,
             public_url: String::new(),
@@ -805,9 +808,16 @@ pub async fn serve(
     let app = router(state);
     // SSE frames are small writes: without TCP_NODELAY, Nagle holds each one until the
     // harness ACKs the previous (a delayed ACK: up to 40 ms per frame).
+    // TCP keepalive: a harness host that vanishes without closing its connections (a node
+    // lost mid-run) frees them within about two minutes instead of holding them forever.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(6);
     let listener =
-        axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        axum::serve::ListenerExt::tap_io(listener, move |stream: &mut tokio::net::TcpStream| {
             let _ = stream.set_nodelay(true);
+            let _ = socket2::SockRef::from(&*stream).set_tcp_keepalive(&keepalive);
         });
     // Task "proxy-http": owned by the returned handle.
     let task = tokio::spawn(async move {
@@ -903,10 +913,52 @@ fn authenticate(
     }
 }
 
+/// The whole request body: 413 past `body_bytes_max` (at once when the announced length is
+/// over it), 408 when the client sends nothing for `body_idle_timeout`, 400 when the
+/// connection ends before the body does.
 async fn read_body(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, app.config.body_bytes_max)
-        .await
-        .map_err(|_| ApiError::request_too_large(api, app.config.body_bytes_max))
+    use http_body_util::BodyExt;
+    let limit = app.config.body_bytes_max;
+    let idle = app.config.body_idle_timeout;
+    let hint = hyper::body::Body::size_hint(&body);
+    if hint.lower() > limit as u64 {
+        return Err(ApiError::request_too_large(api, limit));
+    }
+    let mut body = body;
+    let mut bytes = bytes::BytesMut::with_capacity(hint.lower() as usize);
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    api,
+                    ApiErrorKind::RequestTimeout,
+                    format!(
+                        "the request body stalled: no bytes for {} s after {} received",
+                        idle.as_secs(),
+                        bytes.len()
+                    ),
+                ))
+            }
+            Ok(None) => return Ok(bytes.freeze()),
+            Ok(Some(Err(error))) => {
+                return Err(ApiError::new(
+                    api,
+                    ApiErrorKind::InvalidRequest,
+                    format!(
+                        "the request body ended early after {} bytes: {error}",
+                        bytes.len()
+                    ),
+                ))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > limit {
+                return Err(ApiError::request_too_large(api, limit));
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
 }
 
 /// The agent a call belongs to. Claude Code marks sub-agent calls with `x-claude-code-agent-id`.
