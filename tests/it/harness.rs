@@ -545,6 +545,64 @@ fn codex_applies_a_patch_through_its_freeform_tool() {
     );
 }
 
+/// Codex gives `gpt-5.5` its MCP tools only behind `tool_search`, a tool Codex runs itself.
+/// The policy searches (a `tool_search_call` back to Codex, which answers with a
+/// `tool_search_output` listing the MCP server's tools), calls the tool it found under its
+/// qualified name (a `function_call` with `namespace: "mcp__wx"`), and Codex runs it on the MCP
+/// server (`tests/it/data/mcp_weather.py`). Every turn extends the previous one whole.
+#[test]
+fn codex_finds_and_calls_an_mcp_tool_through_tool_search() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        format!(
+            "{}\n{}\n{}\n",
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "text", "text": "Searching."},
+                {"type": "tool_use", "name": "tool_search", "input": {"query": "weather"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "name": "mcp__wx.lookup_weather", "input": {"city": "Z\u{fc}rich", "days": 2}}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "It is sunny."}]}),
+        ),
+    )
+    .expect("script");
+    let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/mcp_weather.py");
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let stdout = codex_exec_as(
+        &codex,
+        &proxy,
+        dir.path(),
+        "gpt-5.5",
+        &format!(
+            "[mcp_servers.wx]\ncommand = \"python3\"\nargs = [{}]\n",
+            serde_json::Value::from(utf8(&server))
+        ),
+        "What is the weather in Zurich?",
+    );
+    assert!(
+        stdout.contains("\"type\":\"mcp_tool_call\"")
+            && stdout.contains("Sunny, 21 C in Z\u{fc}rich")
+            && stdout.contains("\"text\":\"It is sunny.\""),
+        "the MCP tool was not found and called: {stdout}"
+    );
+    let records = records(&log);
+    assert_eq!(records.len(), 3, "three model calls");
+    for pair in records.windows(2) {
+        assert_eq!(pair[1].parent_call, Some(pair[0].call));
+        assert_eq!(
+            pair[1].reused_prefix_tokens_count,
+            path_end(&pair[0]),
+            "each turn reuses the whole previous context, its sampled call included"
+        );
+    }
+}
+
 /// The real Codex CLI through `/v1/responses` with two parallel shell calls, a sub-agent spawned
 /// through Codex's `multi_agent_v1` namespace tool (shown to the model as
 /// `multi_agent_v1.spawn_agent`, sent back as a `function_call` with `namespace`), and a forced

@@ -256,6 +256,9 @@ pub struct ChatRequest {
     /// Tools among `tools` that take plain text (OpenAI Responses `custom` tools): their calls
     /// go back as `custom_tool_call` items.
     pub freeform_tools: Vec<String>,
+    /// Harness-run tool-search tools among `tools` (Codex's `tool_search`): their calls go
+    /// back as `tool_search_call` items.
+    pub search_tools: Vec<String>,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: Option<bool>,
     pub reasoning: ReasoningRequest,
@@ -285,6 +288,7 @@ impl ChatRequest {
             tools: Vec::new(),
             omitted_tools: Vec::new(),
             freeform_tools: Vec::new(),
+            search_tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
             reasoning: ReasoningRequest::Unspecified,

@@ -91,6 +91,18 @@ pub enum InputItem {
         call_id: String,
         output: String,
     },
+    /// A call of the harness's `tool_search` tool: its `arguments` object as JSON text.
+    ToolSearchCall {
+        call_id: String,
+        arguments: String,
+    },
+    /// The tools a `tool_search` call loaded, as the text the model reads, and the freeform
+    /// ones among them (their calls go out as `custom_tool_call`).
+    ToolSearchOutput {
+        call_id: String,
+        output: String,
+        freeform: Vec<String>,
+    },
     Reasoning {
         id: Option<String>,
         /// `content[].reasoning_text` if present, else the `summary[].summary_text` texts.
@@ -110,6 +122,9 @@ pub struct ResponsesRequest {
     /// The (qualified) names of freeform `custom` tools among `tools`: shown to the model as a
     /// function taking one string, `input`, and answered as `custom_tool_call` items.
     pub freeform_tools: Vec<String>,
+    /// The names of client-executed `tool_search` tools among `tools`: their calls go out as
+    /// `tool_search_call` items.
+    pub search_tools: Vec<String>,
     pub tool_choice: Option<ToolChoice>,
     pub stream: bool,
     pub max_output_tokens: Option<u32>,
@@ -183,6 +198,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         functions: tools,
         other: other_tools,
         freeform: freeform_tools,
+        search: search_tools,
     } = tools;
     let tool_choice = root
         .get("tool_choice")?
@@ -203,6 +219,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         tools,
         other_tools,
         freeform_tools,
+        search_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
         max_output_tokens: root.optional_u32("max_output_tokens")?,
@@ -302,6 +319,24 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
                 read_tool(member.node(), Some(name), tools)?;
             }
         }
+        // Codex's deferred-tool search, run by the harness: the model sees and calls it as a
+        // function; the tools it loads come back in a `tool_search_output` item.
+        "tool_search" if node.optional_str("execution")? == Some("client") => {
+            let name = qualify(node.optional_str("name")?.unwrap_or(kind));
+            let parameters = match node.get("parameters")? {
+                None => serde_json::Value::Null,
+                Some(child) => {
+                    child.node().object()?;
+                    child.value.clone()
+                }
+            };
+            tools.search.push(name.clone());
+            tools.functions.push(Tool {
+                name,
+                description: node.optional_str("description")?.map(str::to_string),
+                parameters,
+            });
+        }
         "namespace" => return Err(node.error("a namespace cannot contain another namespace")),
         _ => {
             let name = node.optional_str("name")?.unwrap_or(kind);
@@ -318,6 +353,28 @@ struct Tools {
     functions: Vec<Tool>,
     other: Vec<String>,
     freeform: Vec<String>,
+    search: Vec<String>,
+}
+
+/// The tools a `tool_search_output` loaded, as the model reads them: each function's definition
+/// (`{"type": "function", "function": {"name", "description", "parameters"}}`, compact JSON,
+/// under its qualified name), as Anthropic `tool_reference` results render.
+fn loaded_tools_text(tools: &[Tool]) -> String {
+    tools
+        .iter()
+        .map(|tool| {
+            let mut function = serde_json::Map::new();
+            function.insert("name".into(), Value::String(tool.name.clone()));
+            if let Some(description) = &tool.description {
+                function.insert("description".into(), Value::String(description.clone()));
+            }
+            if !tool.parameters.is_null() {
+                function.insert("parameters".into(), tool.parameters.clone());
+            }
+            serde_json::json!({"type": "function", "function": function}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(TEXT_PART_SEPARATOR)
 }
 
 /// A freeform call's `input` as the arguments of the function the model sees.
@@ -465,6 +522,33 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
             },
             output: read_text_parts(node.required("output")?.node())?.join(TEXT_PART_SEPARATOR),
         },
+        "tool_search_call" => {
+            let arguments = node.required("arguments")?;
+            let arguments = match arguments.value.as_str() {
+                Some(text) => text.to_string(),
+                None => {
+                    arguments.node().object()?;
+                    arguments.value.to_string()
+                }
+            };
+            InputItem::ToolSearchCall {
+                call_id: node.required_str("call_id")?.to_string(),
+                arguments,
+            }
+        }
+        "tool_search_output" => {
+            let mut loaded = Tools::default();
+            if let Some(child) = node.get("tools")? {
+                for tool in child.node().array()? {
+                    read_tool(tool.node(), None, &mut loaded)?;
+                }
+            }
+            InputItem::ToolSearchOutput {
+                call_id: node.required_str("call_id")?.to_string(),
+                output: loaded_tools_text(&loaded.functions),
+                freeform: loaded.freeform,
+            }
+        }
         "item_reference" => {
             return Err(node.error(
                 "item_reference is not supported: this proxy keeps no items; send them in full",
@@ -525,6 +609,7 @@ impl ResponsesRequest {
                 .push(Message::new(Role::System, instructions.clone()));
         }
         let mut calls: Vec<(String, String)> = Vec::new();
+        let mut loaded_freeform: Vec<String> = Vec::new();
         for (index, item) in self.input.iter().enumerate() {
             match item {
                 InputItem::Message { role, content } => {
@@ -583,8 +668,22 @@ impl ResponsesRequest {
                     calls.push((call_id.clone(), name.clone()));
                     push_call(&mut chat.messages, call_id, name, freeform_arguments(input));
                 }
+                InputItem::ToolSearchCall { call_id, arguments } => {
+                    let name = self
+                        .search_tools
+                        .first()
+                        .map_or("tool_search", String::as_str);
+                    calls.push((call_id.clone(), name.to_string()));
+                    push_call(&mut chat.messages, call_id, name, arguments.clone());
+                }
                 InputItem::FunctionCallOutput { call_id, output }
-                | InputItem::CustomToolCallOutput { call_id, output } => {
+                | InputItem::CustomToolCallOutput { call_id, output }
+                | InputItem::ToolSearchOutput {
+                    call_id, output, ..
+                } => {
+                    if let InputItem::ToolSearchOutput { freeform, .. } = item {
+                        loaded_freeform.extend(freeform.iter().cloned());
+                    }
                     let Some((_, name)) = calls.iter().find(|(id, _)| id == call_id) else {
                         return Err(ApiError::invalid_field(
                             API,
@@ -606,6 +705,8 @@ impl ResponsesRequest {
         chat.tools = self.tools.clone();
         chat.omitted_tools = self.other_tools.clone();
         chat.freeform_tools = self.freeform_tools.clone();
+        chat.freeform_tools.extend(loaded_freeform);
+        chat.search_tools = self.search_tools.clone();
         chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
         chat.parallel_tool_calls = self.parallel_tool_calls;
         chat.reasoning = match self.reasoning_effort.as_deref() {

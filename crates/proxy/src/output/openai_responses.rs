@@ -36,6 +36,8 @@ pub struct ResponsesResponse {
     open_text: String,
     /// Tools that take plain text: a call of one goes out as a `custom_tool_call`.
     freeform_tools: Vec<String>,
+    /// The harness's tool-search tools: a call of one goes out as a `tool_search_call`.
+    search_tools: Vec<String>,
 }
 
 fn usage_json(usage: &Usage) -> Value {
@@ -64,12 +66,24 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPay
     item.insert("type".into(), Value::from(payload.item_type()));
     item.insert("status".into(), Value::from(status));
     item.insert("call_id".into(), Value::from(call_id));
+    if let CallPayload::Search(arguments) = payload {
+        // Codex's own shape: the arguments as an object, no name.
+        item.insert("execution".into(), Value::from("client"));
+        let arguments = serde_json::from_str::<Value>(arguments)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        item.insert("arguments".into(), arguments);
+        return Value::Object(item);
+    }
     if let Some(namespace) = namespace {
         item.insert("namespace".into(), Value::from(namespace));
     }
     item.insert("name".into(), Value::from(name));
     match payload {
-        CallPayload::Arguments(arguments) => item.insert("arguments".into(), arguments.into()),
+        CallPayload::Arguments(arguments) | CallPayload::Search(arguments) => {
+            item.insert("arguments".into(), arguments.into())
+        }
         CallPayload::Input(input) => item.insert("input".into(), input.into()),
     };
     Value::Object(item)
@@ -79,6 +93,8 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPay
 enum CallPayload<'a> {
     Arguments(&'a str),
     Input(&'a str),
+    /// A `tool_search` call's arguments (sent as an object).
+    Search(&'a str),
 }
 
 impl<'a> CallPayload<'a> {
@@ -86,12 +102,14 @@ impl<'a> CallPayload<'a> {
         match self {
             CallPayload::Arguments(_) => "function_call",
             CallPayload::Input(_) => "custom_tool_call",
+            CallPayload::Search(_) => "tool_search_call",
         }
     }
 
-    /// The SSE event names of this kind of call's text: (delta, done), and the `done` field.
-    fn events(self) -> (&'static str, &'static str, &'static str) {
-        match self {
+    /// The SSE event names of this kind of call's text: (delta, done), and the `done` field;
+    /// none for a `tool_search` call, which goes out whole in its `output_item` events.
+    fn events(self) -> Option<(&'static str, &'static str, &'static str)> {
+        Some(match self {
             CallPayload::Arguments(_) => (
                 "response.function_call_arguments.delta",
                 "response.function_call_arguments.done",
@@ -102,12 +120,15 @@ impl<'a> CallPayload<'a> {
                 "response.custom_tool_call_input.done",
                 "input",
             ),
-        }
+            CallPayload::Search(_) => return None,
+        })
     }
 
     fn text(self) -> &'a str {
         match self {
-            CallPayload::Arguments(text) | CallPayload::Input(text) => text,
+            CallPayload::Arguments(text) | CallPayload::Input(text) | CallPayload::Search(text) => {
+                text
+            }
         }
     }
 
@@ -115,6 +136,7 @@ impl<'a> CallPayload<'a> {
         match self {
             CallPayload::Arguments(_) => CallPayload::Arguments(""),
             CallPayload::Input(_) => CallPayload::Input(""),
+            CallPayload::Search(_) => self,
         }
     }
 }
@@ -128,6 +150,7 @@ impl ResponsesResponse {
             open: None,
             open_text: String::new(),
             freeform_tools: Vec::new(),
+            search_tools: Vec::new(),
         }
     }
 
@@ -135,6 +158,13 @@ impl ResponsesResponse {
     /// `custom_tool_call` items with the `input` text.
     pub fn with_freeform_tools(mut self, names: Vec<String>) -> Self {
         self.freeform_tools = names;
+        self
+    }
+
+    /// Names the request's harness-run tool-search tools: their calls go out as
+    /// `tool_search_call` items with the arguments as an object.
+    pub fn with_search_tools(mut self, names: Vec<String>) -> Self {
+        self.search_tools = names;
         self
     }
 
@@ -343,6 +373,8 @@ impl ResponsesResponse {
                 let (id, payload) = if self.freeform_tools.iter().any(|tool| tool == name) {
                     input = crate::openai_responses::freeform_input(arguments);
                     (self.item_id("ctc"), CallPayload::Input(&input))
+                } else if self.search_tools.iter().any(|tool| tool == name) {
+                    (self.item_id("ts"), CallPayload::Search(arguments))
                 } else {
                     (self.item_id("fc"), CallPayload::Arguments(arguments))
                 };
@@ -351,17 +383,18 @@ impl ResponsesResponse {
                     "response.output_item.added",
                     json!({"output_index": index, "item": added}),
                 ));
-                let (delta_event, done_event, done_field) = payload.events();
-                if !payload.text().is_empty() {
+                if let Some((delta_event, done_event, done_field)) = payload.events() {
+                    if !payload.text().is_empty() {
+                        events.push(self.event(
+                            delta_event,
+                            json!({"item_id": id, "output_index": index, "delta": payload.text()}),
+                        ));
+                    }
                     events.push(self.event(
-                        delta_event,
-                        json!({"item_id": id, "output_index": index, "delta": payload.text()}),
+                        done_event,
+                        json!({"item_id": id, "output_index": index, done_field: payload.text()}),
                     ));
                 }
-                events.push(self.event(
-                    done_event,
-                    json!({"item_id": id, "output_index": index, done_field: payload.text()}),
-                ));
                 let item = call_item(&id, "completed", call_id, name, payload);
                 events.push(self.event(
                     "response.output_item.done",

@@ -311,7 +311,11 @@ fn builder_for(
     };
     let mut builder = Builder::new(api, meta, usage_start, request.stream_include_usage);
     if let Builder::Responses(responses) = builder {
-        builder = Builder::Responses(responses.with_freeform_tools(request.freeform_tools.clone()));
+        builder = Builder::Responses(
+            responses
+                .with_freeform_tools(request.freeform_tools.clone())
+                .with_search_tools(request.search_tools.clone()),
+        );
     }
     let start = builder.start();
     (builder, start)

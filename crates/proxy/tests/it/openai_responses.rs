@@ -362,3 +362,84 @@ fn additional_tools_items_are_the_requests_tools() {
     let error = parse(broken.to_string().as_bytes()).expect_err("refused");
     assert_eq!(error.message, "input[0].tools: field required");
 }
+
+/// Codex's `tool_search` (a harness-run tool that loads deferred tools, e.g. an MCP server's):
+/// shown to the model as a function; the model's call goes out as a `tool_search_call` with
+/// its arguments as an object; history's call and its `tool_search_output` render as a call
+/// and a result listing the loaded tools under qualified names.
+#[test]
+fn tool_search_is_a_function_whose_output_lists_the_loaded_tools() {
+    let search = json!({"type": "tool_search", "execution": "client", "description": "Find tools.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}});
+    let body = json!({
+        "model": "gpt-5.5",
+        "tools": [search, {"type": "tool_search", "execution": "server"}],
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "tool_search_call", "id": "ts_1", "call_id": "call_1", "status": "completed",
+             "execution": "client", "arguments": {"query": "weather"}},
+            {"type": "tool_search_output", "id": "tso_1", "call_id": "call_1", "status": "completed",
+             "execution": "client", "tools": [{"type": "namespace", "name": "mcp__wx", "description": "MCP.",
+                "tools": [{"type": "function", "name": "lookup_weather", "description": "Look up \u{fc}.",
+                           "defer_loading": true, "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+                          {"type": "custom", "name": "raw", "description": "Raw text."}]}]}
+        ]
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    assert_eq!(chat.search_tools, ["tool_search"]);
+    assert_eq!(chat.tools.len(), 1, "the server-run search is not shown");
+    assert_eq!(chat.tools[0].name, "tool_search");
+    assert_eq!(chat.tools[0].parameters["required"], json!(["query"]));
+    assert_eq!(chat.omitted_tools, ["tool_search"]);
+    assert_eq!(
+        chat.freeform_tools,
+        ["mcp__wx.raw"],
+        "a loaded freeform tool is freeform"
+    );
+    let call = &chat.messages[1].tool_calls[0];
+    assert_eq!(
+        (call.id.as_str(), call.name.as_str()),
+        ("call_1", "tool_search")
+    );
+    assert_eq!(call.arguments, r#"{"query":"weather"}"#);
+    let result = &chat.messages[2];
+    assert_eq!(result.tool_name.as_deref(), Some("tool_search"));
+    assert!(
+        result.content.starts_with(
+            r#"{"type":"function","function":{"name":"mcp__wx.lookup_weather","description":"Look up ü.","parameters":{"#
+        ),
+        "{}",
+        result.content
+    );
+    assert!(
+        result.content.contains(r#""name":"mcp__wx.raw""#),
+        "{}",
+        result.content
+    );
+
+    use gyre_proxy::output::openai_responses::ResponsesResponse;
+    use gyre_proxy::output::{ResponseMeta, StreamItem};
+    let meta = ResponseMeta {
+        id: "resp_1".into(),
+        model: "gpt-5.5".into(),
+        created_unix_s: 0,
+    };
+    let mut response = ResponsesResponse::new(meta).with_search_tools(chat.search_tools);
+    let events = response.push(StreamItem::ToolCall {
+        id: "call_2",
+        name: "tool_search",
+        arguments: r#"{"query": "spawn sub agent", "limit": 4}"#,
+    });
+    let names: Vec<&str> = events.iter().filter_map(|e| e.event.as_deref()).collect();
+    assert_eq!(
+        names,
+        ["response.output_item.added", "response.output_item.done"]
+    );
+    let done: Value = serde_json::from_str(&events[1].data).expect("json");
+    assert_eq!(
+        done["item"],
+        json!({"id": done["item"]["id"], "type": "tool_search_call", "status": "completed",
+               "call_id": "call_2", "execution": "client",
+               "arguments": {"query": "spawn sub agent", "limit": 4}})
+    );
+}
