@@ -117,3 +117,51 @@ fn unknown_routes_answer_in_the_clients_error_shape() {
     let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(error["type"], "error", "Anthropic's shape: {body}");
 }
+
+/// A client that opens a connection and stops inside its request headers is disconnected after
+/// `--header-read-timeout-s` (a vanished or hostile harness does not hold connections), while
+/// other clients are served throughout.
+#[test]
+fn a_client_stuck_in_its_headers_is_disconnected() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tito.log");
+    let proxy = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--header-read-timeout-s",
+        "1",
+        "--log",
+        log.to_str().expect("utf-8"),
+    ]);
+    let mut stuck = std::net::TcpStream::connect(&proxy.address).expect("proxy accepts");
+    stuck
+        .write_all(b"POST /v1/messages HTTP/1.1\r\nhost: proxy\r\ncontent-type: applica")
+        .expect("write");
+    let started = std::time::Instant::now();
+    let (status, body) = http(&proxy.address, "GET", "/health", &[], "");
+    assert_eq!(status, 200, "{body}");
+    // Bounded: the read ends when the proxy closes the connection, long before this.
+    stuck
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    let mut answer = Vec::new();
+    let read = stuck.read_to_end(&mut answer);
+    match read {
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(error) => panic!("the connection did not end: {error}"),
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "closed, or told it timed out: {text}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(20),
+        "closed after {waited:?}, not at the timeout"
+    );
+}

@@ -103,6 +103,10 @@ pub struct ProxyArgs {
     /// harness host that stalled or vanished mid-request does not hold the request open).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     body_idle_timeout_s: u64,
+    /// A client that has not sent a request's headers within this many seconds of starting
+    /// them (or of opening the connection) is disconnected.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_s: u64,
     /// Memory, MiB over all executions, for each agent's last request body kept parsed:
     /// harnesses re-send the whole conversation, and a kept body lets the next one parse only
     /// the bytes after what the two share (a body costs about 3× its size). Beyond it, bodies
@@ -210,6 +214,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "cluster": args.cluster,
                 "body_limit": args.body_limit,
                 "body_idle_timeout_s": args.body_idle_timeout_s,
+                "header_read_timeout_s": args.header_read_timeout_s,
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "media": format!("{:?}", args.media).to_lowercase(),
@@ -237,6 +242,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     let config = ServerConfig {
         body_bytes_max: args.body_limit,
         body_idle_timeout: std::time::Duration::from_secs(args.body_idle_timeout_s),
+        header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_s),
         max_new_tokens: args.max_new_tokens,
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,

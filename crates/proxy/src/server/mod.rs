@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub body_bytes_max: usize,
     /// A request body with no byte for this long gets 408.
     pub body_idle_timeout: std::time::Duration,
+    /// A client gets this long to send a request's headers; then its connection is closed (one
+    /// that opens and sends nothing, or stops inside its headers, is not held forever).
+    pub header_read_timeout: std::time::Duration,
     /// Cap on new tokens per call (a request's `max_tokens` is clipped to it).
     pub max_new_tokens: u32,
     /// Engines tried for one call before the harness gets an overloaded error.
@@ -145,6 +148,7 @@ impl Default for ServerConfig {
         ServerConfig {
             body_bytes_max: 32 << 20,
             body_idle_timeout: std::time::Duration::from_secs(60),
+            header_read_timeout: std::time::Duration::from_secs(30),
             max_new_tokens: 4096,
             engine_attempts_max: 4,
             public_url: String::new(),
@@ -805,27 +809,81 @@ pub async fn serve(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let listener = gyre_control::bind_listener(listen)?;
     let address = listener.local_addr()?;
+    let header_read_timeout = state.config.header_read_timeout;
     let app = router(state);
-    // SSE frames are small writes: without TCP_NODELAY, Nagle holds each one until the
-    // harness ACKs the previous (a delayed ACK: up to 40 ms per frame).
+    // Task "proxy-http": owned by the returned handle.
+    let task = tokio::spawn(accept_loop(listener, app, header_read_timeout, shutdown));
+    Ok((address, task))
+}
+
+/// Accepts connections until `shutdown`; then stops accepting, asks every connection to finish
+/// its request in flight (an SSE answer included) and close, and returns once all have.
+///
+/// Each connection is hyper's HTTP/1 with a timer, so `header_read_timeout` holds (axum's own
+/// server gives hyper no timer, and then no header timeout applies).
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_read_timeout: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     // TCP keepalive: a harness host that vanishes without closing its connections (a node
     // lost mid-run) frees them within about two minutes instead of holding them forever.
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(std::time::Duration::from_secs(60))
         .with_interval(std::time::Duration::from_secs(10))
         .with_retries(6);
-    let listener =
-        axum::serve::ListenerExt::tap_io(listener, move |stream: &mut tokio::net::TcpStream| {
-            let _ = stream.set_nodelay(true);
-            let _ = socket2::SockRef::from(&*stream).set_tcp_keepalive(&keepalive);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    // Every connection task holds a receiver; `closed()` resolves when the last one ends.
+    let (all_closed, connection_open) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                // Out of descriptors or a connection reset before accept: not fatal. Wait a
+                // moment instead of spinning on a full descriptor table.
+                tracing::warn!(%error, "accepting a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // SSE frames are small writes: without TCP_NODELAY, Nagle holds each one until the
+        // harness ACKs the previous (a delayed ACK: up to 40 ms per frame).
+        let _ = stream.set_nodelay(true);
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stopping = stopping.clone();
+        let open = connection_open.clone();
+        // Owned by the accept loop: it ends with its connection; after a stop, once the
+        // request in flight is answered.
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            let connection = http
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = async { drop(stopping.wait_for(|stop| *stop).await) } => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(open);
         });
-    // Task "proxy-http": owned by the returned handle.
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
-    Ok((address, task))
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    drop(connection_open);
+    all_closed.closed().await;
+    Ok(())
 }
 
 fn error_response(error: &ApiError) -> Response {
