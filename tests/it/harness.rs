@@ -218,6 +218,31 @@ fn assert_turns_extend_previous_prompts(records: &[&ModelCallRecord]) {
     }
 }
 
+/// Each call hangs from the one before it and reuses that call's whole context: its prompt and
+/// every token it sampled (nothing of a turn re-encoded).
+fn assert_each_turn_extends_the_whole_previous(records: &[ModelCallRecord]) {
+    for pair in records.windows(2) {
+        assert_eq!(
+            pair[1].parent_call,
+            Some(pair[0].call),
+            "each turn hangs from the previous"
+        );
+        assert_eq!(
+            pair[1].reused_prefix_tokens_count,
+            path_end(&pair[0]),
+            "each turn reuses the whole previous context"
+        );
+    }
+}
+
+/// A scripted engine's script of these lines, in `dir`.
+fn script_of(dir: &Path, lines: &[serde_json::Value]) -> PathBuf {
+    let script = dir.join("script.jsonl");
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&script, text).expect("script");
+    script
+}
+
 fn path_end(record: &ModelCallRecord) -> u64 {
     record.reused_prefix_tokens_count + (record.input_ids.len() + record.output_ids.len()) as u64
 }
@@ -462,18 +487,8 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     let records = records(&log);
     assert_eq!(records.len(), 3, "three model calls");
     assert_eq!(records[0].parent_call, None);
-    for pair in records.windows(2) {
-        assert_eq!(
-            pair[1].parent_call,
-            Some(pair[0].call),
-            "each turn hangs from the previous"
-        );
-        assert_eq!(
-            pair[1].reused_prefix_tokens_count,
-            path_end(&pair[0]),
-            "each turn reuses the whole previous context (reasoning restored from its handle)"
-        );
-    }
+    // Reasoning is restored from its handle, so nothing of a turn is re-encoded.
+    assert_each_turn_extends_the_whole_previous(&records);
     // Codex re-sends `input` with the previous items' bytes first.
     let (parsed, reused) = body_elements(&proxy);
     assert!(
@@ -503,18 +518,15 @@ fn codex_applies_a_patch_through_its_freeform_tool() {
     let dir = tempfile::tempdir().expect("temp dir");
     let patch =
         "*** Begin Patch\n*** Add File: hello.txt\n+caf\u{e9} </tool_call>\n*** End Patch\n";
-    let script = dir.path().join("script.jsonl");
-    std::fs::write(
-        &script,
-        format!(
-            "{}\n{}\n",
+    let script = script_of(
+        dir.path(),
+        &[
             serde_json::json!({"agent": "main", "blocks": [
                 {"type": "text", "text": "Patching."},
                 {"type": "tool_use", "name": "apply_patch", "input": {"input": patch}}]}),
             serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "Patched."}]}),
-        ),
-    )
-    .expect("script");
+        ],
+    );
     let log = dir.path().join("tito.log");
     let capture = dir.path().join("capture.jsonl");
     let proxy = start_proxy(&script, &log, &capture);
@@ -537,12 +549,8 @@ fn codex_applies_a_patch_through_its_freeform_tool() {
     );
     let records = records(&log);
     assert_eq!(records.len(), 2, "two model calls");
-    assert_eq!(records[1].parent_call, Some(records[0].call));
-    assert_eq!(
-        records[1].reused_prefix_tokens_count,
-        path_end(&records[0]),
-        "the second turn reuses the whole first context, the sampled patch call included"
-    );
+    // The sampled patch call included.
+    assert_each_turn_extends_the_whole_previous(&records);
 }
 
 /// Codex gives `gpt-5.5` its MCP tools only behind `tool_search`, a tool Codex runs itself.
@@ -556,20 +564,17 @@ fn codex_finds_and_calls_an_mcp_tool_through_tool_search() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let script = dir.path().join("script.jsonl");
-    std::fs::write(
-        &script,
-        format!(
-            "{}\n{}\n{}\n",
+    let script = script_of(
+        dir.path(),
+        &[
             serde_json::json!({"agent": "main", "blocks": [
                 {"type": "text", "text": "Searching."},
                 {"type": "tool_use", "name": "tool_search", "input": {"query": "weather"}}]}),
             serde_json::json!({"agent": "main", "blocks": [
                 {"type": "tool_use", "name": "mcp__wx.lookup_weather", "input": {"city": "Z\u{fc}rich", "days": 2}}]}),
             serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "It is sunny."}]}),
-        ),
-    )
-    .expect("script");
+        ],
+    );
     let server = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/mcp_weather.py");
     let log = dir.path().join("tito.log");
     let capture = dir.path().join("capture.jsonl");
@@ -593,14 +598,7 @@ fn codex_finds_and_calls_an_mcp_tool_through_tool_search() {
     );
     let records = records(&log);
     assert_eq!(records.len(), 3, "three model calls");
-    for pair in records.windows(2) {
-        assert_eq!(pair[1].parent_call, Some(pair[0].call));
-        assert_eq!(
-            pair[1].reused_prefix_tokens_count,
-            path_end(&pair[0]),
-            "each turn reuses the whole previous context, its sampled call included"
-        );
-    }
+    assert_each_turn_extends_the_whole_previous(&records);
 }
 
 /// The real Codex CLI through `/v1/responses` with two parallel shell calls, a sub-agent spawned

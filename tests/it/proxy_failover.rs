@@ -84,10 +84,15 @@ async fn bounded<F: std::future::Future>(future: F) -> F::Output {
 
 /// POSTs `body` to `path` with `token` as the API key; the status and the body's text.
 async fn post(state: &Arc<AppState>, path: &str, token: &str, body: String) -> (u16, String) {
+    post_body(state, path, token, Body::from(body)).await
+}
+
+/// `post` with any body (a stream that stalls or fails part-way).
+async fn post_body(state: &Arc<AppState>, path: &str, token: &str, body: Body) -> (u16, String) {
     let request = Request::post(path)
         .header("x-api-key", token)
         .header("content-type", "application/json")
-        .body(Body::from(body))
+        .body(body)
         .expect("request");
     bounded(async {
         let response = router(state.clone())
@@ -858,30 +863,11 @@ fn a_stalled_or_cut_request_body_is_refused_by_what_happened() {
         let start: Result<axum::body::Bytes, std::io::Error> = Ok(axum::body::Bytes::from_static(
             b"{\"model\": \"m\", \"max_tokens\": 8, ",
         ));
-        let send = |body: Body, path: &'static str| {
-            let request = Request::post(path)
-                .header("x-api-key", token.as_str())
-                .header("content-type", "application/json")
-                .body(body)
-                .expect("request");
-            let state = state.clone();
-            async move {
-                let response = bounded(router(state).oneshot(request))
-                    .await
-                    .expect("infallible");
-                let status = response.status().as_u16();
-                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-                    .await
-                    .expect("body");
-                (
-                    status,
-                    serde_json::from_slice::<serde_json::Value>(&bytes).expect("json"),
-                )
-            }
-        };
         let stalled =
             futures_util::stream::once(async { start }).chain(futures_util::stream::pending());
-        let (status, error) = send(Body::from_stream(stalled), "/v1/messages").await;
+        let (status, error) =
+            post_body(&state, "/v1/messages", &token, Body::from_stream(stalled)).await;
+        let error: serde_json::Value = serde_json::from_str(&error).expect("json");
         assert_eq!(status, 408, "{error}");
         assert_eq!(error["error"]["type"], "timeout_error");
         let message = error["error"]["message"].as_str().expect("message");
@@ -896,7 +882,14 @@ fn a_stalled_or_cut_request_body_is_refused_by_what_happened() {
                 "connection closed",
             )),
         ]);
-        let (status, error) = send(Body::from_stream(cut), "/v1/chat/completions").await;
+        let (status, error) = post_body(
+            &state,
+            "/v1/chat/completions",
+            &token,
+            Body::from_stream(cut),
+        )
+        .await;
+        let error: serde_json::Value = serde_json::from_str(&error).expect("json");
         assert_eq!(status, 400, "{error}");
         let message = error["error"]["message"].as_str().expect("message");
         assert!(
