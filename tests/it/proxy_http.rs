@@ -77,21 +77,29 @@ fn with_media_reject_the_png_is_refused_by_its_path() {
     );
 }
 
-/// A route the proxy does not serve answers 404 in the error shape its client reads: OpenAI's
-/// for an OpenAI path (Codex's `/v1/responses/compact`, `/v1/models`), Anthropic's for a
-/// client that sends `anthropic-version`.
-#[test]
-fn unknown_routes_answer_in_the_clients_error_shape() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("tito.log");
-    let proxy = ProxyProcess::start(&[
+/// `gyre proxy` on a deterministic engine, recording to an event file in `dir`, with `extra`
+/// flags.
+fn deterministic_proxy(dir: &std::path::Path, extra: &[&str]) -> ProxyProcess {
+    let log = dir.join("tito.log");
+    let mut args = vec![
         "--listen",
         "127.0.0.1:0",
         "--engine",
         "deterministic",
         "--log",
         log.to_str().expect("utf-8"),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    ProxyProcess::start(&args)
+}
+
+/// A route the proxy does not serve answers 404 in the error shape its client reads: OpenAI's
+/// for an OpenAI path (Codex's `/v1/responses/compact`, `/v1/models`), Anthropic's for a
+/// client that sends `anthropic-version`.
+#[test]
+fn unknown_routes_answer_in_the_clients_error_shape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = deterministic_proxy(dir.path(), &[]);
     let (status, body) = http(&proxy.address, "POST", "/v1/responses/compact", &[], "{}");
     assert_eq!(status, 404, "{body}");
     let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
@@ -125,17 +133,7 @@ fn unknown_routes_answer_in_the_clients_error_shape() {
 fn a_client_stuck_in_its_headers_is_disconnected() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("tito.log");
-    let proxy = ProxyProcess::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--engine",
-        "deterministic",
-        "--header-read-timeout-s",
-        "1",
-        "--log",
-        log.to_str().expect("utf-8"),
-    ]);
+    let proxy = deterministic_proxy(dir.path(), &["--header-read-timeout-s", "1"]);
     let mut stuck = std::net::TcpStream::connect(&proxy.address).expect("proxy accepts");
     stuck
         .write_all(b"POST /v1/messages HTTP/1.1\r\nhost: proxy\r\ncontent-type: applica")

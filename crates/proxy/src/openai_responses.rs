@@ -255,34 +255,16 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
     };
     match kind {
         "function" => {
-            let parameters = match node.get("parameters")? {
-                None => serde_json::Value::Null,
-                Some(child) => {
-                    child.node().object()?;
-                    child.value.clone()
-                }
-            };
-            let name_child = node.required("name")?;
-            let name = name_child.node().str()?;
-            if name.contains(NAMESPACE_SEPARATOR) {
-                return Err(name_child
-                    .node()
-                    .error(format!("function name `{name}` contains `.`")));
-            }
+            let parameters = optional_parameters(node)?;
+            let name = tool_name(node, "function")?;
             tools.functions.push(Tool {
-                name: qualify(name),
+                name: qualify(&name),
                 description: node.optional_str("description")?.map(str::to_string),
                 parameters,
             });
         }
         "custom" => {
-            let name_child = node.required("name")?;
-            let name = name_child.node().str()?;
-            if name.contains(NAMESPACE_SEPARATOR) {
-                return Err(name_child
-                    .node()
-                    .error(format!("tool name `{name}` contains `.`")));
-            }
+            let name = tool_name(node, "tool")?;
             let mut input = String::from("The tool's whole input, as plain text (not JSON).");
             if let Some(format) = node.get("format")? {
                 let format = format.node();
@@ -294,7 +276,7 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
                     ));
                 }
             }
-            let qualified = qualify(name);
+            let qualified = qualify(&name);
             tools.freeform.push(qualified.clone());
             tools.functions.push(Tool {
                 name: qualified,
@@ -323,13 +305,7 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
         // function; the tools it loads come back in a `tool_search_output` item.
         "tool_search" if node.optional_str("execution")? == Some("client") => {
             let name = qualify(node.optional_str("name")?.unwrap_or(kind));
-            let parameters = match node.get("parameters")? {
-                None => serde_json::Value::Null,
-                Some(child) => {
-                    child.node().object()?;
-                    child.value.clone()
-                }
-            };
+            let parameters = optional_parameters(node)?;
             tools.search.push(name.clone());
             tools.functions.push(Tool {
                 name,
@@ -344,6 +320,30 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
         }
     }
     Ok(())
+}
+
+/// A tool's `parameters` schema (an object), or null without one.
+fn optional_parameters(node: Node<'_>) -> Read<Value> {
+    match node.get("parameters")? {
+        None => Ok(Value::Null),
+        Some(child) => {
+            child.node().object()?;
+            Ok(child.value.clone())
+        }
+    }
+}
+
+/// A tool's `name`, which may not contain the namespace separator (`what`: the kind of tool,
+/// for the error).
+fn tool_name(node: Node<'_>, what: &str) -> Read<String> {
+    let child = node.required("name")?;
+    let name = child.node().str()?;
+    if name.contains(NAMESPACE_SEPARATOR) {
+        return Err(child
+            .node()
+            .error(format!("{what} name `{name}` contains `.`")));
+    }
+    Ok(name.to_string())
 }
 
 /// The tools of a request as `read_tool` sorts them.
