@@ -93,6 +93,100 @@ fn deterministic_proxy(dir: &std::path::Path, extra: &[&str]) -> ProxyProcess {
     ProxyProcess::start(&args)
 }
 
+/// Over `--max-connections`, a new connection is answered "overloaded" in its API's error
+/// shape with `retry-after` and closed (a client opening connections without end cannot take
+/// every descriptor); once a served connection closes, new ones are served again.
+#[test]
+fn connections_over_the_cap_are_answered_overloaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = deterministic_proxy(dir.path(), &["--max-connections", "2"]);
+    let first = std::net::TcpStream::connect(&proxy.address).expect("proxy accepts");
+    let second = std::net::TcpStream::connect(&proxy.address).expect("proxy accepts");
+    let (status, body) = http(
+        &proxy.address,
+        "POST",
+        "/v1/messages",
+        &[
+            ("anthropic-version", "2023-06-01"),
+            ("content-type", "application/json"),
+        ],
+        r#"{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(status, 529, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(error["type"], "error", "{body}");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{body}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("--max-connections")),
+        "{body}"
+    );
+    let (status, body) = http(&proxy.address, "POST", "/v1/responses", &[], "{}");
+    assert_eq!(status, 503, "OpenAI's overloaded status: {body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        error["error"].get("param").is_some(),
+        "OpenAI's shape: {body}"
+    );
+    // The answer carries retry-after and closes the connection.
+    let raw = raw_exchange(
+        &proxy.address,
+        "GET /health HTTP/1.1\r\nhost: proxy\r\n\r\n",
+    );
+    assert!(
+        raw.starts_with("HTTP/1.1 529"),
+        "Anthropic's shape by default: {raw}"
+    );
+    let head = raw
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(head.contains("retry-after: 1"), "{raw}");
+    assert!(head.contains("connection: close"), "{raw}");
+    // A served connection closes: its slot serves the next client (polled; the proxy sees the
+    // close asynchronously).
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (status, body) = http(&proxy.address, "GET", "/metrics", &[], "");
+        if status == 200 {
+            let refused: u64 = body
+                .lines()
+                .find_map(|line| line.strip_prefix("gyre_proxy_connections_refused_total "))
+                .and_then(|value| value.parse().ok())
+                .unwrap_or_else(|| panic!("the refusals counted: {body}"));
+            assert!(
+                refused >= 3,
+                "three refused at least (and any polls): {body}"
+            );
+            assert!(body.contains("gyre_proxy_connections_open "), "{body}");
+            break;
+        }
+        assert_eq!(status, 529, "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        std::thread::yield_now();
+    }
+    drop(second);
+}
+
+/// Sends `request` as is on a fresh connection and reads until the proxy closes it.
+fn raw_exchange(address: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("proxy accepts");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// A route the proxy does not serve answers 404 in the error shape its client reads: OpenAI's
 /// for an OpenAI path (Codex's `/v1/responses/compact`, `/v1/models`), Anthropic's for a
 /// client that sends `anthropic-version`.

@@ -5,6 +5,7 @@
 
 mod commands;
 mod config_file;
+mod open_files;
 
 /// mimalloc instead of glibc malloc: the proxy and the control node allocate and free
 /// megabyte-sized token buffers per call, which glibc serves with fresh mmap'd pages (a page

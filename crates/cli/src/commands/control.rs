@@ -217,6 +217,11 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .try_init();
     let options = node_options(&args)?;
+    if !args.check {
+        // Many proxies and cell workers connect to each node; the soft default (often 1024)
+        // is far below what they and the log's segments need.
+        crate::open_files::raise_limit();
+    }
     if args.check {
         println!(
             "{}",

@@ -107,6 +107,12 @@ pub struct ProxyArgs {
     /// them (or of opening the connection) is disconnected.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     header_read_timeout_s: u64,
+    /// Most client connections served at once; one more is answered "overloaded" (529 /
+    /// 503 with `retry-after`, which the harnesses retry) and closed, so a client that opens
+    /// connections without end cannot take the descriptors the log and the engine connections
+    /// need. Default: half of the open-file limit (raised to its hard limit at start) less 256.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
     /// Memory, MiB over all executions, for each agent's last request body kept parsed:
     /// harnesses re-send the whole conversation, and a kept body lets the next one parse only
     /// the bytes after what the two share (a body costs about 3× its size). Beyond it, bodies
@@ -150,6 +156,19 @@ pub struct ProxyArgs {
     /// without serving (for deployment scripts: `ExecStartPre`, CI).
     #[arg(long)]
     check: bool,
+}
+
+/// `--max-connections`, or its default from the open-file limit: each harness connection can
+/// hold an engine connection too, and the log, its segments and the listener need a few
+/// hundred more.
+fn max_connections(flag: Option<u64>) -> usize {
+    if let Some(max) = flag {
+        return usize::try_from(max).unwrap_or(usize::MAX);
+    }
+    let limit = crate::open_files::raise_limit();
+    usize::try_from(limit.saturating_sub(256) / 2)
+        .unwrap_or(usize::MAX)
+        .clamp(64, 1 << 20)
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
@@ -215,6 +234,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_limit": args.body_limit,
                 "body_idle_timeout_s": args.body_idle_timeout_s,
                 "header_read_timeout_s": args.header_read_timeout_s,
+                "max_connections": max_connections(args.max_connections),
                 "body_cache_mib": args.body_cache_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "media": format!("{:?}", args.media).to_lowercase(),
@@ -235,6 +255,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         _ => unreachable!("checked above: exactly one of --log and --cluster"),
     };
     let credentials = credentials_path(&args);
+    let max_connections = max_connections(args.max_connections);
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("binding {}", args.listen))?;
     let address = listener.local_addr()?;
@@ -243,6 +264,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         body_bytes_max: args.body_limit,
         body_idle_timeout: std::time::Duration::from_secs(args.body_idle_timeout_s),
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_s),
+        max_connections,
         max_new_tokens: args.max_new_tokens,
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,

@@ -93,6 +93,8 @@ pub struct Metrics {
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
     body_elements_reused: AtomicU64,
+    connections_open: AtomicU64,
+    connections_refused: AtomicU64,
     call_seconds: Mutex<Histogram>,
     commit_seconds: Mutex<Histogram>,
     stage_seconds: Mutex<[Histogram; STAGES.len()]>,
@@ -121,6 +123,28 @@ impl Metrics {
         } else {
             self.rejected_4xx.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A client connection was accepted and is being served.
+    pub fn connection_opened(&self) {
+        self.connections_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A connection over `--max-connections`: answered "overloaded" and closed, or dropped.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connections_open(&self) -> u64 {
+        self.connections_open.load(Ordering::Relaxed)
+    }
+
+    pub fn connections_refused(&self) -> u64 {
+        self.connections_refused.load(Ordering::Relaxed)
     }
 
     pub fn recorded(&self, encoded: u64, reused: u64, seconds: f64) {
@@ -310,6 +334,12 @@ impl Metrics {
                 "",
                 &self.body_elements_reused,
             ),
+            (
+                "gyre_proxy_connections_refused_total",
+                "Client connections over --max-connections (answered overloaded and closed, or \
+                 closed at once when too many of those were pending).",
+                &self.connections_refused,
+            ),
         ];
         for (name, help, value) in counters {
             let family = name.split('{').next().unwrap_or(name);
@@ -320,6 +350,11 @@ impl Metrics {
             }
             out.push_str(&format!("{name} {}\n", value.load(Ordering::Relaxed)));
         }
+        out.push_str(&format!(
+            "# HELP gyre_proxy_connections_open Client connections being served.\n\
+             # TYPE gyre_proxy_connections_open gauge\ngyre_proxy_connections_open {}\n",
+            self.connections_open.load(Ordering::Relaxed)
+        ));
         self.call_seconds
             .lock()
             .unwrap_or_else(|p| p.into_inner())

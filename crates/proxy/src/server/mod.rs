@@ -60,6 +60,10 @@ pub struct ServerConfig {
     /// A client gets this long to send a request's headers; then its connection is closed (one
     /// that opens and sends nothing, or stops inside its headers, is not held forever).
     pub header_read_timeout: std::time::Duration,
+    /// Most client connections served at once. One more is answered "overloaded" (529 /
+    /// 503, `retry-after: 1`) and closed, so a client opening connections without end cannot
+    /// take the descriptors the log, the engines' connections and the other harnesses need.
+    pub max_connections: usize,
     /// Cap on new tokens per call (a request's `max_tokens` is clipped to it).
     pub max_new_tokens: u32,
     /// Engines tried for one call before the harness gets an overloaded error.
@@ -149,6 +153,7 @@ impl Default for ServerConfig {
             body_bytes_max: 32 << 20,
             body_idle_timeout: std::time::Duration::from_secs(60),
             header_read_timeout: std::time::Duration::from_secs(30),
+            max_connections: 4096,
             max_new_tokens: 4096,
             engine_attempts_max: 4,
             public_url: String::new(),
@@ -809,11 +814,59 @@ pub async fn serve(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let listener = gyre_control::bind_listener(listen)?;
     let address = listener.local_addr()?;
-    let header_read_timeout = state.config.header_read_timeout;
-    let app = router(state);
     // Task "proxy-http": owned by the returned handle.
-    let task = tokio::spawn(accept_loop(listener, app, header_read_timeout, shutdown));
+    let task = tokio::spawn(accept_loop(listener, state, shutdown));
     Ok((address, task))
+}
+
+/// Connections over the cap that may be pending their "overloaded" answer at once; beyond
+/// them a new connection is closed as soon as it is accepted.
+const REFUSALS_PENDING_MAX: usize = 64;
+
+/// How long a connection over the cap gets to send its request's headers.
+const REFUSAL_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The API a request is addressed to, from its path and headers (for errors outside a route:
+/// an unknown path, a connection over the cap).
+fn api_of_request(path: &str, headers: &HeaderMap) -> Api {
+    if headers.contains_key("anthropic-version") {
+        Api::Anthropic
+    } else if path.contains("/responses") {
+        Api::OpenAiResponses
+    } else if ["/chat/", "/completions", "/models", "/embeddings"]
+        .iter()
+        .any(|part| path.contains(part))
+        && !path.contains("/messages")
+    {
+        Api::OpenAiChat
+    } else {
+        Api::Anthropic
+    }
+}
+
+/// The answer to every request on a connection over `--max-connections`: overloaded, in the
+/// API's own format, with `retry-after` (the harnesses retry it) and `connection: close`.
+/// The body (up to 1 MiB, for at most the header timeout) is read first: closing a socket
+/// with unread bytes resets it, and the client could lose the answer.
+async fn over_capacity(
+    request: axum::http::Request<hyper::body::Incoming>,
+    max: usize,
+) -> Response {
+    let api = api_of_request(request.uri().path(), request.headers());
+    let body = axum::body::Body::new(request.into_body());
+    let _ = tokio::time::timeout(REFUSAL_HEADER_TIMEOUT, axum::body::to_bytes(body, 1 << 20)).await;
+    let error = ApiError::new(
+        api,
+        ApiErrorKind::Overloaded,
+        format!(
+            "the proxy is serving its maximum of {max} connections (--max-connections); retry shortly"
+        ),
+    );
+    let mut response = error_response(&error);
+    let headers = response.headers_mut();
+    headers.insert("retry-after", HeaderValue::from_static("1"));
+    headers.insert("connection", HeaderValue::from_static("close"));
+    response
 }
 
 /// Accepts connections until `shutdown`; then stops accepting, asks every connection to finish
@@ -821,12 +874,22 @@ pub async fn serve(
 ///
 /// Each connection is hyper's HTTP/1 with a timer, so `header_read_timeout` holds (axum's own
 /// server gives hyper no timer, and then no header timeout applies).
+///
+/// At most `max_connections` connections are served; one more is answered "overloaded" and
+/// closed (at most [`REFUSALS_PENDING_MAX`] of those pending; beyond them a connection is
+/// closed as soon as it is accepted), so the descriptors the log and the engine connections
+/// need stay free.
 async fn accept_loop(
     listener: tokio::net::TcpListener,
-    app: Router,
-    header_read_timeout: std::time::Duration,
+    state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let header_read_timeout = state.config.header_read_timeout;
+    let max_connections = state.config.max_connections.max(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING_MAX));
+    let mut warned_full = false;
+    let app = router(state.clone());
     // TCP keepalive: a harness host that vanishes without closing its connections (a node
     // lost mid-run) frees them within about two minutes instead of holding them forever.
     let keepalive = socket2::TcpKeepalive::new()
@@ -856,9 +919,45 @@ async fn accept_loop(
         // harness ACKs the previous (a delayed ACK: up to 40 ms per frame).
         let _ = stream.set_nodelay(true);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            state.metrics.connection_refused();
+            if !warned_full {
+                warned_full = true;
+                tracing::warn!(
+                    max_connections,
+                    "serving the maximum number of connections; new ones are answered overloaded"
+                );
+            }
+            // Over the cap: answer the request "overloaded" and close; when too many of those
+            // are pending already, close at once (the kernel resets the connection).
+            let Ok(refusal) = refusals.clone().try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
+            // Owned by the accept loop: ends after one answer or the short header timeout.
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| async move {
+                    Ok::<_, std::convert::Infallible>(over_capacity(request, max_connections).await)
+                });
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(REFUSAL_HEADER_TIMEOUT)
+                    .keep_alive(false);
+                let _ = http
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                drop(refusal);
+            });
+            continue;
+        };
+        if warned_full && slots.available_permits() > max_connections / 10 {
+            warned_full = false;
+        }
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stopping = stopping.clone();
         let open = connection_open.clone();
+        let served = state.clone();
+        served.metrics.connection_opened();
         // Owned by the accept loop: it ends with its connection; after a stop, once the
         // request in flight is answered.
         tokio::spawn(async move {
@@ -876,6 +975,8 @@ async fn accept_loop(
                     let _ = connection.await;
                 }
             }
+            served.metrics.connection_closed();
+            drop(slot);
             drop(open);
         });
     }
@@ -1397,19 +1498,7 @@ async fn not_found(
     headers: HeaderMap,
 ) -> Response {
     let path = uri.path();
-    let api = if headers.contains_key("anthropic-version") {
-        Api::Anthropic
-    } else if path.contains("/responses") {
-        Api::OpenAiResponses
-    } else if ["/chat/", "/completions", "/models", "/embeddings"]
-        .iter()
-        .any(|part| path.contains(part))
-        && !path.contains("/messages")
-    {
-        Api::OpenAiChat
-    } else {
-        Api::Anthropic
-    };
+    let api = api_of_request(path, &headers);
     let shown: String = path.chars().take(200).collect();
     let error = ApiError::new(
         api,
