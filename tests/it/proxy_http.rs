@@ -174,6 +174,35 @@ fn connections_over_the_cap_are_answered_overloaded() {
     drop(second);
 }
 
+/// Every answer, an error included, carries a request id under both APIs' header names, one
+/// per request.
+#[test]
+fn answers_carry_a_request_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proxy = deterministic_proxy(dir.path(), &[]);
+    let ids: Vec<String> = (0..2)
+        .map(|_| {
+            let raw = raw_exchange(
+                &proxy.address,
+                "POST /v1/messages HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}",
+            );
+            assert!(raw.starts_with("HTTP/1.1 401"), "{raw}");
+            let head = raw.split("\r\n\r\n").next().unwrap_or_default().to_ascii_lowercase();
+            let header = |name: &str| {
+                head.lines()
+                    .find_map(|line| line.strip_prefix(name))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| panic!("no {name} in {head}"))
+            };
+            let id = header("request-id: ");
+            assert_eq!(header("x-request-id: "), id);
+            assert!(id.starts_with("req_") && id.len() == 28, "{id}");
+            id
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+}
+
 /// Sends `request` as is on a fresh connection and reads until the proxy closes it.
 fn raw_exchange(address: &str, request: &str) -> String {
     use std::io::{Read, Write};

@@ -277,6 +277,10 @@ pub struct ChatRequest {
     /// `x-codex-turn-metadata` header with `request_kind: "compaction"`). The body's own
     /// compaction instructions are recognised as well; this holds when their wording changes.
     pub harness_compaction: bool,
+    /// OpenAI Responses: the request's settings its `response` object echoes (`tools`,
+    /// `tool_choice`, `instructions`, `temperature`, …, with the API's defaults for those left
+    /// out).
+    pub response_settings: Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl ChatRequest {
@@ -299,6 +303,7 @@ impl ChatRequest {
             ignored_fields: Vec::new(),
             unknown_fields: Vec::new(),
             harness_compaction: false,
+            response_settings: None,
         }
     }
 

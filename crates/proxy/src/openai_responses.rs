@@ -9,7 +9,7 @@
 //! `encrypted_content` as their handle.
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::api_error::ApiError;
 use crate::messages::{
@@ -138,6 +138,50 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
     pub ignored_fields: Vec<String>,
     pub unknown_fields: Vec<String>,
+    /// The settings the `response` object echoes (see [`echoed_settings`]).
+    pub settings: std::sync::Arc<serde_json::Map<String, Value>>,
+}
+
+/// The request's settings as its `response` object echoes them: each as the request sent it,
+/// or the API's default when it is absent or null (`tools` `[]`, `tool_choice` `"auto"`,
+/// `temperature` and `top_p` 1, `store` true, …). `previous_response_id` is always null: the
+/// proxy refuses requests that carry one.
+pub fn echoed_settings(body: &Value) -> serde_json::Map<String, Value> {
+    let field = |name: &str, default: Value| {
+        body.get(name)
+            .filter(|value| !value.is_null())
+            .cloned()
+            .unwrap_or(default)
+    };
+    let mut settings = serde_json::Map::new();
+    for (name, default) in [
+        ("instructions", Value::Null),
+        ("max_output_tokens", Value::Null),
+        ("max_tool_calls", Value::Null),
+        ("metadata", json!({})),
+        ("parallel_tool_calls", Value::Bool(true)),
+        ("previous_response_id", Value::Null),
+        ("prompt_cache_key", Value::Null),
+        ("reasoning", json!({"effort": null, "summary": null})),
+        ("service_tier", json!("default")),
+        ("store", Value::Bool(true)),
+        ("temperature", json!(1.0)),
+        ("text", json!({"format": {"type": "text"}})),
+        ("tool_choice", json!("auto")),
+        ("tools", json!([])),
+        ("top_logprobs", json!(0)),
+        ("top_p", json!(1.0)),
+        ("truncation", json!("disabled")),
+        ("user", Value::Null),
+    ] {
+        let value = if name == "previous_response_id" {
+            Value::Null
+        } else {
+            field(name, default)
+        };
+        settings.insert(name.to_string(), value);
+    }
+    settings
 }
 
 /// Parses and converts a `/v1/responses` body.
@@ -232,6 +276,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         user,
         ignored_fields,
         unknown_fields,
+        settings: std::sync::Arc::new(echoed_settings(root.value)),
     })
 }
 
@@ -728,6 +773,7 @@ impl ResponsesRequest {
         chat.user = self.user.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();
+        chat.response_settings = Some(self.settings.clone());
         Ok(chat)
     }
 }

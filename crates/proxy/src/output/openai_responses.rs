@@ -38,12 +38,18 @@ pub struct ResponsesResponse {
     freeform_tools: Vec<String>,
     /// The harness's tool-search tools: a call of one goes out as a `tool_search_call`.
     search_tools: Vec<String>,
+    /// The request's settings, echoed in every `response` object.
+    settings: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
+    /// `completed_at`, once the server stamped it.
+    completed_unix_s: Option<u64>,
+    /// The answer was cut by the token limit: the item open at the end is `incomplete`.
+    cut: bool,
 }
 
 fn usage_json(usage: &Usage) -> Value {
     json!({
         "input_tokens": usage.input_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.output_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.input_tokens + usage.output_tokens,
@@ -151,7 +157,25 @@ impl ResponsesResponse {
             open_text: String::new(),
             freeform_tools: Vec::new(),
             search_tools: Vec::new(),
+            settings: None,
+            completed_unix_s: None,
+            cut: false,
         }
+    }
+
+    /// The request's settings (`ChatRequest::response_settings`), echoed in every `response`
+    /// object as the API does.
+    pub fn with_settings(
+        mut self,
+        settings: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
+    ) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Stamps `completed_at` of the final `response` object.
+    pub fn set_completed_at(&mut self, unix_s: u64) {
+        self.completed_unix_s = Some(unix_s);
     }
 
     /// Names the request's freeform (`custom`) tools: their calls go out as
@@ -186,20 +210,34 @@ impl ResponsesResponse {
     }
 
     fn response_object(&self, status: &str, output: Vec<Value>, usage: Option<&Usage>) -> Value {
-        json!({
-            "id": self.meta.id,
-            "object": "response",
-            "created_at": self.meta.created_unix_s,
-            "status": status,
-            "error": null,
-            "incomplete_details": null,
-            "model": self.meta.model,
-            "output": output,
-            "parallel_tool_calls": true,
-            "tool_choice": "auto",
-            "tools": [],
-            "usage": usage.map(usage_json),
-        })
+        let mut object = serde_json::Map::new();
+        object.insert("id".into(), Value::from(self.meta.id.as_str()));
+        object.insert("object".into(), Value::from("response"));
+        object.insert("created_at".into(), Value::from(self.meta.created_unix_s));
+        object.insert("status".into(), Value::from(status));
+        let completed_at = match (status, self.completed_unix_s) {
+            ("in_progress", _) | (_, None) => Value::Null,
+            (_, Some(at)) => Value::from(at),
+        };
+        object.insert("completed_at".into(), completed_at);
+        object.insert("error".into(), Value::Null);
+        object.insert("incomplete_details".into(), Value::Null);
+        object.insert("model".into(), Value::from(self.meta.model.as_str()));
+        object.insert("output".into(), Value::Array(output));
+        match &self.settings {
+            Some(settings) => object.extend(
+                settings
+                    .iter()
+                    .map(|(name, value)| (name.clone(), value.clone())),
+            ),
+            None => {
+                object.insert("parallel_tool_calls".into(), Value::Bool(true));
+                object.insert("tool_choice".into(), Value::from("auto"));
+                object.insert("tools".into(), json!([]));
+            }
+        }
+        object.insert("usage".into(), usage.map_or(Value::Null, usage_json));
+        Value::Object(object)
     }
 
     fn item_id(&self, prefix: &str) -> String {
@@ -286,11 +324,13 @@ impl ResponsesResponse {
         ));
     }
 
+    /// A finished message item; the one still open when the token limit cut the answer is
+    /// `incomplete`.
     fn message_item(&self, id: &str, text: &str) -> Value {
         json!({
             "id": id,
             "type": "message",
-            "status": "completed",
+            "status": if self.cut { "incomplete" } else { "completed" },
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         })
@@ -426,6 +466,7 @@ impl ResponsesResponse {
     /// Closes open items; `response.completed` or `response.incomplete`.
     pub fn finish(&mut self, stop: &StopReason, usage: &Usage) -> Vec<SseEvent> {
         let mut events = Vec::new();
+        self.cut = *stop == StopReason::MaxTokens;
         self.close_reasoning("", &mut events);
         self.close_message(&mut events);
         let response = self.final_object(self.output.clone(), stop, usage);
@@ -443,7 +484,11 @@ impl ResponsesResponse {
         let mut output = self.output.clone();
         match self.open {
             Some(OpenItem::Message) => {
-                output.push(self.message_item(&self.item_id("msg"), &self.open_text))
+                let mut item = self.message_item(&self.item_id("msg"), &self.open_text);
+                if *stop == StopReason::MaxTokens {
+                    item["status"] = Value::from("incomplete");
+                }
+                output.push(item)
             }
             Some(OpenItem::Reasoning) => output.push(json!({
                 "id": self.item_id("rs"),

@@ -92,6 +92,12 @@ fn random_id(prefix: &str, length: usize) -> String {
     format!("{prefix}{tail}")
 }
 
+/// A request id for the `request-id` / `x-request-id` headers (the SDKs expose it for
+/// support and logs).
+pub fn request_id() -> String {
+    random_id("req_", 24)
+}
+
 /// An execution credential: 32 random alphanumerics.
 pub fn random_token() -> String {
     random_id("gx-", 32)
@@ -142,6 +148,9 @@ impl Outlet {
         (agent, call): (&str, CallId),
     ) {
         execution.lock().mark_delivered(agent, call, true);
+        if let Builder::Responses(responses) = builder {
+            responses.set_completed_at(wall_clock().nanos() / 1_000_000_000);
+        }
         let handed = if self.streaming {
             self.frames(builder.finish(stop, usage)).await
         } else {
@@ -314,7 +323,8 @@ fn builder_for(
         builder = Builder::Responses(
             responses
                 .with_freeform_tools(request.freeform_tools.clone())
-                .with_search_tools(request.search_tools.clone()),
+                .with_search_tools(request.search_tools.clone())
+                .with_settings(request.response_settings.clone()),
         );
     }
     let start = builder.start();

@@ -803,7 +803,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/executions/{token}/close", post(admin_close))
         .route("/admin/executions/{token}/route", post(admin_route))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(with_request_id))
         .with_state(state)
+}
+
+/// Every answer carries a request id under both APIs' header names (`request-id`, Anthropic;
+/// `x-request-id`, OpenAI), as the SDKs expect for their `_request_id`.
+async fn with_request_id(mut response: Response) -> Response {
+    if let Ok(id) = HeaderValue::from_str(&generate::request_id()) {
+        let headers = response.headers_mut();
+        headers.insert("x-request-id", id.clone());
+        headers.insert("request-id", id);
+    }
+    response
 }
 
 /// Binds `listen` and serves until `shutdown` resolves. Returns the bound address at once.

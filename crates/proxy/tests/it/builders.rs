@@ -154,10 +154,10 @@ fn openai_responses_stream_wire() {
         &events,
         expect![[r#"
             event: response.created
-            data: {"type":"response.created","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"in_progress","error":null,"incomplete_details":null,"model":"test-model","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":null},"sequence_number":0}
+            data: {"type":"response.created","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"in_progress","completed_at":null,"error":null,"incomplete_details":null,"model":"test-model","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":null},"sequence_number":0}
 
             event: response.in_progress
-            data: {"type":"response.in_progress","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"in_progress","error":null,"incomplete_details":null,"model":"test-model","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":null},"sequence_number":1}
+            data: {"type":"response.in_progress","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"in_progress","completed_at":null,"error":null,"incomplete_details":null,"model":"test-model","output":[],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":null},"sequence_number":1}
 
             event: response.output_item.added
             data: {"type":"response.output_item.added","output_index":0,"item":{"id":"rs_1_0","type":"reasoning","summary":[]},"sequence_number":2}
@@ -208,7 +208,7 @@ fn openai_responses_stream_wire() {
             data: {"type":"response.output_item.done","output_index":2,"item":{"id":"fc_1_2","type":"function_call","status":"completed","call_id":"toolu_1","name":"Bash","arguments":"{\"command\": \"ls\",  \"x\":\"caf\\u00e9\"}"},"sequence_number":17}
 
             event: response.completed
-            data: {"type":"response.completed","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"completed","error":null,"incomplete_details":null,"model":"test-model","output":[{"id":"rs_1_0","type":"reasoning","summary":[{"type":"summary_text","text":"Plan."}],"encrypted_content":"gyre-sig-1"},{"id":"msg_1_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Listing.","annotations":[]}]},{"id":"fc_1_2","type":"function_call","status":"completed","call_id":"toolu_1","name":"Bash","arguments":"{\"command\": \"ls\",  \"x\":\"caf\\u00e9\"}"}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":100},"output_tokens":17,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":137}},"sequence_number":18}
+            data: {"type":"response.completed","response":{"id":"resp_1","object":"response","created_at":1796212800,"status":"completed","completed_at":null,"error":null,"incomplete_details":null,"model":"test-model","output":[{"id":"rs_1_0","type":"reasoning","summary":[{"type":"summary_text","text":"Plan."}],"encrypted_content":"gyre-sig-1"},{"id":"msg_1_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Listing.","annotations":[]}]},{"id":"fc_1_2","type":"function_call","status":"completed","call_id":"toolu_1","name":"Bash","arguments":"{\"command\": \"ls\",  \"x\":\"caf\\u00e9\"}"}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":100,"cache_write_tokens":0},"output_tokens":17,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":137}},"sequence_number":18}
 
         "#]],
     );

@@ -443,3 +443,72 @@ fn tool_search_is_a_function_whose_output_lists_the_loaded_tools() {
                "arguments": {"query": "spawn sub agent", "limit": 4}})
     );
 }
+
+/// The `response` object echoes the request's settings (the OpenAI SDK's
+/// `get_final_response().tools` reads them), `usage.input_tokens_details` carries both counts
+/// the SDK requires, and an answer the token limit cut ends with its open message item
+/// `incomplete`, in the stream and in the body.
+#[test]
+fn the_response_echoes_the_requests_settings_and_marks_a_cut_message_incomplete() {
+    use gyre_proxy::output::openai_responses::ResponsesResponse;
+    use gyre_proxy::output::{ResponseMeta, StopReason, StreamItem, Usage};
+    let tool = json!({"type": "function", "name": "get_weather", "description": "Weather.",
+                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}});
+    let body = json!({
+        "model": "gpt-5.5", "stream": true, "instructions": "Be brief.",
+        "tools": [tool], "tool_choice": "required", "parallel_tool_calls": false,
+        "temperature": 0.2, "max_output_tokens": 64, "metadata": {"run": "42"},
+        "input": "Weather in Paris?"
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    let meta = ResponseMeta {
+        id: "resp_1".into(),
+        model: "gpt-5.5".into(),
+        created_unix_s: 7,
+    };
+    let mut response = ResponsesResponse::new(meta).with_settings(chat.response_settings);
+    let start = response.start();
+    let created: Value = serde_json::from_str(&start[0].data).expect("json");
+    let echoed = &created["response"];
+    assert_eq!(echoed["tools"], json!([tool]));
+    assert_eq!(echoed["tool_choice"], "required");
+    assert_eq!(echoed["parallel_tool_calls"], false);
+    assert_eq!(echoed["instructions"], "Be brief.");
+    assert_eq!(echoed["temperature"], 0.2);
+    assert_eq!(echoed["top_p"], 1.0, "the default of a setting left out");
+    assert_eq!(echoed["max_output_tokens"], 64);
+    assert_eq!(echoed["metadata"], json!({"run": "42"}));
+    assert_eq!(echoed["completed_at"], Value::Null);
+    let mut events = response.push(StreamItem::TextDelta("It is sun"));
+    response.set_completed_at(9);
+    let usage = Usage {
+        input_tokens: 5,
+        cached_input_tokens: 2,
+        output_tokens: 64,
+        reasoning_tokens: 0,
+    };
+    let body = response.response_json(&StopReason::MaxTokens, &usage);
+    events.extend(response.finish(&StopReason::MaxTokens, &usage));
+    let last: Value = serde_json::from_str(&events.last().expect("events").data).expect("json");
+    assert_eq!(last["type"], "response.incomplete");
+    for (what, object) in [("stream", &last["response"]), ("body", &body)] {
+        assert_eq!(object["status"], "incomplete", "{what}");
+        assert_eq!(
+            object["output"][0]["status"], "incomplete",
+            "{what}: {object}"
+        );
+        assert_eq!(object["tools"], json!([tool]), "{what}");
+        assert_eq!(object["completed_at"], 9, "{what}");
+        assert_eq!(
+            object["usage"]["input_tokens_details"],
+            json!({"cached_tokens": 2, "cache_write_tokens": 0}),
+            "{what}"
+        );
+    }
+    let item_done = events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("response.output_item.done"))
+        .expect("the message item closes");
+    let item_done: Value = serde_json::from_str(&item_done.data).expect("json");
+    assert_eq!(item_done["item"]["status"], "incomplete");
+}
