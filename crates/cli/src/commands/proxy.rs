@@ -119,8 +119,12 @@ pub struct ProxyArgs {
     /// are parsed whole; 0 turns this off.
     #[arg(long, default_value_t = 256)]
     body_cache_mib: usize,
-    /// Cap on new tokens per call.
-    #[arg(long, default_value_t = 4096)]
+    /// Cap on new tokens per call: a request's own limit (`max_tokens`,
+    /// `max_output_tokens`) is clipped to it, and a request without one (Codex sends none)
+    /// gets it. Claude Code asks for 32000 (Sonnet) to 128000 (Opus); an answer cut by this
+    /// cap ends with the API's max-tokens stop, which Claude Code continues after and Codex
+    /// fails its turn on.
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: u32,
     /// What the model is shown for images, audio and binary files in a request (a text-only
     /// model cannot read them; Claude Code sends one when it reads a PNG, Codex for

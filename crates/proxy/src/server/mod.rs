@@ -154,7 +154,7 @@ impl Default for ServerConfig {
             body_idle_timeout: std::time::Duration::from_secs(60),
             header_read_timeout: std::time::Duration::from_secs(30),
             max_connections: 4096,
-            max_new_tokens: 4096,
+            max_new_tokens: 32768,
             engine_attempts_max: 4,
             public_url: String::new(),
             auto_open: false,
