@@ -1182,3 +1182,77 @@ fn stop_sequences_end_the_answer_and_its_record_there() {
         }
     });
 }
+
+/// OpenAI Chat `logprobs: true`: the answer lists every sampled token with its exact bytes and
+/// the behaviour log-prob the record holds, in the body and on the stream's finish chunk (the
+/// SDKs' accumulators gather `logprobs.content` from the chunks); `top_logprobs` above 0 is a
+/// 400 naming it (the engines report the sampled token only).
+#[test]
+fn chat_logprobs_are_the_records_tokens_and_log_probs() {
+    use serde_json::{json, Value};
+    runtime().block_on(async {
+        let line =
+            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Caf\u00e9 \u2014 ok."}]}"#;
+        let (state, sink) = gated_scripted_state(&format!("{line}\n").repeat(3));
+        let check = |content: &Value| {
+            let record = last_record(&sink);
+            let entries = content.as_array().expect("logprobs.content");
+            assert_eq!(entries.len(), record.output_ids.len());
+            let mut bytes = Vec::new();
+            for (entry, logprob) in entries.iter().zip(&record.output_logprobs) {
+                assert_eq!(entry["logprob"].as_f64(), Some(f64::from(*logprob)));
+                assert_eq!(entry["top_logprobs"], json!([]));
+                for byte in entry["bytes"].as_array().expect("bytes") {
+                    bytes.push(byte.as_u64().expect("a byte") as u8);
+                }
+            }
+            let text = String::from_utf8(bytes).expect("the tokens' bytes make UTF-8");
+            assert_eq!(
+                text,
+                test_model().decode(&record.output_ids).expect("decode"),
+                "the bytes are exactly the sampled text"
+            );
+            assert!(text.starts_with("Café — ok."), "{text}");
+        };
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let body = json!({"model": "m", "logprobs": true,
+                          "messages": [{"role": "user", "content": "Hi"}]});
+        let (status, text) = post(&state, "/v1/chat/completions", &token, body.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text).expect("json");
+        check(&answer["choices"][0]["logprobs"]["content"]);
+
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, text) =
+            post(&state, "/v1/chat/completions", &token, streamed.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let chunks: Vec<Value> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
+            .collect();
+        let with_logprobs: Vec<&Value> = chunks
+            .iter()
+            .filter(|chunk| !chunk["choices"][0]["logprobs"].is_null())
+            .collect();
+        assert_eq!(with_logprobs.len(), 1, "{text}");
+        assert_eq!(with_logprobs[0]["choices"][0]["finish_reason"], "stop");
+        check(&with_logprobs[0]["choices"][0]["logprobs"]["content"]);
+
+        let recorded = sink.records();
+        let mut top = body.clone();
+        top["top_logprobs"] = json!(3);
+        let (status, text) = post(&state, "/v1/chat/completions", &token, top.to_string()).await;
+        assert_eq!(status, 400, "{text}");
+        let error: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(error["error"]["param"], "top_logprobs", "{text}");
+        assert_eq!(
+            sink.records(),
+            recorded,
+            "nothing recorded for a refused call"
+        );
+    });
+}

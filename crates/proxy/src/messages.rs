@@ -281,6 +281,9 @@ pub struct ChatRequest {
     /// `tool_choice`, `instructions`, `temperature`, …, with the API's defaults for those left
     /// out).
     pub response_settings: Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// OpenAI Chat `logprobs`: the answer lists every sampled token with its behaviour
+    /// log-prob.
+    pub logprobs: bool,
 }
 
 impl ChatRequest {
@@ -304,6 +307,7 @@ impl ChatRequest {
             unknown_fields: Vec::new(),
             harness_compaction: false,
             response_settings: None,
+            logprobs: false,
         }
     }
 

@@ -320,6 +320,28 @@ impl ChatModel {
             })
     }
 
+    /// The exact bytes of one token, as OpenAI's `logprobs.content[].bytes` gives them: for a
+    /// byte-level tokenizer the bytes its piece stands for (a piece may hold part of a UTF-8
+    /// character), otherwise the token decoded alone.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if matches!(
+            self.tokenizer.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        ) {
+            if let Some(bytes) = self
+                .tokenizer
+                .id_to_token(id)
+                .and_then(|piece| byte_level_bytes(&piece))
+            {
+                return bytes;
+            }
+        }
+        self.tokenizer
+            .decode(&[id], false)
+            .map(String::into_bytes)
+            .unwrap_or_default()
+    }
+
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
     }
@@ -330,6 +352,25 @@ impl ChatModel {
             inner: self.tokenizer.decode_stream(false),
         }
     }
+}
+
+/// The bytes a byte-level (GPT-2 style) piece stands for: printable bytes are their own
+/// character, the other 68 bytes are the characters from U+0100 on, in byte order. `None`
+/// when a character is outside that alphabet (an added token written with raw whitespace).
+fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
+    let printable = |byte: u8| matches!(byte, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    piece
+        .chars()
+        .map(|character| {
+            let code = u32::from(character);
+            if code < 256 {
+                let byte = code as u8;
+                return printable(byte).then_some(byte);
+            }
+            let shifted = usize::try_from(code - 256).ok()?;
+            (0..=255u8).filter(|byte| !printable(*byte)).nth(shifted)
+        })
+        .collect()
 }
 
 /// Output ids → text deltas, special tokens included. A character whose UTF-8 bytes span
@@ -352,5 +393,28 @@ impl TextStream<'_> {
         self.inner.step(id).map_err(|error| ProxyError::Tokenizer {
             message: error.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_level_bytes;
+
+    #[test]
+    fn byte_level_pieces_stand_for_their_bytes() {
+        // Printable bytes are themselves; space, newline and the rest start at U+0100.
+        assert_eq!(byte_level_bytes("Hi!"), Some(b"Hi!".to_vec()));
+        assert_eq!(byte_level_bytes("\u{120}a"), Some(b" a".to_vec()));
+        assert_eq!(byte_level_bytes("\u{10a}"), Some(b"\n".to_vec()));
+        // Half of "é" (0xC3 0xA9): a piece may hold part of a character.
+        assert_eq!(byte_level_bytes("\u{c3}"), Some(vec![0xC3]));
+        assert_eq!(
+            byte_level_bytes("\u{c3}\u{a9}"),
+            Some("é".as_bytes().to_vec())
+        );
+        // The last of the 68 shifted bytes, and characters outside the alphabet.
+        assert_eq!(byte_level_bytes("\u{143}"), Some(vec![0xAD]));
+        assert_eq!(byte_level_bytes("\u{144}"), None);
+        assert_eq!(byte_level_bytes(" "), None);
     }
 }

@@ -34,13 +34,13 @@ const KNOWN_FIELDS: &[&str] = &[
     "parallel_tool_calls",
     "user",
     "reasoning_effort",
+    "logprobs",
+    "top_logprobs",
 ];
 const IGNORED_FIELDS: &[&str] = &[
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
-    "logprobs",
-    "top_logprobs",
     "response_format",
     "metadata",
     "store",
@@ -107,6 +107,8 @@ pub struct ChatCompletionRequest {
     pub parallel_tool_calls: Option<bool>,
     pub user: Option<String>,
     pub reasoning_effort: Option<String>,
+    /// `logprobs`: each sampled token's behaviour log-prob in the answer.
+    pub logprobs: bool,
     pub ignored_fields: Vec<String>,
     pub unknown_fields: Vec<String>,
 }
@@ -187,6 +189,15 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
             .optional_bool("include_usage")?
             .unwrap_or(false),
     };
+    // The engines return the sampled token's log-prob only, not the alternatives.
+    if let Some(top) = root.get("top_logprobs")? {
+        if top.node().value.as_u64() != Some(0) && !top.node().value.is_null() {
+            return Err(top.node().error(
+                "is not supported: the engines return each sampled token's log-prob, not the \
+                 most likely alternatives; send `logprobs: true` without it",
+            ));
+        }
+    }
     let max_tokens = match root.optional_u32("max_completion_tokens")? {
         Some(max_tokens) => Some(max_tokens),
         None => root.optional_u32("max_tokens")?,
@@ -208,6 +219,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
         user: root.optional_str("user")?.map(str::to_string),
         reasoning_effort: root.optional_str("reasoning_effort")?.map(str::to_string),
+        logprobs: root.optional_bool("logprobs")?.unwrap_or(false),
         ignored_fields,
         unknown_fields,
     })
@@ -400,6 +412,7 @@ impl ChatCompletionRequest {
         };
         chat.stream = self.stream;
         chat.stream_include_usage = self.include_usage;
+        chat.logprobs = self.logprobs;
         chat.user = self.user.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();

@@ -19,6 +19,19 @@ pub struct ChatCompletionResponse {
     content: String,
     reasoning: String,
     tool_calls: Vec<Value>,
+    /// `logprobs.content`, when the request asked for log-probs (set before the end).
+    logprobs: Option<Vec<Value>>,
+}
+
+/// One `logprobs.content` entry: the token's text (lossy where it holds part of a character),
+/// its exact bytes and its log-prob; no alternatives.
+pub fn logprob_entry(bytes: &[u8], logprob: f32) -> Value {
+    json!({
+        "token": String::from_utf8_lossy(bytes),
+        "logprob": logprob,
+        "bytes": bytes,
+        "top_logprobs": [],
+    })
 }
 
 fn usage_json(usage: &Usage) -> Value {
@@ -39,16 +52,35 @@ impl ChatCompletionResponse {
             content: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            logprobs: None,
+        }
+    }
+
+    /// The answer's tokens for `logprobs.content` (every sampled token, reasoning and
+    /// tool-call text included, as the model wrote them): in the body, or on the stream's
+    /// finish chunk.
+    pub fn set_logprobs(&mut self, content: Vec<Value>) {
+        self.logprobs = Some(content);
+    }
+
+    fn logprobs_json(&self) -> Value {
+        match &self.logprobs {
+            Some(content) => json!({"content": content, "refusal": null}),
+            None => Value::Null,
         }
     }
 
     fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> SseEvent {
+        self.chunk_with(delta, finish_reason, Value::Null)
+    }
+
+    fn chunk_with(&self, delta: Value, finish_reason: Option<&str>, logprobs: Value) -> SseEvent {
         let mut chunk = json!({
             "id": self.meta.id,
             "object": "chat.completion.chunk",
             "created": self.meta.created_unix_s,
             "model": self.meta.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         });
         if self.include_usage {
             chunk["usage"] = Value::Null;
@@ -105,7 +137,8 @@ impl ChatCompletionResponse {
 
     /// The finish chunk, the usage chunk if asked for, and `[DONE]`.
     pub fn finish(&mut self, stop: &StopReason, usage: &Usage) -> Vec<SseEvent> {
-        let mut events = vec![self.chunk(json!({}), Some(stop.openai_chat()))];
+        let mut events =
+            vec![self.chunk_with(json!({}), Some(stop.openai_chat()), self.logprobs_json())];
         if self.include_usage {
             events.push(SseEvent::unnamed(json!({
                 "id": self.meta.id,
@@ -144,7 +177,7 @@ impl ChatCompletionResponse {
             "choices": [{
                 "index": 0,
                 "message": message,
-                "logprobs": null,
+                "logprobs": self.logprobs_json(),
                 "finish_reason": stop.openai_chat(),
             }],
             "usage": usage_json(usage),

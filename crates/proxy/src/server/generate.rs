@@ -98,6 +98,21 @@ pub fn request_id() -> String {
     random_id("req_", 24)
 }
 
+/// Chat Completions `logprobs.content`: every sampled token with its exact bytes and the
+/// behaviour log-prob the engine reported.
+fn set_logprobs(builder: &mut Builder, model: &crate::ChatModel, ids: &[u32], logprobs: &[f32]) {
+    if let Builder::Chat(chat) = builder {
+        chat.set_logprobs(
+            ids.iter()
+                .zip(logprobs)
+                .map(|(id, logprob)| {
+                    crate::output::openai_chat::logprob_entry(&model.token_bytes(*id), *logprob)
+                })
+                .collect(),
+        );
+    }
+}
+
 /// An execution credential: 32 random alphanumerics.
 pub fn random_token() -> String {
     random_id("gx-", 32)
@@ -554,6 +569,14 @@ pub async fn run(
         app.metrics.harness_gone();
         return;
     }
+    if request.logprobs {
+        set_logprobs(
+            &mut builder,
+            &app.model,
+            &sampled.output_ids,
+            &sampled.output_logprobs,
+        );
+    }
     let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
     let usage = Usage {
         input_tokens: prepared.context_ids.len() as u64,
@@ -729,6 +752,9 @@ async fn run_replay(
     if !outlet.frames(frames).await {
         app.metrics.harness_gone();
         return;
+    }
+    if request.logprobs {
+        set_logprobs(&mut builder, &app.model, output, &replay.output_logprobs);
     }
     // The same request has the same token limit: an output that ends in a stop token or stops
     // short of the limit ended its turn; one that reached the limit without a stop token was
