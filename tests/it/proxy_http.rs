@@ -247,6 +247,20 @@ fn unknown_routes_answer_in_the_clients_error_shape() {
     assert_eq!(status, 404, "{body}");
     let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(error["type"], "error", "Anthropic's shape: {body}");
+    // A path of neither API: a bearer token without `x-api-key` is an OpenAI SDK.
+    let (status, body) = http(
+        &proxy.address,
+        "POST",
+        "/v1/nope",
+        &[("authorization", "Bearer gx-unknown")],
+        "{}",
+    );
+    assert_eq!(status, 404, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        error["error"].get("param").is_some(),
+        "OpenAI's shape: {body}"
+    );
 }
 
 /// A client that opens a connection and stops inside its request headers is disconnected after

@@ -851,6 +851,10 @@ fn api_of_request(path: &str, headers: &HeaderMap) -> Api {
         && !path.contains("/messages")
     {
         Api::OpenAiChat
+    } else if headers.contains_key("authorization") && !headers.contains_key("x-api-key") {
+        // OpenAI's SDKs send a bearer token; Anthropic's send `x-api-key` (and Claude Code,
+        // bearer or not, sends `anthropic-version`).
+        Api::OpenAiChat
     } else {
         Api::Anthropic
     }
