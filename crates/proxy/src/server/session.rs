@@ -47,6 +47,12 @@ const COMPACTION_MARKERS: [&str; 3] = [
     "You are performing a CONTEXT CHECKPOINT COMPACTION",
 ];
 
+/// Calls of an agent after which a set-aside context, not come back to, is dropped.
+const SIDE_CONTEXT_CALLS_MAX: u32 = 3;
+
+/// Set-aside contexts kept per agent (beyond, the one set aside longest ago goes).
+const SIDE_CONTEXTS_MAX: usize = 3;
+
 /// Tokens of room left after a prepared context for the answer appended to it.
 const ANSWER_ROOM_TOKENS: usize = 4096;
 
@@ -177,6 +183,16 @@ pub struct Session {
     pub execution: ExecutionId,
     pub tree: Tree,
     agents: BTreeMap<String, AgentContext>,
+    /// Each agent's other recent contexts. A call that shares less than half of the agent's
+    /// context (a harness side call under the same agent, such as Claude Code's WebFetch
+    /// summariser; a rewritten history) leaves that context here instead of consuming it, and
+    /// the request that continues it makes it the agent's context again: the conversation
+    /// then reuses its own tokens instead of re-encoding its history. With each, the agent's
+    /// calls since it was set aside: after [`SIDE_CONTEXT_CALLS_MAX`] calls that did not come
+    /// back to it (a compaction's new root goes on without the old conversation) it is
+    /// dropped, and at most [`SIDE_CONTEXTS_MAX`] are kept, so an agent holds a few contexts
+    /// for a short while only.
+    side: BTreeMap<String, Vec<(AgentContext, u32)>>,
     tool_calls: HashMap<String, String>,
     reasoning: HashMap<String, String>,
     special: HashSet<u32>,
@@ -248,6 +264,7 @@ impl Session {
             execution,
             tree: Tree::new(execution, TreeConfig::default()),
             agents: BTreeMap::new(),
+            side: BTreeMap::new(),
             tool_calls: HashMap::new(),
             reasoning: HashMap::new(),
             special,
@@ -380,6 +397,7 @@ impl Session {
             now,
             extra: None,
         })?;
+        self.resume_side_context(&agent, &text);
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
@@ -433,11 +451,33 @@ impl Session {
         // provenance and ids JSON, and as many fresh pages). The agent keeps its last call id;
         // its context is empty until this call finishes, so a concurrent call of the same
         // agent encodes from scratch, which is slower but exact.
-        let mut buffers = self
-            .agents
-            .get_mut(&agent)
-            .map(AgentContext::take_buffers)
-            .unwrap_or_default();
+        // A request sharing less than half of the agent's context is another conversation
+        // (a side call, a rewritten history): that context is set aside whole and this prompt
+        // starts from copies of the tokens the two share.
+        let set_aside = matched * 2 < previous.text.len();
+        let mut buffers = if set_aside {
+            let previous = self.agents.remove(&agent).unwrap_or_default();
+            let buffers = ContextBuffers {
+                ids: previous.ids[..keep].to_vec(),
+                ids_json: IdsJson::of(&previous.ids[..keep]),
+                ends: previous.ends[..keep].to_vec(),
+                provenance: previous.provenance[..keep].to_vec(),
+            };
+            self.agents.insert(
+                agent.clone(),
+                AgentContext {
+                    call: previous.call,
+                    ..AgentContext::default()
+                },
+            );
+            self.set_aside(&agent, previous);
+            buffers
+        } else {
+            self.agents
+                .get_mut(&agent)
+                .map(AgentContext::take_buffers)
+                .unwrap_or_default()
+        };
         let mut context_json = std::mem::take(&mut buffers.ids_json);
         context_json.truncate(&buffers.ids, keep);
         // Room for the prompt and an answer (`finish_call` appends the sampled tokens).
@@ -528,6 +568,59 @@ impl Session {
     /// The agent's last call, when its record is in the log, `text` (the rendered request,
     /// sharing `matched` bytes with the agent's last context) is exactly that call's prompt and
     /// no call has extended it.
+    /// When `text` shares more with one of the agent's set-aside contexts than with its
+    /// current one (the main conversation after a side call), the two trade places. The other
+    /// set-aside contexts age by one call and are dropped when old enough.
+    fn resume_side_context(&mut self, agent: &str, text: &str) {
+        let Some(side) = self.side.get_mut(agent) else {
+            return;
+        };
+        let current = self
+            .agents
+            .get(agent)
+            .map_or(0, |context| common_prefix_bytes(&context.text, text));
+        let best = side
+            .iter()
+            .enumerate()
+            .map(|(at, (context, _))| (common_prefix_bytes(&context.text, text), at))
+            .max()
+            .filter(|(shared, _)| *shared > current)
+            .map(|(_, at)| at);
+        let resumed = best.map(|at| side.remove(at).0);
+        side.retain_mut(|(_, age)| {
+            *age += 1;
+            *age < SIDE_CONTEXT_CALLS_MAX
+        });
+        if side.is_empty() {
+            self.side.remove(agent);
+        }
+        if let Some(resumed) = resumed {
+            if let Some(current) = self.agents.insert(agent.to_string(), resumed) {
+                if !current.text.is_empty() {
+                    self.set_aside(agent, current);
+                }
+            }
+        }
+    }
+
+    /// Keeps `context` among the agent's set-aside contexts; beyond [`SIDE_CONTEXTS_MAX`] the
+    /// one set aside longest ago (of those, the smallest: the cheapest to encode again) is
+    /// dropped.
+    fn set_aside(&mut self, agent: &str, context: AgentContext) {
+        let side = self.side.entry(agent.to_string()).or_default();
+        side.push((context, 0));
+        if side.len() > SIDE_CONTEXTS_MAX {
+            let oldest = side
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, (context, age))| (*age, std::cmp::Reverse(context.ids.len())))
+                .map(|(at, _)| at);
+            if let Some(at) = oldest {
+                side.remove(at);
+            }
+        }
+    }
+
     fn committed_answer(
         &self,
         previous: &AgentContext,
@@ -648,7 +741,13 @@ impl Session {
             tracing::warn!(call = %record.call, %error, "a committed record does not fit the proxy's tree");
             return;
         }
-        if let Some(context) = self.agents.get_mut(&record.agent) {
+        let side = self.side.get_mut(&record.agent).into_iter().flatten();
+        let contexts = self
+            .agents
+            .get_mut(&record.agent)
+            .into_iter()
+            .chain(side.map(|(context, _)| context));
+        for context in contexts {
             if context.call == Some(record.call) {
                 context.committed = true;
             }
@@ -660,7 +759,13 @@ impl Session {
     /// (so a harness that re-asks the moment it has the answer never races it) and cleared
     /// again when the hand-over fails.
     pub fn mark_delivered(&mut self, agent: &str, call: CallId, delivered: bool) {
-        if let Some(context) = self.agents.get_mut(agent) {
+        let side = self.side.get_mut(agent).into_iter().flatten();
+        let contexts = self
+            .agents
+            .get_mut(agent)
+            .into_iter()
+            .chain(side.map(|(context, _)| context));
+        for context in contexts {
             if context.call == Some(call) {
                 context.delivered = delivered;
             }

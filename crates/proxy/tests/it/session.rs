@@ -64,6 +64,9 @@ enum Turn {
     /// The harness received the last answer of this agent whole and asks the same again on
     /// purpose: a new question, sampled anew.
     ReAsk,
+    /// A harness side call under the agent's name with its own conversation (Claude Code's
+    /// WebFetch summariser): the agent's own conversation goes on after it.
+    SideCall,
 }
 
 /// An agent's last finished call, as the test tracks it.
@@ -93,6 +96,7 @@ fn step() -> impl Strategy<Value = (usize, usize, Turn)> {
             2 => Just(Turn::Resend),
             1 => Just(Turn::CommitFails),
             1 => Just(Turn::ReAsk),
+            2 => Just(Turn::SideCall),
         ],
     )
 }
@@ -120,7 +124,34 @@ proptest! {
                 request
             })
             .collect();
+        // Side calls of each agent since its own last call: at most two in a row here (the
+        // agent's set-aside context is kept through two; after more it may be dropped, and
+        // then a re-send is sampled anew).
+        let mut side_calls = [0u32; 2];
         for (call, (agent, size, turn)) in steps.into_iter().enumerate() {
+            let turn = if matches!(turn, Turn::SideCall) && side_calls[agent] >= 2 {
+                Turn::Plain
+            } else {
+                turn
+            };
+            if matches!(turn, Turn::SideCall) {
+                let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
+                side.messages.push(Message::new(Role::System, "Summarise the page."));
+                let words: String = (0..size).map(|i| format!("p{} ", (i * 7 + call) % 89)).collect();
+                side.messages.push(Message::new(Role::User, format!("page {call}: {words}")));
+                let prepared = session
+                    .prepare(&model, &side, Some(agents[agent]), reference_now())
+                    .expect("prepares");
+                prop_assert!(prepared.replay.is_none());
+                prop_assert_eq!(&*prepared.context_ids, &model.encode(&prepared.text).expect("encodes"));
+                let record = session
+                    .finish_call(prepared, sampled(&model, &format!("summary {call}")))
+                    .expect("finishes");
+                session.record_committed(&record);
+                side_calls[agent] += 1;
+                continue;
+            }
+            side_calls[agent] = 0;
             let request = &mut histories[agent];
             let resend = owed[agent]
                 || (matches!(turn, Turn::Resend | Turn::ReAsk) && last[agent].is_some());
@@ -307,8 +338,13 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
             request
                 .messages
                 .push(Message::new(Role::User, format!("step {round} of {slot}")));
+            // As the server does with every request: the exact reasoning and arguments back
+            // first (the history then extends the agent's last context; one that diverged
+            // early would be set aside live, which a rebuilt session cannot know).
+            let mut restored = request.clone();
+            live.restore(&mut restored);
             let prepared = live
-                .prepare(&model, request, *agent, reference_now())
+                .prepare(&model, &restored, *agent, reference_now())
                 .expect("prepares");
             let mut ids = OutputIds::new(
                 ExecutionId(11),
@@ -573,4 +609,97 @@ fn a_re_sent_call_replays_its_committed_answer() {
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
     assert!(other.replay.is_none());
+}
+
+/// A harness side call under the agent's name (Claude Code's WebFetch summariser: its own
+/// system prompt, a page to summarise) shares little with the agent's conversation: the
+/// conversation's context is set aside, not consumed, and the agent's next turn reuses all of
+/// its own tokens instead of re-encoding its history (where re-tokenising sampled text could
+/// drift from what the model produced).
+#[test]
+fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens() {
+    let model = model();
+    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::System, "You are the main agent."));
+    request
+        .messages
+        .push(Message::new(Role::User, "first question ".repeat(80)));
+    let first = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let record = session
+        .finish_call(first, sampled(&model, "first answer"))
+        .expect("finishes");
+    session.record_committed(&record);
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "first answer"));
+    request.messages.push(Message::new(Role::User, "fetch it"));
+
+    let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
+    side.messages
+        .push(Message::new(Role::System, "Summarise the page."));
+    side.messages
+        .push(Message::new(Role::User, "page text ".repeat(40)));
+    let summary = session
+        .prepare(&model, &side, None, reference_now())
+        .expect("prepares");
+    assert_eq!(
+        &*summary.context_ids,
+        &model.encode(&summary.text).expect("encodes")
+    );
+    let summary_record = session
+        .finish_call(summary, sampled(&model, "a summary"))
+        .expect("finishes");
+    session.record_committed(&summary_record);
+
+    request
+        .messages
+        .push(Message::new(Role::User, "the summary, as a tool result"));
+    let next = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(
+        &*next.context_ids,
+        &model.encode(&next.text).expect("encodes")
+    );
+    assert!(
+        next.encoded < 40,
+        "the conversation's history is reused, not re-encoded: encoded {} of {}",
+        next.encoded,
+        next.context_ids.len()
+    );
+    let record_next = session
+        .finish_call(next, sampled(&model, "second answer"))
+        .expect("finishes");
+    assert_eq!(record_next.parent_call, Some(record.call));
+
+    // The conversation goes on from its own context; the side call's is dropped after a few
+    // calls that did not come back to it, and a later side call is set aside the same way.
+    session.record_committed(&record_next);
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "second answer"));
+    for turn in 0..4 {
+        request
+            .messages
+            .push(Message::new(Role::User, format!("turn {turn}")));
+        let prepared = session
+            .prepare(&model, &request, None, reference_now())
+            .expect("prepares");
+        assert!(
+            prepared.encoded < 40,
+            "turn {turn}: encoded {}",
+            prepared.encoded
+        );
+        let answer = format!("answer {turn}");
+        let record = session
+            .finish_call(prepared, sampled(&model, &answer))
+            .expect("finishes");
+        session.record_committed(&record);
+        request.messages.push(Message::new(Role::Assistant, answer));
+    }
 }
