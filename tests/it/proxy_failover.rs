@@ -1090,12 +1090,7 @@ fn stop_sequences_end_the_answer_and_its_record_there() {
                           "messages": [{"role": "user", "content": "What is it?"}]});
         let (status, text) = post(&state, "/v1/chat/completions", &token, chat.to_string()).await;
         assert_eq!(status, 200, "{text}");
-        let chunks: Vec<Value> = text
-            .lines()
-            .filter_map(|line| line.strip_prefix("data: "))
-            .filter(|data| *data != "[DONE]")
-            .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
-            .collect();
+        let chunks = chat_chunks(&text);
         let streamed: String = chunks
             .iter()
             .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
@@ -1228,12 +1223,7 @@ fn chat_logprobs_are_the_records_tokens_and_log_probs() {
         let (status, text) =
             post(&state, "/v1/chat/completions", &token, streamed.to_string()).await;
         assert_eq!(status, 200, "{text}");
-        let chunks: Vec<Value> = text
-            .lines()
-            .filter_map(|line| line.strip_prefix("data: "))
-            .filter(|data| *data != "[DONE]")
-            .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
-            .collect();
+        let chunks = chat_chunks(&text);
         let with_logprobs: Vec<&Value> = chunks
             .iter()
             .filter(|chunk| !chunk["choices"][0]["logprobs"].is_null())
@@ -1255,4 +1245,13 @@ fn chat_logprobs_are_the_records_tokens_and_log_probs() {
             "nothing recorded for a refused call"
         );
     });
+}
+
+/// The JSON chunks of an OpenAI Chat stream (`data:` lines before `[DONE]`).
+fn chat_chunks(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
+        .collect()
 }

@@ -630,10 +630,7 @@ fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens()
     let first = session
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
-    let record = session
-        .finish_call(first, sampled(&model, "first answer"))
-        .expect("finishes");
-    session.record_committed(&record);
+    let record = committed(&mut session, &model, first, "first answer");
     request
         .messages
         .push(Message::new(Role::Assistant, "first answer"));
@@ -651,10 +648,7 @@ fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens()
         &*summary.context_ids,
         &model.encode(&summary.text).expect("encodes")
     );
-    let summary_record = session
-        .finish_call(summary, sampled(&model, "a summary"))
-        .expect("finishes");
-    session.record_committed(&summary_record);
+    committed(&mut session, &model, summary, "a summary");
 
     request
         .messages
@@ -672,14 +666,11 @@ fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens()
         next.encoded,
         next.context_ids.len()
     );
-    let record_next = session
-        .finish_call(next, sampled(&model, "second answer"))
-        .expect("finishes");
+    let record_next = committed(&mut session, &model, next, "second answer");
     assert_eq!(record_next.parent_call, Some(record.call));
 
     // The conversation goes on from its own context; the side call's is dropped after a few
-    // calls that did not come back to it, and a later side call is set aside the same way.
-    session.record_committed(&record_next);
+    // calls that did not come back to it.
     request
         .messages
         .push(Message::new(Role::Assistant, "second answer"));
@@ -696,10 +687,22 @@ fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens()
             prepared.encoded
         );
         let answer = format!("answer {turn}");
-        let record = session
-            .finish_call(prepared, sampled(&model, &answer))
-            .expect("finishes");
-        session.record_committed(&record);
+        committed(&mut session, &model, prepared, &answer);
         request.messages.push(Message::new(Role::Assistant, answer));
     }
+}
+
+/// Finishes `prepared` with `answer` and commits its record, as the server does once the log
+/// holds it.
+fn committed(
+    session: &mut Session,
+    model: &ChatModel,
+    prepared: gyre_proxy::server::session::Prepared,
+    answer: &str,
+) -> gyre_event::ModelCallRecord {
+    let record = session
+        .finish_call(prepared, sampled(model, answer))
+        .expect("finishes");
+    session.record_committed(&record);
+    record
 }
