@@ -33,12 +33,26 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Deadline for sending a whole snapshot (a large body on a slow disk).
 pub const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(120);
 
+/// HTTP/2 flow-control window per stream, both directions. hyper's defaults (1 MiB on a server,
+/// 2 MiB on a client) are below one replication batch of TITO records, so a batch waited for
+/// window updates mid-message.
+pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
+/// HTTP/2 flow-control window per connection: one connection carries every writer's appends
+/// and, towards a follower, every AppendEntries.
+pub const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
+/// Largest HTTP/2 DATA frame a peer may send us. hyper's default (16 KiB) split a 1 MiB record
+/// into 64 frames, each its own buffer to copy into the message.
+pub const FRAME_BYTES_MAX: u32 = 1 << 20;
+
 /// A lazily connected channel to `address` (`host:port`).
 pub fn channel(address: &str) -> Result<Channel, String> {
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|error| format!("bad address {address:?}: {error}"))?
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_frame_size(FRAME_BYTES_MAX)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5));
     Ok(endpoint.connect_lazy())

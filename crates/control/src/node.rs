@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::control_service::ControlService;
 use crate::controller::{ControllerLoop, ControllerOptions};
 use crate::error::ControlError;
-use crate::network::Network;
+use crate::network::{self, Network};
 use crate::projection::ControlProjection;
 use crate::proposer::{Proposer, ProposerOptions};
 use crate::raft_service::RaftService;
@@ -153,6 +153,9 @@ impl ControlNode {
         let mut stop = shutdown_seen.clone();
         let server = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .initial_stream_window_size(network::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(network::CONNECTION_WINDOW_BYTES)
+            .max_frame_size(network::FRAME_BYTES_MAX)
             .add_service(raft_service.server())
             .add_service(control_service.server())
             // Accepted sockets get TCP_NODELAY here (the builder's flag only covers sockets
