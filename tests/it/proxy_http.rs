@@ -300,3 +300,193 @@ fn a_client_stuck_in_its_headers_is_disconnected() {
         "closed after {waited:?}, not at the timeout"
     );
 }
+
+/// Posts `body` as raw bytes on a fresh connection: (status, lowercased head, body text).
+fn post_bytes(
+    address: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("proxy accepts");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).expect("write");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP response: {answer}"));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+/// A body the client compressed (`Content-Encoding: gzip`, `zstd`) is decoded and served like
+/// a plain one, and captured decoded; a coding the proxy does not know is a 415 naming it
+/// with `accept-encoding`; a body that inflates past `--body-limit` is a 413 (the compressed
+/// bytes were far under it); bytes that are not the claimed coding are a 400 naming it; none
+/// of the refused calls is recorded.
+#[test]
+fn compressed_request_bodies_are_decoded_within_the_body_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let capture = dir.path().join("capture.jsonl");
+    let mut proxy = deterministic_proxy(
+        dir.path(),
+        &[
+            "--open",
+            "1",
+            "--body-limit",
+            "1048576",
+            "--capture",
+            capture.to_str().expect("utf-8"),
+        ],
+    );
+    let opened = proxy.next_json();
+    let token = opened["token"].as_str().expect("token").to_string();
+    let messages = |text: &str| {
+        serde_json::json!({
+            "model": "gyre", "max_tokens": 16,
+            "messages": [{"role": "user", "content": text}],
+        })
+        .to_string()
+    };
+    let anthropic = |coding: &str, body: &[u8]| {
+        post_bytes(
+            &proxy.address,
+            "/v1/messages",
+            &[
+                ("x-api-key", &token),
+                ("content-type", "application/json"),
+                ("content-encoding", coding),
+            ],
+            body,
+        )
+    };
+
+    let (status, _, answer) = anthropic("gzip", &gzip(messages("hello").as_bytes()));
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("a Messages answer");
+    assert_eq!(answer["type"], "message", "{answer}");
+
+    let plain = messages("hello again");
+    let zstd = ruzstd::encoding::compress_to_vec(
+        plain.as_bytes(),
+        ruzstd::encoding::CompressionLevel::Fastest,
+    );
+    let (status, _, answer) = anthropic("zstd", &zstd);
+    assert_eq!(status, 200, "{answer}");
+
+    // The OpenAI APIs read the same way (bearer credential, OpenAI's shape).
+    let chat = serde_json::json!({
+        "model": "gyre", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+    })
+    .to_string();
+    let bearer = format!("Bearer {token}");
+    let (status, _, answer) = post_bytes(
+        &proxy.address,
+        "/v1/chat/completions",
+        &[
+            ("authorization", &bearer),
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        &gzip(chat.as_bytes()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, head, answer) = post_bytes(
+        &proxy.address,
+        "/v1/chat/completions",
+        &[
+            ("authorization", &bearer),
+            ("content-type", "application/json"),
+            ("content-encoding", "lzma"),
+        ],
+        chat.as_bytes(),
+    );
+    assert_eq!(status, 415, "{answer}");
+    let error: serde_json::Value = serde_json::from_str(&answer).expect("JSON error");
+    assert_eq!(
+        error["error"]["code"], "unsupported_content_encoding",
+        "{answer}"
+    );
+    assert!(
+        head.contains("accept-encoding: gzip, deflate, br, zstd"),
+        "{head}"
+    );
+
+    let (status, head, answer) = anthropic("compress", plain.as_bytes());
+    assert_eq!(status, 415, "{answer}");
+    assert!(
+        head.contains("accept-encoding: gzip, deflate, br, zstd"),
+        "{head}"
+    );
+    let error: serde_json::Value = serde_json::from_str(&answer).expect("JSON error");
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("\"compress\" is not supported")),
+        "{answer}"
+    );
+
+    // 4 MiB of JSON whitespace gzips to a few KiB: refused once 1 MiB is decoded.
+    let mut bomb = messages("bomb").into_bytes();
+    bomb.extend(std::iter::repeat_n(b' ', 4 << 20));
+    let bomb = gzip(&bomb);
+    assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+    let (status, _, answer) = anthropic("gzip", &bomb);
+    assert_eq!(status, 413, "{answer}");
+    let error: serde_json::Value = serde_json::from_str(&answer).expect("JSON error");
+    assert_eq!(error["error"]["type"], "request_too_large", "{answer}");
+
+    let (status, _, answer) = anthropic("gzip", plain.as_bytes());
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("not valid gzip"), "{answer}");
+
+    // The capture holds the decoded bodies and no content-encoding.
+    drop(proxy);
+    let captured = std::fs::read_to_string(&capture).expect("capture file");
+    let records: Vec<serde_json::Value> = captured
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a capture record"))
+        .collect();
+    assert!(records.len() >= 3, "{captured}");
+    assert!(!captured.contains("content-encoding"), "{captured}");
+    assert!(
+        captured.contains("hello again"),
+        "the zstd body, decoded: {captured}"
+    );
+
+    let log = dir.path().join("tito.log");
+    let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(
+        report["model_calls"]["calls"], 3,
+        "the three served calls, nothing refused: {stdout}"
+    );
+}

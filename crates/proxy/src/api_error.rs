@@ -22,6 +22,8 @@ pub enum ApiErrorKind {
     RequestTooLarge,
     /// The client stopped sending its body: 408.
     RequestTimeout,
+    /// A `Content-Encoding` the proxy does not decode: 415.
+    UnsupportedMediaType,
     RateLimited,
     /// A proxy bug or an engine failure that could not be retried: 500.
     Internal,
@@ -82,6 +84,7 @@ impl ApiError {
             (ApiErrorKind::NotFound, _) => 404,
             (ApiErrorKind::RequestTooLarge, _) => 413,
             (ApiErrorKind::RequestTimeout, _) => 408,
+            (ApiErrorKind::UnsupportedMediaType, _) => 415,
             (ApiErrorKind::RateLimited, _) => 429,
             (ApiErrorKind::Internal, _) => 500,
             (ApiErrorKind::Overloaded, Api::Anthropic) => 529,
@@ -99,6 +102,7 @@ impl ApiError {
                 ApiErrorKind::NotFound => "not_found_error",
                 ApiErrorKind::RequestTooLarge => "request_too_large",
                 ApiErrorKind::RequestTimeout => "timeout_error",
+                ApiErrorKind::UnsupportedMediaType => "invalid_request_error",
                 ApiErrorKind::RateLimited => "rate_limit_error",
                 ApiErrorKind::Internal => "api_error",
                 ApiErrorKind::Overloaded => "overloaded_error",
@@ -108,7 +112,8 @@ impl ApiError {
                 | ApiErrorKind::Authentication
                 | ApiErrorKind::NotFound
                 | ApiErrorKind::RequestTooLarge
-                | ApiErrorKind::RequestTimeout => "invalid_request_error",
+                | ApiErrorKind::RequestTimeout
+                | ApiErrorKind::UnsupportedMediaType => "invalid_request_error",
                 ApiErrorKind::PermissionDenied => "permission_error",
                 ApiErrorKind::RateLimited => "rate_limit_error",
                 ApiErrorKind::Internal | ApiErrorKind::Overloaded => "server_error",
@@ -125,6 +130,7 @@ impl ApiError {
             ApiErrorKind::NotFound => Some("not_found"),
             ApiErrorKind::RequestTooLarge => Some("request_too_large"),
             ApiErrorKind::RequestTimeout => Some("request_timeout"),
+            ApiErrorKind::UnsupportedMediaType => Some("unsupported_content_encoding"),
             ApiErrorKind::RateLimited => Some("rate_limit_exceeded"),
             ApiErrorKind::Overloaded => Some("overloaded"),
         }

@@ -18,6 +18,7 @@
 pub mod anthropic;
 pub mod api_error;
 pub mod body;
+pub mod content_encoding;
 pub mod engine;
 mod error;
 pub mod fast_bpe;

@@ -96,7 +96,8 @@ pub struct ProxyArgs {
     /// with the process).
     #[arg(long)]
     credentials: Option<PathBuf>,
-    /// Request bodies over this many bytes get 413.
+    /// Request bodies over this many bytes get 413: as sent, and again after undoing a
+    /// `Content-Encoding` (gzip, deflate, br, zstd), so a compressed body cannot inflate past it.
     #[arg(long, default_value_t = 32 << 20)]
     body_limit: usize,
     /// A client that sends no byte of its request body for this many seconds gets 408 (a

@@ -1,4 +1,5 @@
-//! Fuzz target: arbitrary bytes into the three request parsers and the output parser.
+//! Fuzz target: arbitrary bytes into the three request parsers, the content-coding decoders
+//! and the output parser.
 //!
 //! A parser may reject, but never panic, and a rejection is always a 4xx whose body is the
 //! API's error JSON. The proptest `hostile_requests` checks the same property in `cargo test`.
@@ -39,6 +40,14 @@ fuzz_target!(|data: &[u8]| {
             );
         }
         _ => assert!(incremental.is_err()),
+    }
+    // A compressed body: decoded within the limit or refused, never a panic.
+    for coding in ["gzip", "deflate", "br", "zstd", "gzip, zstd"] {
+        if let Ok(Some(decoded)) =
+            gyre_proxy::content_encoding::decode(coding.as_bytes(), data, 1 << 20)
+        {
+            assert!(decoded.len() <= 1 << 20);
+        }
     }
     if let Ok(text) = std::str::from_utf8(data) {
         for format in [

@@ -55,7 +55,8 @@ impl Capture {
         })
     }
 
-    /// The request line's path (credential removed) and headers (secrets redacted).
+    /// The request line's path (credential removed) and headers (secrets redacted;
+    /// `content-encoding` left out, the captured body being the decoded one).
     pub fn head(path_and_query: &str, headers: &HeaderMap) -> CaptureHead {
         let path = match path_and_query.strip_prefix("/x/") {
             Some(rest) => match rest.split_once('/') {
@@ -67,6 +68,10 @@ impl Capture {
         let mut map = Map::new();
         for (name, value) in headers {
             let name = name.as_str();
+            // The body is captured as the proxy read it, after undoing any content coding.
+            if name == "content-encoding" {
+                continue;
+            }
             let value = if SECRET_HEADERS.contains(&name) {
                 "<redacted>".to_string()
             } else {

@@ -1009,6 +1009,13 @@ fn error_response(error: &ApiError) -> Response {
     response
         .headers_mut()
         .insert("content-type", HeaderValue::from_static("application/json"));
+    if error.kind == ApiErrorKind::UnsupportedMediaType {
+        // RFC 9110 §15.5.16: a 415 for a content coding says which codings are accepted.
+        response.headers_mut().insert(
+            "accept-encoding",
+            HeaderValue::from_static(crate::content_encoding::SUPPORTED),
+        );
+    }
     response
 }
 
@@ -1088,10 +1095,61 @@ fn authenticate(
     }
 }
 
-/// The whole request body: 413 past `body_bytes_max` (at once when the announced length is
-/// over it), 408 when the client sends nothing for `body_idle_timeout`, 400 when the
-/// connection ends before the body does.
-async fn read_body(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiError> {
+/// The whole request body, decoded when the client compressed it (`Content-Encoding`, see
+/// [`crate::content_encoding`]): 413 past `body_bytes_max`, compressed or decoded (at once
+/// when the announced length is over it), 415 for a coding the proxy does not decode, 400 for
+/// a stream that is not the coding it claims, 408 when the client sends nothing for
+/// `body_idle_timeout`, 400 when the connection ends before the body does.
+async fn read_body(
+    app: &AppState,
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let bytes = read_body_bytes(app, api, body).await?;
+    let Some(coding) = headers.get(hyper::header::CONTENT_ENCODING) else {
+        return Ok(bytes);
+    };
+    let limit = app.config.body_bytes_max;
+    let coding = coding.as_bytes().to_vec();
+    let decode = move || {
+        crate::content_encoding::decode(&coding, &bytes, limit)
+            .map(|decoded| decoded.map_or(bytes, Bytes::from))
+    };
+    // Inflating a large body takes milliseconds: off the runtime's workers.
+    let decoded = if bytes_len_hint(headers) > DECODE_INLINE_BYTES_MAX {
+        tokio::task::spawn_blocking(decode).await.map_err(|error| {
+            ApiError::new(
+                api,
+                ApiErrorKind::Internal,
+                format!("decoding the body: {error}"),
+            )
+        })?
+    } else {
+        decode()
+    };
+    decoded.map_err(|error| {
+        use crate::content_encoding::DecodeError;
+        let kind = match &error {
+            DecodeError::Unsupported(_) => ApiErrorKind::UnsupportedMediaType,
+            DecodeError::TooLarge { .. } => ApiErrorKind::RequestTooLarge,
+            DecodeError::Corrupt { .. } => ApiErrorKind::InvalidRequest,
+        };
+        ApiError::new(api, kind, error.to_string())
+    })
+}
+
+/// Compressed bodies up to this size are decoded on the request's task.
+const DECODE_INLINE_BYTES_MAX: usize = 64 << 10;
+
+fn bytes_len_hint(headers: &HeaderMap) -> usize {
+    headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+async fn read_body_bytes(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiError> {
     use http_body_util::BodyExt;
     let limit = app.config.body_bytes_max;
     let idle = app.config.body_idle_timeout;
@@ -1188,7 +1246,7 @@ async fn model_call(
         Ok(execution) => execution,
         Err(error) => return rejected(&app, &error),
     };
-    let bytes = match read_body(&app, api, body).await {
+    let bytes = match read_body(&app, api, &headers, body).await {
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
     };
@@ -1431,7 +1489,7 @@ async fn count_tokens_inner(
     if let Err(error) = authenticate(&app, api, &headers, path_token.as_deref()) {
         return rejected(&app, &error);
     }
-    let bytes = match read_body(&app, api, body).await {
+    let bytes = match read_body(&app, api, &headers, body).await {
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
     };
