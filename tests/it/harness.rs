@@ -12,7 +12,9 @@
 //!
 //! The CLIs come from npm: `GYRE_CLAUDE_BIN` (and `GYRE_CODEX_BIN`) point at them; `.ci/run`
 //! installs them and sets `GYRE_HARNESS_REQUIRED=1`, under which a missing CLI fails the test
-//! instead of passing by.
+//! instead of passing by. The OpenAI Agents SDK (PyPI `openai-agents`), a Responses client
+//! that chains with `previous_response_id`, runs from the Python `GYRE_AGENTS_PYTHON` names
+//! (a venv `.ci/run` installs it into).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -824,4 +826,82 @@ fn claude_code_continues_its_conversation_after_the_proxy_is_killed() {
         path_end(last_before),
         "it reuses the whole conversation before the crash, thinking and tool call included"
     );
+}
+
+/// The OpenAI Agents SDK (`openai-agents`, pinned in `.ci/run`), a Responses client that
+/// chains with `previous_response_id` instead of re-sending the conversation: a run with a
+/// function tool (the SDK sends the tool's output alone, naming the response that called it)
+/// and a second run continuing the first. Both finish, the requests after the first name the
+/// response they continue, and every call extends the previous one with its whole context
+/// reused: one root, nothing re-encoded.
+#[test]
+fn openai_agents_sdk_chains_responses_with_previous_response_id() {
+    let Some(python) = harness_bin("GYRE_AGENTS_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = script_of(
+        dir.path(),
+        &[
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "thinking", "thinking": "The weather tool knows."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "It is sunny in Paris."}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "You are welcome."}]}),
+        ],
+    );
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let driver =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/openai_agents_chain.py");
+    let mut command = Command::new(&python);
+    command
+        .arg(&driver)
+        .arg(&proxy.openai_base_url)
+        .arg(&proxy.token)
+        .env("OPENAI_AGENTS_DISABLE_TRACING", "1");
+    let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "the Agents SDK run failed ({:?})\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("FIRST: It is sunny in Paris."), "{stdout}");
+    assert!(stdout.contains("SECOND: You are welcome."), "{stdout}");
+    drop(proxy);
+
+    let captured: Vec<serde_json::Value> = std::fs::read_to_string(&capture)
+        .expect("capture")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a capture record"))
+        .collect();
+    assert_eq!(captured.len(), 3, "three model calls");
+    let body = |record: &serde_json::Value| -> serde_json::Value {
+        match &record["body"] {
+            serde_json::Value::String(text) => serde_json::from_str(text).expect("body JSON"),
+            other => other.clone(),
+        }
+    };
+    assert!(body(&captured[0])["previous_response_id"].is_null());
+    for record in &captured[1..] {
+        let body = body(record);
+        assert!(
+            body["previous_response_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("resp_")),
+            "the SDK chains: {body}"
+        );
+        assert_eq!(
+            body["input"].as_array().map(Vec::len),
+            Some(1),
+            "only the new item is sent: {body}"
+        );
+    }
+    let records = records(&log);
+    assert_eq!(records.len(), 3, "three model calls");
+    assert_eq!(records[0].parent_call, None);
+    assert_each_turn_extends_the_whole_previous(&records);
 }

@@ -952,6 +952,118 @@ fn a_freeform_tool_call_goes_out_as_custom_and_the_next_turn_extends_it() {
     });
 }
 
+/// An OpenAI Responses client that chains with `previous_response_id` (the Agents SDK,
+/// LangChain) instead of re-sending the conversation: each request sends only its new items,
+/// the proxy continues the stored response (reasoning and tool call as the client received
+/// them), the record extends the previous call's with its whole context reused, and the
+/// answer echoes the id it continued. An id the proxy never issued, or that of a `store:
+/// false` answer, is a 400 naming `previous_response_id`, and nothing is recorded.
+#[test]
+fn a_chained_responses_client_extends_the_previous_call() {
+    use serde_json::{json, Value};
+    let script = [
+        json!({"agent": "main", "blocks": [
+            {"type": "thinking", "thinking": "Look first."},
+            {"type": "tool_use", "id": "a", "name": "ls", "input": {"path": "."}}]}),
+        json!({"agent": "main", "blocks": [{"type": "text", "text": "Two files."}]}),
+        json!({"agent": "main", "blocks": [{"type": "text", "text": "Bye."}]}),
+        json!({"agent": "main", "blocks": [{"type": "text", "text": "Not kept."}]}),
+    ]
+    .iter()
+    .map(|line| format!("{line}\n"))
+    .collect::<String>();
+    let tools = json!([{"type": "function", "name": "ls", "description": "List files.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
+    runtime().block_on(async {
+        let (state, sink) = gated_scripted_state(&script);
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let first = json!({"model": "gpt-5.5", "instructions": "Be brief.", "stream": false,
+                           "tools": tools, "input": "What is here?"});
+        let (status, answer) = post(&state, "/v1/responses", &token, first.to_string()).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("json");
+        assert_eq!(answer["previous_response_id"], Value::Null);
+        assert_eq!(answer["output"][0]["type"], "reasoning", "{answer}");
+        let call = &answer["output"][1];
+        assert_eq!(call["type"], "function_call", "{answer}");
+        let first_id = answer["id"].as_str().expect("id").to_string();
+        let first_record = last_record(&sink);
+
+        // Streamed: the stored output is the one the stream's items closed with.
+        let second = json!({"model": "gpt-5.5", "instructions": "Be brief.", "stream": true,
+            "tools": tools, "previous_response_id": first_id,
+            "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "a b"}]});
+        let (status, streamed) = post(&state, "/v1/responses", &token, second.to_string()).await;
+        assert_eq!(status, 200, "{streamed}");
+        let completed: Value = streamed
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .find(|event| event["type"] == "response.completed")
+            .expect("a response.completed event");
+        let answer = &completed["response"];
+        assert_eq!(answer["output"][0]["content"][0]["text"], "Two files.", "{answer}");
+        assert_eq!(answer["previous_response_id"], first_id.as_str());
+        let second_id = answer["id"].as_str().expect("id").to_string();
+        let second_record = last_record(&sink);
+        assert_eq!(second_record.parent_call, Some(first_record.call));
+        assert_eq!(
+            second_record.reused_prefix_tokens_count as usize,
+            first_record.input_ids.len() + first_record.output_ids.len(),
+            "the whole first context, its reasoning and call included, is reused"
+        );
+
+        // Streaming, continuing the continuation.
+        let third = json!({"model": "gpt-5.5", "instructions": "Be brief.", "stream": true,
+            "tools": tools, "previous_response_id": second_id, "input": "Thanks.", "store": false});
+        let (status, streamed) = post(&state, "/v1/responses", &token, third.to_string()).await;
+        assert_eq!(status, 200, "{streamed}");
+        assert!(streamed.contains("Bye."), "{streamed}");
+        assert!(
+            streamed.contains(&format!("\"previous_response_id\":\"{second_id}\"")),
+            "{streamed}"
+        );
+        let third_record = last_record(&sink);
+        assert_eq!(third_record.parent_call, Some(second_record.call));
+        assert_eq!(
+            third_record.reused_prefix_tokens_count as usize,
+            second_record.reused_prefix_tokens_count as usize
+                + second_record.input_ids.len()
+                + second_record.output_ids.len()
+        );
+        let third_id = streamed
+            .split("\"id\":\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the response id")
+            .to_string();
+        assert!(third_id.starts_with("resp_"), "{third_id}");
+
+        let records = sink.memory.events.lock().expect("sink").len();
+        for (id, why) in [
+            (third_id.as_str(), "a store: false answer is not kept"),
+            ("resp_unknown", "an id never issued"),
+        ] {
+            let next = json!({"model": "gpt-5.5", "stream": false, "previous_response_id": id,
+                              "input": "More?"});
+            let (status, error) = post(&state, "/v1/responses", &token, next.to_string()).await;
+            assert_eq!(status, 400, "{why}: {error}");
+            let error: Value = serde_json::from_str(&error).expect("json");
+            assert_eq!(error["error"]["param"], "previous_response_id", "{why}");
+            let message = error["error"]["message"].as_str().expect("message");
+            assert!(
+                message.contains(&format!("Previous response with id '{id}' not found")),
+                "{why}: {message}"
+            );
+        }
+        assert_eq!(
+            sink.memory.events.lock().expect("sink").len(),
+            records,
+            "nothing recorded for a refused call"
+        );
+    });
+}
+
 /// The log refuses a call's record: the harness gets an overloaded error, and its re-send is a
 /// new call sampled anew (never the answer the log does not hold), which commits.
 #[test]

@@ -69,6 +69,17 @@ impl ParsedBody {
         &self.value
     }
 
+    /// The conversation array's elements as the body holds them, separated by commas (and
+    /// whatever whitespace the client put between them); `None` when the body was parsed
+    /// whole (then read the value).
+    pub fn conversation_items(&self) -> Option<&[u8]> {
+        let layout = self.layout.as_ref()?;
+        let start = layout.conversation_at + 1;
+        let end = layout.element_ends.last().copied().unwrap_or(start);
+        let items = self.bytes.get(start..end)?;
+        Some(items.trim_ascii_start())
+    }
+
     /// Conversation elements taken over from the previous body instead of being parsed.
     pub fn reused_elements(&self) -> usize {
         self.reused
@@ -479,6 +490,33 @@ impl Cursor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The conversation's elements as the body holds them: between brackets they parse to
+    /// the parsed conversation, first body of an agent or a later one alike.
+    #[test]
+    fn conversation_items_are_the_arrays_elements() {
+        let first = Bytes::from_static(
+            b"{\"model\": \"m\", \"input\": [ {\"role\": \"user\", \"content\": \"a\"} ,\n {\"type\": \"x\"}], \"store\": true}",
+        );
+        let second = Bytes::from_static(
+            b"{\"model\": \"m\", \"input\": [ {\"role\": \"user\", \"content\": \"a\"} ,\n {\"type\": \"x\"},{\"type\":\"y\"}], \"store\": true}",
+        );
+        let empty = Bytes::from_static(b"{\"input\": [ ]}");
+        let mut previous = None;
+        let mut read = 0;
+        for (bytes, count) in [(first, 2), (second, 3), (empty, 0)] {
+            let parsed = parse_body(Api::OpenAiResponses, bytes, previous.take()).unwrap();
+            if let Some(items) = parsed.conversation_items() {
+                read += 1;
+                let array: Value =
+                    serde_json::from_slice(&[b"[", items, b"]"].concat()).expect("items");
+                assert_eq!(array, parsed.value()["input"]);
+                assert_eq!(array.as_array().map(Vec::len), Some(count));
+            }
+            previous = Some(parsed);
+        }
+        assert_eq!(read, 3, "every body had its layout");
+    }
 
     /// A JSON string literal of UTF-16 code units as JavaScript's `JSON.stringify` writes it:
     /// printable ASCII as itself, everything else (lone surrogates included) as `\uXXXX`.

@@ -31,6 +31,7 @@ pub mod output;
 mod reader;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod stored_responses;
 pub mod template;
 pub mod test_model;
 

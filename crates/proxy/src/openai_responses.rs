@@ -1,8 +1,9 @@
 //! OpenAI Responses requests (`POST /v1/responses`, what the Codex CLI speaks): the request
 //! types, the parser over raw bytes and the conversion to internal messages.
 //!
-//! The proxy is stateless towards the harness: `previous_response_id` and `item_reference`
-//! are rejected (Codex re-sends the whole input every turn). Consecutive assistant-side items
+//! This parser reads whole conversations: the server resolves `previous_response_id` before
+//! it (`stored_responses`: the request becomes the one a stateless client would send), and a
+//! body that still names one, or an `item_reference`, is rejected. Consecutive assistant-side items
 //! (reasoning, assistant message, function calls) of one response become one internal
 //! assistant message; a reasoning item after text or calls, or a message after calls, starts
 //! a new one. Function-call `arguments` strings are kept byte for byte; reasoning items keep
@@ -144,8 +145,8 @@ pub struct ResponsesRequest {
 
 /// The request's settings as its `response` object echoes them: each as the request sent it,
 /// or the API's default when it is absent or null (`tools` `[]`, `tool_choice` `"auto"`,
-/// `temperature` and `top_p` 1, `store` true, …). `previous_response_id` is always null: the
-/// proxy refuses requests that carry one.
+/// `temperature` and `top_p` 1, `store` true, …). `previous_response_id` is null here: the
+/// server resolved it before this parse and sets it on the settings of a chained request.
 pub fn echoed_settings(body: &Value) -> serde_json::Map<String, Value> {
     let field = |name: &str, default: Value| {
         body.get(name)
@@ -203,7 +204,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
     let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
     if let Some(child) = root.get("previous_response_id")? {
         return Err(child.node().error(
-            "is not supported: this proxy keeps no responses; send the whole conversation in `input`",
+            "is resolved by the server before this parser; send the whole conversation in `input` here",
         ));
     }
     let model = root.required_str("model")?.to_string();

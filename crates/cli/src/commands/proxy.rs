@@ -120,6 +120,13 @@ pub struct ProxyArgs {
     /// are parsed whole; 0 turns this off.
     #[arg(long, default_value_t = 256)]
     body_cache_mib: usize,
+    /// Memory, MiB over all executions, for OpenAI Responses answers kept so that a later
+    /// request can continue one with `previous_response_id` instead of re-sending the
+    /// conversation (answers to requests with `store: false`, as Codex sends, are not kept).
+    /// Each execution keeps its last 8, each charged its whole conversation; beyond the
+    /// budget an answer is not kept, and continuing it is a 400 naming the id.
+    #[arg(long, default_value_t = 256)]
+    response_store_mib: usize,
     /// Cap on new tokens per call: a request's own limit (`max_tokens`,
     /// `max_output_tokens`) is clipped to it, and a request without one (Codex sends none)
     /// gets it. Claude Code asks for 32000 (Sonnet) to 128000 (Opus); an answer cut by this
@@ -241,6 +248,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "header_read_timeout_s": args.header_read_timeout_s,
                 "max_connections": max_connections(args.max_connections),
                 "body_cache_mib": args.body_cache_mib,
+                "response_store_mib": args.response_store_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "media": format!("{:?}", args.media).to_lowercase(),
                 "auto_open": args.auto_open,
@@ -274,6 +282,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
+        response_store_bytes_max: args.response_store_mib.saturating_mul(1 << 20),
         capture: args.capture.clone(),
         credentials: credentials.clone(),
         numbering,

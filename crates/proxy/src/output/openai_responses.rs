@@ -192,6 +192,16 @@ impl ResponsesResponse {
         self
     }
 
+    /// The response's id (`resp_…`).
+    pub fn id(&self) -> &str {
+        &self.meta.id
+    }
+
+    /// The output items closed so far (all of them after [`Self::finish`]).
+    pub fn output(&self) -> &[Value] {
+        &self.output
+    }
+
     /// The next sequence number (for an `error` event the server sends mid-stream).
     pub fn sequence_number(&self) -> u64 {
         self.sequence_number

@@ -130,6 +130,8 @@ fn response_id(api: Api) -> String {
 struct Outlet {
     out: mpsc::Sender<Piece>,
     streaming: bool,
+    /// A Responses answer to store for `previous_response_id` before it is handed over.
+    store_on_end: Option<super::StoreOnEnd>,
 }
 
 impl Outlet {
@@ -166,13 +168,24 @@ impl Outlet {
         if let Builder::Responses(responses) = builder {
             responses.set_completed_at(wall_clock().nanos() / 1_000_000_000);
         }
+        // Stored before the harness has the id, so its next request can name it.
+        let store = |builder: &Builder, body: Option<&Value>| {
+            if let (Some(store), Builder::Responses(responses)) = (&self.store_on_end, builder) {
+                let output = match body.and_then(|body| body.get("output")) {
+                    Some(Value::Array(items)) => items.as_slice(),
+                    _ => responses.output(),
+                };
+                store.store(execution, responses.id(), output);
+            }
+        };
         let handed = if self.streaming {
-            self.frames(builder.finish(stop, usage)).await
+            let frames = builder.finish(stop, usage);
+            store(builder, None);
+            self.frames(frames).await
         } else {
-            self.out
-                .send(Piece::Body(builder.body(stop, usage)))
-                .await
-                .is_ok()
+            let body = builder.body(stop, usage);
+            store(builder, Some(&body));
+            self.out.send(Piece::Body(body)).await.is_ok()
         };
         if !handed {
             execution.lock().mark_delivered(agent, call, false);
@@ -353,10 +366,11 @@ pub async fn run(
     execution: ExecutionHandle,
     request: ChatRequest,
     mut prepared: Prepared,
+    store_on_end: Option<super::StoreOnEnd>,
     out: mpsc::Sender<Piece>,
 ) {
     if let Some(replay) = prepared.replay.take() {
-        return run_replay(app, execution, request, prepared, replay, out).await;
+        return run_replay(app, execution, request, prepared, replay, store_on_end, out).await;
     }
     let started = Instant::now();
     let requested_at = wall_clock();
@@ -364,6 +378,7 @@ pub async fn run(
     let outlet = Outlet {
         out,
         streaming: request.stream,
+        store_on_end,
     };
     let prompt_tokens = prepared.context_ids.len();
     let (mut builder, start) = builder_for(&request, &prepared, prompt_tokens, requested_at);
@@ -694,12 +709,14 @@ async fn run_replay(
     request: ChatRequest,
     prepared: Prepared,
     replay: super::session::Replay,
+    store_on_end: Option<super::StoreOnEnd>,
     out: mpsc::Sender<Piece>,
 ) {
     let api = request.api;
     let outlet = Outlet {
         out,
         streaming: request.stream,
+        store_on_end,
     };
     let (mut builder, start) = builder_for(&request, &prepared, replay.prompt_tokens, wall_clock());
     if !outlet.frames(start).await {

@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use gyre_event::{ExecutionId, Timestamp};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::body::ParsedBody;
@@ -43,6 +43,7 @@ use crate::engine::TokenEngine;
 use crate::messages::Api;
 use crate::model_dir::ChatModel;
 use crate::output::OutputFormat;
+use crate::stored_responses::{self, StoredResponse};
 use crate::template::CivilDateTime;
 use crate::{ApiError, ApiErrorKind};
 
@@ -77,6 +78,11 @@ pub struct ServerConfig {
     /// the next body parses only its new part (counted as 3× the body's bytes: the bytes
     /// and the parsed document). Beyond it, bodies parse whole. 0 turns reuse off.
     pub body_cache_bytes_max: usize,
+    /// Memory, over all executions, for stored OpenAI Responses (`store` not false) that a
+    /// later request may continue with `previous_response_id` (each charged the bytes of its
+    /// whole conversation). Beyond it, a response is not stored and continuing it is the
+    /// API's 400 "not found".
+    pub response_store_bytes_max: usize,
     /// Append every authenticated model-API request (exact body, secrets redacted) to this
     /// JSON-lines file (`capture.rs`).
     pub capture: Option<std::path::PathBuf>,
@@ -159,6 +165,7 @@ impl Default for ServerConfig {
             public_url: String::new(),
             auto_open: false,
             body_cache_bytes_max: 256 << 20,
+            response_store_bytes_max: 256 << 20,
             capture: None,
             credentials: None,
             numbering: ExecutionNumbering::default(),
@@ -176,6 +183,55 @@ struct Execution {
     /// Each agent's last request body, parsed: the next body of that agent parses only the
     /// bytes after what the two share (see [`crate::body`]).
     bodies: Mutex<Vec<KeptBody>>,
+    /// The last [`RESPONSES_KEPT`] stored Responses answers, oldest first.
+    responses: Mutex<std::collections::VecDeque<KeptResponse>>,
+}
+
+/// Stored responses kept per execution for `previous_response_id` (a chaining client
+/// continues the latest; older ones are shared by it as its parents).
+const RESPONSES_KEPT: usize = 8;
+
+struct KeptResponse {
+    id: String,
+    response: Arc<StoredResponse>,
+    _charge: Charge,
+}
+
+/// What a Responses call stores when its answer ends (its `store` was not false): the
+/// response it continued and its own input items.
+pub(crate) struct StoreOnEnd {
+    parent: Option<Arc<StoredResponse>>,
+    input_items: Vec<u8>,
+    budget: Arc<BodyBudget>,
+}
+
+impl StoreOnEnd {
+    /// Stores the answer `id` with its `output` items in `execution`, before the harness can
+    /// name it.
+    pub(crate) fn store(&self, execution: &ExecutionHandle, id: &str, output: &[Value]) {
+        let response = Arc::new(StoredResponse::new(
+            self.parent.clone(),
+            &self.input_items,
+            output,
+        ));
+        let mut kept = execution.responses();
+        if kept.len() >= RESPONSES_KEPT {
+            kept.pop_front();
+        }
+        // Charged its whole conversation: an upper bound on what keeping it holds.
+        match Charge::take(&self.budget, response.conversation_bytes()) {
+            Some(charge) => kept.push_back(KeptResponse {
+                id: id.to_string(),
+                response,
+                _charge: charge,
+            }),
+            None => tracing::warn!(
+                id,
+                bytes = response.conversation_bytes(),
+                "the response store is full (--response-store-mib); this response is not kept"
+            ),
+        }
+    }
 }
 
 /// Bodies kept per execution (agents beyond this parse their next body whole).
@@ -226,6 +282,7 @@ impl ExecutionHandle {
         ExecutionHandle(Arc::new(Execution {
             session: Mutex::new(session),
             bodies: Mutex::new(Vec::new()),
+            responses: Mutex::new(std::collections::VecDeque::new()),
         }))
     }
 
@@ -234,6 +291,22 @@ impl ExecutionHandle {
             .session
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn responses(&self) -> MutexGuard<'_, std::collections::VecDeque<KeptResponse>> {
+        self.0
+            .responses
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stored response `id` of this execution.
+    fn stored_response(&self, id: &str) -> Option<Arc<StoredResponse>> {
+        self.responses()
+            .iter()
+            .rev()
+            .find(|kept| kept.id == id)
+            .map(|kept| kept.response.clone())
     }
 
     fn bodies(&self) -> MutexGuard<'_, Vec<KeptBody>> {
@@ -288,6 +361,7 @@ pub struct AppState {
     /// more threads would only add switching, and the async workers must keep a core.
     preparing: tokio::sync::Semaphore,
     bodies: Arc<BodyBudget>,
+    responses: Arc<BodyBudget>,
     capture: Option<capture::Capture>,
     credentials: Option<credentials::CredentialFile>,
     /// Credentials issued before this process started, and the sessions rebuilt for them.
@@ -452,6 +526,10 @@ impl AppState {
             used: AtomicUsize::new(0),
             max: config.body_cache_bytes_max,
         });
+        let responses = Arc::new(BodyBudget {
+            used: AtomicUsize::new(0),
+            max: config.response_store_bytes_max,
+        });
         let capture = config
             .capture
             .as_deref()
@@ -469,6 +547,7 @@ impl AppState {
             .first_from(issued.max_execution.saturating_add(1));
         Ok(Arc::new(AppState {
             bodies,
+            responses,
             capture,
             credentials,
             issued: Mutex::new(Issued {
@@ -1273,9 +1352,54 @@ async fn model_call(
             }
             let parsing = std::time::Instant::now();
             let agent_key = agent.as_deref().unwrap_or("main");
+            // A Responses request continuing a stored response becomes the body a stateless
+            // client would have sent (see `crate::stored_responses`).
+            let mut chained = None;
+            let bytes = match api {
+                Api::OpenAiResponses => match stored_responses::previous_response_id(&bytes)? {
+                    Some((id, object)) => {
+                        let previous = execution.stored_response(&id).ok_or_else(|| {
+                            stored_responses::not_found(
+                                &id,
+                                "this proxy keeps, in memory, the last stored responses of \
+                                 each execution that fit --response-store-mib",
+                            )
+                        })?;
+                        let (expanded, own) = stored_responses::expand(object, &previous)?;
+                        chained = Some((id, previous, own));
+                        expanded
+                    }
+                    None => bytes,
+                },
+                _ => bytes,
+            };
             let previous = execution.take_body(api, agent_key);
             let body = crate::body::parse_body(api, bytes, previous)?;
             let mut request = crate::read_parsed_request(api, &body)?;
+            if let (Some((id, ..)), Some(settings)) = (&chained, request.response_settings.as_mut())
+            {
+                // The answer echoes the response it continued.
+                Arc::make_mut(settings)
+                    .insert("previous_response_id".into(), Value::String(id.clone()));
+            }
+            let stored = api == Api::OpenAiResponses
+                && body.value().get("store") != Some(&Value::Bool(false));
+            let store_on_end = stored.then(|| {
+                let (parent, input_items) = match chained.take() {
+                    Some((_, previous, own)) => (Some(previous), own),
+                    None => (
+                        None,
+                        body.conversation_items()
+                            .map(<[u8]>::to_vec)
+                            .unwrap_or_else(|| stored_responses::input_items(body.value())),
+                    ),
+                };
+                StoreOnEnd {
+                    parent,
+                    input_items,
+                    budget: app.responses.clone(),
+                }
+            });
             if app.config.media == crate::media::MediaPolicy::Reject {
                 if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
                     return Err(crate::media::rejected(api, path, &kind));
@@ -1295,11 +1419,11 @@ async fn model_call(
             };
             app.metrics
                 .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
-            Ok::<_, ApiError>((request, prepared))
+            Ok::<_, ApiError>((request, prepared, store_on_end))
         })
         .await
     };
-    let (request, prepared) = match work {
+    let (request, prepared, store_on_end) = match work {
         Ok(Ok(done)) => done,
         Ok(Err(error)) => return rejected(&app, &error),
         Err(join) => {
@@ -1343,6 +1467,7 @@ async fn model_call(
         execution,
         request,
         prepared,
+        store_on_end,
         sender,
     ));
     if streaming {
@@ -1554,6 +1679,15 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
          gyre_proxy_body_cache_bytes_max {}\n",
         app.bodies.used.load(Ordering::Acquire),
         app.bodies.max,
+    ));
+    text.push_str(&format!(
+        "# HELP gyre_proxy_response_store_bytes Memory charged to stored Responses answers \
+         kept for previous_response_id (each its whole conversation), and its bound \
+         (--response-store-mib).\n# TYPE gyre_proxy_response_store_bytes gauge\n\
+         gyre_proxy_response_store_bytes {}\n# TYPE gyre_proxy_response_store_bytes_max gauge\n\
+         gyre_proxy_response_store_bytes_max {}\n",
+        app.responses.used.load(Ordering::Acquire),
+        app.responses.max,
     ));
     let mut response = text.into_response();
     response.headers_mut().insert(

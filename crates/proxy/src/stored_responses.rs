@@ -1,0 +1,292 @@
+//! Stored responses for `previous_response_id` (OpenAI Responses).
+//!
+//! A Responses client may send only its new input items and name the response it continues
+//! (`previous_response_id`); the API keeps the conversation of every response created with
+//! `store` (true by default). Codex sends `store: false` and the whole input every turn; the
+//! OpenAI Agents SDK, LangChain and other Responses clients can chain instead.
+//!
+//! The proxy turns a chained request into the one a stateless client would have sent — the
+//! previous response's input items, its output items as the client received them, then the
+//! new items, with the request's own settings (`instructions`, `tools`, … are not carried
+//! over, as the API documents) — before anything else reads it. Parsing, the tool-call and
+//! reasoning caches, rendering and the trajectory tree then work exactly as for Codex's full
+//! re-sends: the previous call's tokens are reused, nothing is re-encoded.
+//!
+//! A [`StoredResponse`] holds its own items as JSON text and shares its parent's, so a chain
+//! of n turns holds the conversation once. The server keeps the last few per execution under
+//! a memory budget, in memory only: a restarted proxy answers an unknown id with the API's
+//! 400, as it does for an id it never issued.
+//!
+//! Pure: bytes and values in, bytes out.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::api_error::ApiError;
+use crate::messages::Api;
+
+const API: Api = Api::OpenAiResponses;
+
+/// One stored response: its own items and the conversation before it.
+#[derive(Debug)]
+pub struct StoredResponse {
+    parent: Option<Arc<StoredResponse>>,
+    /// This response's request items that were new, then its output items: JSON values
+    /// separated by commas (empty when there are none).
+    items: Vec<u8>,
+    /// Bytes of the whole conversation through this response.
+    conversation_bytes: usize,
+}
+
+impl StoredResponse {
+    /// A response to a request whose new input items are `input_items` (comma-separated
+    /// JSON, as [`input_items`] writes them), continuing `parent` (`None` for a request that
+    /// sent the whole conversation), that answered with `output` items.
+    pub fn new(parent: Option<Arc<StoredResponse>>, input_items: &[u8], output: &[Value]) -> Self {
+        let mut items = input_items.to_vec();
+        for item in output {
+            if !items.is_empty() {
+                items.push(b',');
+            }
+            // A `Value` always serializes.
+            items.extend(serde_json::to_vec(item).unwrap_or_default());
+        }
+        let conversation_bytes = parent
+            .as_ref()
+            .map_or(0, |parent| parent.conversation_bytes + 1)
+            + items.len();
+        StoredResponse {
+            parent,
+            items,
+            conversation_bytes,
+        }
+    }
+
+    /// Bytes of the whole conversation through this response (what continuing it holds).
+    pub fn conversation_bytes(&self) -> usize {
+        self.conversation_bytes
+    }
+
+    /// The conversation through this response: its items, first to last, separated by
+    /// commas.
+    pub fn conversation_items(&self) -> Vec<u8> {
+        let mut chain = Vec::new();
+        let mut at = Some(self);
+        while let Some(turn) = at {
+            chain.push(&turn.items);
+            at = turn.parent.as_deref();
+        }
+        let mut out = Vec::with_capacity(self.conversation_bytes);
+        for items in chain.into_iter().rev().filter(|items| !items.is_empty()) {
+            if !out.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(items);
+        }
+        out
+    }
+}
+
+/// The id a body continues and the body parsed into an object.
+pub type Chained = (String, Map<String, Value>);
+
+/// The `previous_response_id` a Responses body names, with the body parsed into an object;
+/// `None` when it names none (absent or null). Only a body that mentions the key is parsed.
+pub fn previous_response_id(body: &[u8]) -> Result<Option<Chained>, ApiError> {
+    if memchr::memmem::find(body, b"\"previous_response_id\"").is_none() {
+        return Ok(None);
+    }
+    let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(body) else {
+        // The ordinary parse names what is wrong with the body.
+        return Ok(None);
+    };
+    match object.get("previous_response_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) if !id.is_empty() => Ok(Some((id.clone(), object))),
+        Some(_) => Err(previous_id_error("must be a non-empty string")),
+    }
+}
+
+fn previous_id_error(problem: &str) -> ApiError {
+    ApiError::invalid_field(API, "previous_response_id", problem)
+}
+
+/// The API's answer to an id the proxy does not hold.
+pub fn not_found(id: &str, why: &str) -> ApiError {
+    ApiError::invalid_field(
+        API,
+        "previous_response_id",
+        format!("Previous response with id '{id}' not found ({why})."),
+    )
+}
+
+/// A body's input items as comma-separated JSON: a string `input` is one user message, as
+/// the API reads it; an absent input is no items.
+pub fn input_items(body: &Value) -> Vec<u8> {
+    match body.get("input") {
+        Some(Value::String(text)) => serde_json::to_vec(&serde_json::json!({
+            "type": "message", "role": "user", "content": text,
+        }))
+        .unwrap_or_default(),
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            for item in items {
+                if !out.is_empty() {
+                    out.push(b',');
+                }
+                out.extend(serde_json::to_vec(item).unwrap_or_default());
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The body a stateless client would have sent instead of `body`, which continues
+/// `previous`: the same members without `previous_response_id`, and `input` (last, so the
+/// next expanded body shares this one's bytes up to the new items) holding the previous
+/// conversation and then the request's own items. Also returns those own items.
+pub fn expand(
+    mut body: Map<String, Value>,
+    previous: &StoredResponse,
+) -> Result<(Bytes, Vec<u8>), ApiError> {
+    let own = input_items(&Value::Object(body.clone()));
+    if let Some(input) = body.get("input") {
+        if !input.is_string() && !input.is_array() {
+            return Err(ApiError::invalid_field(
+                API,
+                "input",
+                "must be a string or an array of items",
+            ));
+        }
+    }
+    body.remove("input");
+    body.remove("previous_response_id");
+    let members = serde_json::to_vec(&Value::Object(body)).unwrap_or_else(|_| b"{}".to_vec());
+    let conversation = previous.conversation_items();
+    let mut out = Vec::with_capacity(members.len() + conversation.len() + own.len() + 16);
+    // `members` is `{…}`: reopen it and append `input`.
+    out.extend_from_slice(&members[..members.len() - 1]);
+    if members.len() > 2 {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"input\":[");
+    out.extend_from_slice(&conversation);
+    if !conversation.is_empty() && !own.is_empty() {
+        out.push(b',');
+    }
+    out.extend_from_slice(&own);
+    out.extend_from_slice(b"]}");
+    Ok((Bytes::from(out), own))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(object) => object,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_chain_expands_to_the_stateless_body() {
+        let first = json!({"model": "m", "input": "hello", "store": true});
+        let own = input_items(&first);
+        let output =
+            [json!({"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"})];
+        let one = Arc::new(StoredResponse::new(None, &own, &output));
+        let second = json!({
+            "model": "m", "instructions": "be brief", "previous_response_id": "resp_1",
+            "input": [{"type": "function_call_output", "call_id": "c1", "output": "a b"}],
+        });
+        let (body, own) = expand(object(second), &one).unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "m", "instructions": "be brief",
+                "input": [
+                    {"type": "message", "role": "user", "content": "hello"},
+                    {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "a b"},
+                ],
+            })
+        );
+        // Input is the last member.
+        assert_eq!(
+            body.as_object().unwrap().keys().next_back().unwrap(),
+            "input"
+        );
+        let output = [
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}),
+        ];
+        let two = Arc::new(StoredResponse::new(Some(one.clone()), &own, &output));
+        let conversation = two.conversation_items();
+        assert_eq!(conversation.len(), two.conversation_bytes());
+        let items: Value =
+            serde_json::from_slice(&[b"[", &conversation[..], b"]"].concat()).unwrap();
+        assert_eq!(items.as_array().unwrap().len(), 4);
+        assert_eq!(items[3]["content"][0]["text"], "done");
+    }
+
+    #[test]
+    fn empty_pieces_leave_no_stray_commas() {
+        let none = Arc::new(StoredResponse::new(None, b"", &[]));
+        assert_eq!(none.conversation_items(), b"");
+        let after = StoredResponse::new(Some(none.clone()), b"", &[json!({"a": 1})]);
+        assert_eq!(after.conversation_items(), br#"{"a":1}"#);
+        let (body, own) = expand(object(json!({"previous_response_id": "r"})), &none).unwrap();
+        assert!(own.is_empty());
+        assert_eq!(&body[..], br#"{"input":[]}"#);
+        let (body, _) = expand(object(json!({"model": "m", "input": []})), &after).unwrap();
+        assert_eq!(&body[..], br#"{"model":"m","input":[{"a":1}]}"#);
+    }
+
+    #[test]
+    fn the_id_is_read_only_from_bodies_that_name_it() {
+        assert_eq!(
+            previous_response_id(br#"{"model":"m","input":"x"}"#).unwrap(),
+            None
+        );
+        assert_eq!(
+            previous_response_id(br#"{"previous_response_id":null,"input":"x"}"#).unwrap(),
+            None
+        );
+        let (id, body) = previous_response_id(br#"{"previous_response_id":"resp_9","input":"x"}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(id, "resp_9");
+        assert_eq!(body["input"], "x");
+        for bad in [
+            r#"{"previous_response_id":7}"#,
+            r#"{"previous_response_id":""}"#,
+        ] {
+            let error = previous_response_id(bad.as_bytes()).unwrap_err();
+            assert_eq!(error.status(), 400);
+            assert_eq!(error.param.as_deref(), Some("previous_response_id"));
+        }
+        // Not JSON: left to the ordinary parse, which names the problem.
+        assert_eq!(
+            previous_response_id(br#"{"previous_response_id": "#).unwrap(),
+            None
+        );
+        let error = not_found("resp_x", "never issued");
+        assert!(error
+            .message
+            .contains("Previous response with id 'resp_x' not found"));
+    }
+
+    #[test]
+    fn a_bad_input_is_named() {
+        let none = StoredResponse::new(None, b"", &[]);
+        let error = expand(object(json!({"input": 3})), &none).unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("input"));
+    }
+}
