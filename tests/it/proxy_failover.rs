@@ -629,6 +629,13 @@ impl GatedSink {
 
 /// A proxy over a scripted engine recording to a gated sink.
 fn gated_scripted_state(script: &str) -> (Arc<AppState>, Arc<GatedSink>) {
+    gated_scripted_state_with(script, ServerConfig::default())
+}
+
+fn gated_scripted_state_with(
+    script: &str,
+    config: ServerConfig,
+) -> (Arc<AppState>, Arc<GatedSink>) {
     use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
     let model = test_model();
     let script = Script::parse(script, None).expect("script");
@@ -641,7 +648,7 @@ fn gated_scripted_state(script: &str) -> (Arc<AppState>, Arc<GatedSink>) {
     .expect("engine");
     let sink = Arc::new(GatedSink::default());
     let state = AppState::new(
-        ServerConfig::default(),
+        config,
         model,
         OutputFormat::test_model(),
         vec![Arc::new(engine)],
@@ -1050,6 +1057,7 @@ fn a_chained_responses_client_extends_the_previous_call() {
             assert_eq!(status, 400, "{why}: {error}");
             let error: Value = serde_json::from_str(&error).expect("json");
             assert_eq!(error["error"]["param"], "previous_response_id", "{why}");
+            assert_eq!(error["error"]["code"], "previous_response_not_found", "{why}");
             let message = error["error"]["message"].as_str().expect("message");
             assert!(
                 message.contains(&format!("Previous response with id '{id}' not found")),
@@ -1060,6 +1068,82 @@ fn a_chained_responses_client_extends_the_previous_call() {
             sink.memory.events.lock().expect("sink").len(),
             records,
             "nothing recorded for a refused call"
+        );
+    });
+}
+
+/// The proxy's `/metrics` text.
+async fn metrics_of(state: &Arc<AppState>) -> String {
+    let request = Request::get("/metrics")
+        .body(Body::empty())
+        .expect("request");
+    let response = router(state.clone())
+        .oneshot(request)
+        .await
+        .expect("infallible");
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The value of metric `name` (a line `name value`).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+}
+
+/// The response store's bounds: a chain of turns is charged the memory it holds (each turn
+/// its own items; the newest shares the rest), not each kept response's whole conversation,
+/// so a budget under twice the conversation keeps every turn the client names; a
+/// conversation continued past `--body-limit` is a 413, as the same conversation sent whole
+/// would be.
+#[test]
+fn a_chain_is_charged_what_it_holds_and_ends_at_the_body_limit() {
+    use serde_json::{json, Value};
+    let filler = "x".repeat(600);
+    let line = json!({"agent": "main", "blocks": [{"type": "text", "text": "ok"}]});
+    let script: String = (0..12).map(|_| format!("{line}\n")).collect();
+    let config = ServerConfig {
+        response_store_bytes_max: 10_000,
+        body_bytes_max: 6_000,
+        ..ServerConfig::default()
+    };
+    runtime().block_on(async {
+        let (state, sink) = gated_scripted_state_with(&script, config);
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let mut previous: Option<String> = None;
+        let mut refused = None;
+        for turn in 0..12 {
+            let body = json!({"model": "m", "stream": false, "previous_response_id": previous,
+                              "input": format!("{turn} {filler}")});
+            let (status, answer) = post(&state, "/v1/responses", &token, body.to_string()).await;
+            if status == 413 {
+                refused = Some((turn, answer));
+                break;
+            }
+            assert_eq!(status, 200, "turn {turn}: {answer}");
+            let answer: Value = serde_json::from_str(&answer).expect("json");
+            previous = Some(answer["id"].as_str().expect("id").to_string());
+        }
+        let (turn, answer) = refused.expect("the conversation outgrew the body limit");
+        assert!(turn >= 4, "{turn}");
+        assert!(
+            answer.contains("exceeds the body limit of 6000 bytes"),
+            "{answer}"
+        );
+        let records = sink.records();
+        assert_eq!(
+            records, turn,
+            "every answered turn recorded, the refused one not"
+        );
+        let metrics = metrics_of(&state).await;
+        let used = metric(&metrics, "gyre_proxy_response_store_bytes");
+        assert!(
+            (3_000.0..=6_000.0).contains(&used),
+            "the chain's own bytes, once: {used}"
         );
     });
 }

@@ -39,6 +39,9 @@ pub struct ApiError {
     pub message: String,
     /// The offending field path (`messages[3].content[1].tool_use_id`), when there is one.
     pub param: Option<String>,
+    /// OpenAI's `code` when the API names this error more precisely than its kind does
+    /// (`previous_response_not_found`).
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -48,6 +51,7 @@ impl ApiError {
             kind,
             message: message.into(),
             param: None,
+            code: None,
         }
     }
 
@@ -64,6 +68,7 @@ impl ApiError {
             kind: ApiErrorKind::InvalidRequest,
             message,
             param: (!path.is_empty()).then_some(path),
+            code: None,
         }
     }
 
@@ -123,6 +128,9 @@ impl ApiError {
 
     /// OpenAI's `code` field.
     fn openai_code(&self) -> Option<&'static str> {
+        if self.code.is_some() {
+            return self.code;
+        }
         match self.kind {
             ApiErrorKind::InvalidRequest | ApiErrorKind::Internal => None,
             ApiErrorKind::Authentication => Some("invalid_api_key"),

@@ -20,6 +20,18 @@ use std::io::Read;
 /// Content codings the proxy decodes, as named in an `Accept-Encoding` answer to a 415.
 pub const SUPPORTED: &str = "gzip, deflate, br, zstd";
 
+/// Codings one body may stack. Real clients apply one; each stage is a full pass over up to
+/// the body limit, so a header listing hundreds would cost seconds of CPU per request.
+pub const STACKED_MAX: usize = 3;
+
+/// The largest zstd window accepted at a body limit of `limit`: the decoder holds a window
+/// before it yields output, so a window far above the limit would be memory the limit never
+/// sees. Encoders size the window to the content (or 8 MiB at most by default), so a body
+/// within the limit fits.
+fn zstd_window_max(limit: usize) -> u64 {
+    (limit.max(1 << 20) as u64).min(ruzstd::decoding::DEFAULT_MAX_WINDOW_SIZE)
+}
+
 /// Why a compressed body could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -47,6 +59,12 @@ pub fn codings(header: &[u8]) -> Result<Vec<String>, DecodeError> {
             "gzip" | "x-gzip" | "deflate" | "br" | "zstd" => codings.push(coding),
             _ => return Err(DecodeError::Unsupported(coding)),
         }
+    }
+    if codings.len() > STACKED_MAX {
+        return Err(DecodeError::Unsupported(format!(
+            "{} (more than {STACKED_MAX} stacked codings)",
+            codings.join(", ")
+        )));
     }
     Ok(codings)
 }
@@ -114,6 +132,8 @@ fn read_capped(reader: impl Read, limit: usize) -> Result<Option<Vec<u8>>, Strin
         .take(limit as u64 + 1)
         .read_to_end(&mut out)
         .map_err(|error| error.to_string())?;
+    // `read_to_end` grows by doubling: a kept body is charged its length, so hold no more.
+    out.shrink_to_fit();
     Ok((out.len() <= limit).then_some(out))
 }
 
@@ -126,8 +146,11 @@ fn zstd_frames(body: &[u8], limit: usize) -> Result<Option<Vec<u8>>, String> {
     }
     while !rest.is_empty() {
         let at = body.len() - rest.len();
-        let decoder = ruzstd::decoding::StreamingDecoder::new(&mut rest)
-            .map_err(|error| format!("frame at byte {at}: {error}"))?;
+        let decoder = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(
+            &mut rest,
+            zstd_window_max(limit),
+        )
+        .map_err(|error| format!("frame at byte {at}: {error}"))?;
         let room = limit - out.len();
         match read_capped(decoder, room)? {
             Some(frame) => out.extend_from_slice(&frame),
@@ -257,6 +280,36 @@ mod tests {
         // Exactly at the limit is fine.
         let decoded = decode(b"gzip", &gzip(&huge[..1 << 20]), 1 << 20).unwrap();
         assert_eq!(decoded.map(|body| body.len()), Some(1 << 20));
+    }
+
+    #[test]
+    fn a_zstd_window_far_above_the_limit_is_refused_before_it_is_held() {
+        // A frame header declaring a 128 MiB window (Window_Descriptor exponent 17), no
+        // content size: the decoder would hold the window before yielding a byte.
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 17 << 3];
+        // One raw, last block of 4 bytes.
+        frame.extend_from_slice(&[0x21, 0x00, 0x00]);
+        frame.extend_from_slice(b"{}  ");
+        let error = decode(b"zstd", &frame, 1 << 20).unwrap_err();
+        assert!(matches!(error, DecodeError::Corrupt { .. }), "{error:?}");
+        assert!(error.to_string().contains("window"), "{error}");
+    }
+
+    #[test]
+    fn more_than_three_stacked_codings_are_refused() {
+        let error = decode(b"gzip, gzip, gzip, gzip", BODY, 1 << 20).unwrap_err();
+        assert!(matches!(error, DecodeError::Unsupported(_)));
+        assert!(
+            error.to_string().contains("more than 3 stacked codings"),
+            "{error}"
+        );
+        let three = gzip(&gzip(&gzip(BODY)));
+        assert_eq!(
+            decode(b"gzip, gzip, gzip", &three, 1 << 20)
+                .unwrap()
+                .as_deref(),
+            Some(BODY)
+        );
     }
 
     #[test]

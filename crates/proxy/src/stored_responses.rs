@@ -30,7 +30,6 @@ use crate::messages::Api;
 const API: Api = Api::OpenAiResponses;
 
 /// One stored response: its own items and the conversation before it.
-#[derive(Debug)]
 pub struct StoredResponse {
     parent: Option<Arc<StoredResponse>>,
     /// This response's request items that were new, then its output items: JSON values
@@ -38,6 +37,19 @@ pub struct StoredResponse {
     items: Vec<u8>,
     /// Bytes of the whole conversation through this response.
     conversation_bytes: usize,
+    /// Held as long as this response is (the server's charge against its memory budget, so
+    /// a parent still shared by a later response stays counted).
+    guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for StoredResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredResponse")
+            .field("items_bytes", &self.items.len())
+            .field("conversation_bytes", &self.conversation_bytes)
+            .field("has_parent", &self.parent.is_some())
+            .finish()
+    }
 }
 
 impl StoredResponse {
@@ -53,15 +65,27 @@ impl StoredResponse {
             // A `Value` always serializes.
             items.extend(serde_json::to_vec(item).unwrap_or_default());
         }
-        let conversation_bytes = parent
+        let before = parent
             .as_ref()
-            .map_or(0, |parent| parent.conversation_bytes + 1)
-            + items.len();
+            .map_or(0, |parent| parent.conversation_bytes);
+        let comma = usize::from(before > 0 && !items.is_empty());
         StoredResponse {
             parent,
+            conversation_bytes: before + comma + items.len(),
             items,
-            conversation_bytes,
+            guard: None,
         }
+    }
+
+    /// Bytes this response holds itself (its parents hold the rest of its conversation).
+    pub fn own_bytes(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Keeps `guard` alive as long as this response.
+    pub fn with_guard(mut self, guard: impl std::any::Any + Send + Sync) -> Self {
+        self.guard = Some(Box::new(guard));
+        self
     }
 
     /// Bytes of the whole conversation through this response (what continuing it holds).
@@ -98,6 +122,9 @@ pub fn previous_response_id(body: &[u8]) -> Result<Option<Chained>, ApiError> {
     if memchr::memmem::find(body, b"\"previous_response_id\"").is_none() {
         return Ok(None);
     }
+    // As the ordinary parse does: a JS client's lone UTF-16 surrogate escape is replaced.
+    let fixed = crate::body::lone_surrogates_replaced(body);
+    let body = fixed.as_deref().unwrap_or(body);
     let Ok(Value::Object(object)) = serde_json::from_slice::<Value>(body) else {
         // The ordinary parse names what is wrong with the body.
         return Ok(None);
@@ -115,17 +142,19 @@ fn previous_id_error(problem: &str) -> ApiError {
 
 /// The API's answer to an id the proxy does not hold.
 pub fn not_found(id: &str, why: &str) -> ApiError {
-    ApiError::invalid_field(
+    let mut error = ApiError::invalid_field(
         API,
         "previous_response_id",
         format!("Previous response with id '{id}' not found ({why})."),
-    )
+    );
+    error.code = Some("previous_response_not_found");
+    error
 }
 
-/// A body's input items as comma-separated JSON: a string `input` is one user message, as
-/// the API reads it; an absent input is no items.
-pub fn input_items(body: &Value) -> Vec<u8> {
-    match body.get("input") {
+/// A body's `input` as comma-separated JSON items: a string is one user message, as the API
+/// reads it; an absent input is no items.
+pub fn input_items(input: Option<&Value>) -> Vec<u8> {
+    match input {
         Some(Value::String(text)) => serde_json::to_vec(&serde_json::json!({
             "type": "message", "role": "user", "content": text,
         }))
@@ -152,7 +181,7 @@ pub fn expand(
     mut body: Map<String, Value>,
     previous: &StoredResponse,
 ) -> Result<(Bytes, Vec<u8>), ApiError> {
-    let own = input_items(&Value::Object(body.clone()));
+    let own = input_items(body.get("input"));
     if let Some(input) = body.get("input") {
         if !input.is_string() && !input.is_array() {
             return Err(ApiError::invalid_field(
@@ -198,7 +227,7 @@ mod tests {
     #[test]
     fn a_chain_expands_to_the_stateless_body() {
         let first = json!({"model": "m", "input": "hello", "store": true});
-        let own = input_items(&first);
+        let own = input_items(first.get("input"));
         let output =
             [json!({"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"})];
         let one = Arc::new(StoredResponse::new(None, &own, &output));
@@ -281,6 +310,17 @@ mod tests {
         assert!(error
             .message
             .contains("Previous response with id 'resp_x' not found"));
+        assert_eq!(
+            error.body_json()["error"]["code"],
+            "previous_response_not_found"
+        );
+        // A JS client's lone surrogate does not hide the id.
+        let (id, body) =
+            previous_response_id(br#"{"previous_response_id":"resp_2","input":"a \ud83d b"}"#)
+                .unwrap()
+                .unwrap();
+        assert_eq!(id, "resp_2");
+        assert!(body["input"].as_str().unwrap().contains('\u{fffd}'));
     }
 
     #[test]

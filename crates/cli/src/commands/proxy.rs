@@ -123,8 +123,10 @@ pub struct ProxyArgs {
     /// Memory, MiB over all executions, for OpenAI Responses answers kept so that a later
     /// request can continue one with `previous_response_id` instead of re-sending the
     /// conversation (answers to requests with `store: false`, as Codex sends, are not kept).
-    /// Each execution keeps its last 8, each charged its whole conversation; beyond the
-    /// budget an answer is not kept, and continuing it is a 400 naming the id.
+    /// Each execution keeps its last 8; each answer is charged the bytes it holds itself (a
+    /// chain shares its earlier turns, so it holds its conversation once). When the budget
+    /// is spent the execution's oldest answers make room; if that is not enough the answer
+    /// is not kept, and continuing it is a 400 naming the id.
     #[arg(long, default_value_t = 256)]
     response_store_mib: usize,
     /// Cap on new tokens per call: a request's own limit (`max_tokens`,

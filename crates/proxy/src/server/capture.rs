@@ -82,6 +82,13 @@ impl Capture {
         CaptureHead { path, headers: map }
     }
 
+    /// Adds a header of the proxy's own to a captured request (`x-gyre-…`): what the body
+    /// alone no longer shows, such as the stored response a chained request continued.
+    pub fn note(head: &mut CaptureHead, name: &str, value: &str) {
+        head.headers
+            .insert(name.to_string(), Value::String(value.to_string()));
+    }
+
     /// Appends one request. A failed write is logged, never fails the call.
     pub fn write(
         &self,

@@ -79,9 +79,9 @@ pub struct ServerConfig {
     /// and the parsed document). Beyond it, bodies parse whole. 0 turns reuse off.
     pub body_cache_bytes_max: usize,
     /// Memory, over all executions, for stored OpenAI Responses (`store` not false) that a
-    /// later request may continue with `previous_response_id` (each charged the bytes of its
-    /// whole conversation). Beyond it, a response is not stored and continuing it is the
-    /// API's 400 "not found".
+    /// later request may continue with `previous_response_id` (each charged the bytes it
+    /// holds itself, for as long as a later response in its chain shares them). Beyond it, a
+    /// response is not stored and continuing it is the API's 400 "not found".
     pub response_store_bytes_max: usize,
     /// Append every authenticated model-API request (exact body, secrets redacted) to this
     /// JSON-lines file (`capture.rs`).
@@ -194,7 +194,6 @@ const RESPONSES_KEPT: usize = 8;
 struct KeptResponse {
     id: String,
     response: Arc<StoredResponse>,
-    _charge: Charge,
 }
 
 /// What a Responses call stores when its answer ends (its `store` was not false): the
@@ -203,34 +202,51 @@ pub(crate) struct StoreOnEnd {
     parent: Option<Arc<StoredResponse>>,
     input_items: Vec<u8>,
     budget: Arc<BodyBudget>,
+    /// A conversation over the body limit could never be continued: not kept.
+    body_bytes_max: usize,
 }
 
 impl StoreOnEnd {
     /// Stores the answer `id` with its `output` items in `execution`, before the harness can
     /// name it.
     pub(crate) fn store(&self, execution: &ExecutionHandle, id: &str, output: &[Value]) {
-        let response = Arc::new(StoredResponse::new(
-            self.parent.clone(),
-            &self.input_items,
-            output,
-        ));
+        let response = StoredResponse::new(self.parent.clone(), &self.input_items, output);
+        if response.conversation_bytes() > self.body_bytes_max {
+            tracing::warn!(
+                id,
+                bytes = response.conversation_bytes(),
+                "a stored response's conversation is over the body limit; not kept"
+            );
+            return;
+        }
         let mut kept = execution.responses();
+        // Each response is charged what it holds itself, for as long as it lives (a parent
+        // shared by later responses stays charged). When the budget is spent, this
+        // execution's oldest responses make room first: the newest is the one a chaining
+        // client names next.
+        let charge = loop {
+            if let Some(charge) = Charge::take(&self.budget, response.own_bytes()) {
+                break Some(charge);
+            }
+            if kept.pop_front().is_none() {
+                break None;
+            }
+        };
+        let Some(charge) = charge else {
+            tracing::warn!(
+                id,
+                bytes = response.own_bytes(),
+                "the response store is full (--response-store-mib); this response is not kept"
+            );
+            return;
+        };
         if kept.len() >= RESPONSES_KEPT {
             kept.pop_front();
         }
-        // Charged its whole conversation: an upper bound on what keeping it holds.
-        match Charge::take(&self.budget, response.conversation_bytes()) {
-            Some(charge) => kept.push_back(KeptResponse {
-                id: id.to_string(),
-                response,
-                _charge: charge,
-            }),
-            None => tracing::warn!(
-                id,
-                bytes = response.conversation_bytes(),
-                "the response store is full (--response-store-mib); this response is not kept"
-            ),
-        }
+        kept.push_back(KeptResponse {
+            id: id.to_string(),
+            response: Arc::new(response.with_guard(charge)),
+        });
     }
 }
 
@@ -1186,27 +1202,31 @@ async fn read_body(
     body: Body,
 ) -> Result<Bytes, ApiError> {
     let bytes = read_body_bytes(app, api, body).await?;
-    let Some(coding) = headers.get(hyper::header::CONTENT_ENCODING) else {
+    // Every `Content-Encoding` line, in order (a list may be split over several).
+    let coding = headers
+        .get_all(hyper::header::CONTENT_ENCODING)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect::<Vec<_>>()
+        .join(&b","[..]);
+    if coding.is_empty() {
         return Ok(bytes);
-    };
+    }
     let limit = app.config.body_bytes_max;
-    let coding = coding.as_bytes().to_vec();
     let decode = move || {
         crate::content_encoding::decode(&coding, &bytes, limit)
             .map(|decoded| decoded.map_or(bytes, Bytes::from))
     };
-    // Inflating a large body takes milliseconds: off the runtime's workers.
-    let decoded = if bytes_len_hint(headers) > DECODE_INLINE_BYTES_MAX {
-        tokio::task::spawn_blocking(decode).await.map_err(|error| {
-            ApiError::new(
-                api,
-                ApiErrorKind::Internal,
-                format!("decoding the body: {error}"),
-            )
-        })?
-    } else {
-        decode()
-    };
+    // Inflating is CPU work up to the body limit per request: on the blocking pool, as many
+    // at once as calls being prepared (the semaphore is never closed).
+    let _permit = app.preparing.acquire().await;
+    let decoded = tokio::task::spawn_blocking(decode).await.map_err(|error| {
+        ApiError::new(
+            api,
+            ApiErrorKind::Internal,
+            format!("decoding the body: {error}"),
+        )
+    })?;
     decoded.map_err(|error| {
         use crate::content_encoding::DecodeError;
         let kind = match &error {
@@ -1216,16 +1236,6 @@ async fn read_body(
         };
         ApiError::new(api, kind, error.to_string())
     })
-}
-
-/// Compressed bodies up to this size are decoded on the request's task.
-const DECODE_INLINE_BYTES_MAX: usize = 64 << 10;
-
-fn bytes_len_hint(headers: &HeaderMap) -> usize {
-    headers
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse().ok())
-        .unwrap_or(usize::MAX)
 }
 
 async fn read_body_bytes(app: &AppState, api: Api, body: Body) -> Result<Bytes, ApiError> {
@@ -1312,6 +1322,41 @@ fn compaction_requested(headers: &HeaderMap) -> bool {
         })
 }
 
+/// A Responses request that continues a stored response (`previous_response_id`), as the
+/// body a stateless client would have sent (see [`crate::stored_responses`]), with the id,
+/// the response it continues and its own input items; `None` when it continues none.
+#[allow(clippy::type_complexity)]
+fn expand_chained(
+    app: &AppState,
+    api: Api,
+    execution: &ExecutionHandle,
+    bytes: &[u8],
+) -> Result<Option<(Bytes, (String, Arc<StoredResponse>, Vec<u8>))>, ApiError> {
+    let Some((id, object)) = stored_responses::previous_response_id(bytes)? else {
+        return Ok(None);
+    };
+    let previous = execution.stored_response(&id).ok_or_else(|| {
+        stored_responses::not_found(
+            &id,
+            "this proxy keeps, in memory, the last stored responses of each execution that \
+             fit --response-store-mib",
+        )
+    })?;
+    let (expanded, own) = stored_responses::expand(object, &previous)?;
+    if expanded.len() > app.config.body_bytes_max {
+        // What a stateless client sending the same conversation would get.
+        return Err(ApiError::new(
+            api,
+            ApiErrorKind::RequestTooLarge,
+            format!(
+                "the conversation continued from {id} exceeds the body limit of {} bytes",
+                app.config.body_bytes_max
+            ),
+        ));
+    }
+    Ok(Some((expanded, (id, previous, own))))
+}
+
 async fn model_call(
     app: Arc<AppState>,
     api: Api,
@@ -1346,33 +1391,31 @@ async fn model_call(
         tokio::task::spawn_blocking(move || {
             app.metrics
                 .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
-            if let (Some(capture), Some(head)) = (&app.capture, capture_head) {
-                let id = execution.lock().execution.get();
-                capture.write(head, api, id, agent.as_deref(), &bytes);
-            }
             let parsing = std::time::Instant::now();
             let agent_key = agent.as_deref().unwrap_or("main");
             // A Responses request continuing a stored response becomes the body a stateless
             // client would have sent (see `crate::stored_responses`).
-            let mut chained = None;
-            let bytes = match api {
-                Api::OpenAiResponses => match stored_responses::previous_response_id(&bytes)? {
-                    Some((id, object)) => {
-                        let previous = execution.stored_response(&id).ok_or_else(|| {
-                            stored_responses::not_found(
-                                &id,
-                                "this proxy keeps, in memory, the last stored responses of \
-                                 each execution that fit --response-store-mib",
-                            )
-                        })?;
-                        let (expanded, own) = stored_responses::expand(object, &previous)?;
-                        chained = Some((id, previous, own));
-                        expanded
-                    }
-                    None => bytes,
-                },
-                _ => bytes,
+            let expansion = match api {
+                Api::OpenAiResponses => expand_chained(&app, api, &execution, &bytes),
+                _ => Ok(None),
             };
+            let (bytes, mut chained, refused) = match expansion {
+                Ok(Some((expanded, chained))) => (expanded, Some(chained), None),
+                Ok(None) => (bytes, None, None),
+                Err(error) => (bytes, None, Some(error)),
+            };
+            // A chained request is captured expanded, as a stateless client sends it, so a
+            // replay does not depend on this process's stored responses.
+            if let (Some(capture), Some(mut head)) = (&app.capture, capture_head) {
+                if let Some((previous, ..)) = &chained {
+                    capture::Capture::note(&mut head, "x-gyre-previous-response-id", previous);
+                }
+                let id = execution.lock().execution.get();
+                capture.write(head, api, id, agent.as_deref(), &bytes);
+            }
+            if let Some(error) = refused {
+                return Err(error);
+            }
             let previous = execution.take_body(api, agent_key);
             let body = crate::body::parse_body(api, bytes, previous)?;
             let mut request = crate::read_parsed_request(api, &body)?;
@@ -1391,13 +1434,16 @@ async fn model_call(
                         None,
                         body.conversation_items()
                             .map(<[u8]>::to_vec)
-                            .unwrap_or_else(|| stored_responses::input_items(body.value())),
+                            .unwrap_or_else(|| {
+                                stored_responses::input_items(body.value().get("input"))
+                            }),
                     ),
                 };
                 StoreOnEnd {
                     parent,
                     input_items,
                     budget: app.responses.clone(),
+                    body_bytes_max: app.config.body_bytes_max,
                 }
             });
             if app.config.media == crate::media::MediaPolicy::Reject {
@@ -1682,7 +1728,7 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
     ));
     text.push_str(&format!(
         "# HELP gyre_proxy_response_store_bytes Memory charged to stored Responses answers \
-         kept for previous_response_id (each its whole conversation), and its bound \
+         kept for previous_response_id (a chain holds its conversation once), and its bound \
          (--response-store-mib).\n# TYPE gyre_proxy_response_store_bytes gauge\n\
          gyre_proxy_response_store_bytes {}\n# TYPE gyre_proxy_response_store_bytes_max gauge\n\
          gyre_proxy_response_store_bytes_max {}\n",
