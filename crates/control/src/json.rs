@@ -275,6 +275,14 @@ pub enum BodyJson {
         upto: u64,
         hash: String,
     },
+    /// `items` is a JSON array of the stored items (a string when the bytes are not JSON).
+    ResponseStored {
+        execution: u64,
+        response_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous_response_id: Option<String>,
+        items: serde_json::Value,
+    },
 }
 
 fn role(role: ev::Role) -> RoleJson {
@@ -632,6 +640,12 @@ impl From<&ev::Event> for EventJson {
                 upto: upto.0,
                 hash: gyre_log::file::hex(hash),
             },
+            E::ResponseStored(record) => BodyJson::ResponseStored {
+                execution: record.execution.get(),
+                response_id: record.response_id.clone(),
+                previous_response_id: record.previous_response_id.clone(),
+                items: items_to_json(&record.items),
+            },
         };
         EventJson {
             at: event.at.0,
@@ -892,11 +906,55 @@ impl TryFrom<EventJson> for ev::Event {
                 upto: ev::LogIndex(upto),
                 hash: hex_to_hash(&hash)?,
             },
+            BodyJson::ResponseStored {
+                execution,
+                response_id,
+                previous_response_id,
+                items,
+            } => E::ResponseStored(Box::new(ev::StoredResponseRecord {
+                execution: ev::ExecutionId(execution),
+                response_id,
+                previous_response_id,
+                items: items_from_json(items)?,
+            })),
         };
         Ok(ev::Event {
             at: ev::Timestamp(json.at),
             body,
         })
+    }
+}
+
+/// Stored items (comma-separated JSON values) as a JSON array; bytes that are not JSON values
+/// are shown as a string.
+fn items_to_json(items: &[u8]) -> serde_json::Value {
+    let mut array = Vec::with_capacity(items.len() + 2);
+    array.push(b'[');
+    array.extend_from_slice(items);
+    array.push(b']');
+    match serde_json::from_slice::<serde_json::Value>(&array) {
+        Ok(value @ serde_json::Value::Array(_)) => value,
+        _ => serde_json::Value::String(String::from_utf8_lossy(items).into_owned()),
+    }
+}
+
+/// `items` of a `response_stored` event: an array of items, or the raw text.
+fn items_from_json(items: serde_json::Value) -> Result<Vec<u8>, String> {
+    match items {
+        serde_json::Value::Array(values) => {
+            let mut out = Vec::new();
+            for value in values {
+                if !out.is_empty() {
+                    out.push(b',');
+                }
+                out.extend(serde_json::to_vec(&value).map_err(|error| error.to_string())?);
+            }
+            Ok(out)
+        }
+        serde_json::Value::String(text) => Ok(text.into_bytes()),
+        other => Err(format!(
+            "response_stored.items must be an array of items or a string, not {other}"
+        )),
     }
 }
 

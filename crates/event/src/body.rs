@@ -5,7 +5,7 @@
 
 use crate::{
     CallId, CellId, Duration, EngineId, ExecutionId, GroupId, LogIndex, MicroStepId,
-    ModelCallRecord, PolicyVersion, QueryId, RunConfig, StepId,
+    ModelCallRecord, PolicyVersion, QueryId, RunConfig, StepId, StoredResponseRecord,
 };
 
 /// The role a cell plays.
@@ -238,6 +238,9 @@ pub enum EventBody {
         upto: LogIndex,
         hash: [u8; 32],
     },
+
+    // --- model API state ---
+    ResponseStored(Box<StoredResponseRecord>),
 }
 
 impl EventBody {
@@ -271,6 +274,7 @@ impl EventBody {
             EventBody::BurstEnded { .. } => "burst_ended",
             EventBody::Tick => "tick",
             EventBody::ProjectionDigest { .. } => "projection_digest",
+            EventBody::ResponseStored(_) => "response_stored",
         }
     }
 }

@@ -164,3 +164,18 @@ impl ModelCallRecord {
         Ok(())
     }
 }
+
+/// A stored OpenAI Responses answer (`previous_response_id`): what this response adds to the
+/// conversation of the one it continues. The proxy commits it before the client can name the
+/// id, so a restarted proxy still resolves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponseRecord {
+    pub execution: ExecutionId,
+    /// The id the client was given (`resp_…`).
+    pub response_id: String,
+    /// The stored response this one continues (`None`: the conversation's first).
+    pub previous_response_id: Option<String>,
+    /// JSON values separated by commas, without brackets: this response's own input items,
+    /// then its output items as the client received them.
+    pub items: Vec<u8>,
+}

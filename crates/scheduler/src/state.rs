@@ -954,7 +954,8 @@ impl SchedulerState {
             | EventBody::EvaluationFailed { .. }
             | EventBody::TrajectoriesAdmitted { .. }
             | EventBody::Tick
-            | EventBody::ProjectionDigest { .. } => {}
+            | EventBody::ProjectionDigest { .. }
+            | EventBody::ResponseStored(_) => {}
         }
         Ok(())
     }

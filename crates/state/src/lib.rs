@@ -11,14 +11,17 @@
 //!
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
-use gyre_event::Event;
+use gyre_event::{Event, EventBody, ExecutionId};
 use gyre_scheduler::{ApplyError, SchedulerState};
 use gyre_trajectory::{
     AttemptOutcome, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
 };
 use sha2::{Digest, Sha256};
 
+mod responses;
 mod snapshot;
+
+pub use responses::{ExecutionResponses, StoredResponses};
 
 pub use snapshot::{SnapshotDecodeError, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC};
 
@@ -27,6 +30,8 @@ pub use snapshot::{SnapshotDecodeError, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC}
 pub enum StateError {
     Scheduler(ApplyError),
     Trajectory(TrajectoryError),
+    /// The stored-responses projection refused a `ResponseStored`.
+    Responses(String),
 }
 
 impl std::fmt::Display for StateError {
@@ -34,6 +39,7 @@ impl std::fmt::Display for StateError {
         match self {
             StateError::Scheduler(error) => write!(f, "scheduler projection: {error}"),
             StateError::Trajectory(error) => write!(f, "trajectory projection: {error}"),
+            StateError::Responses(error) => write!(f, "stored-responses projection: {error}"),
         }
     }
 }
@@ -45,6 +51,8 @@ impl std::error::Error for StateError {}
 pub struct ControlState {
     pub scheduler: SchedulerState,
     pub trajectories: TrajectoryBuffer,
+    /// Stored OpenAI Responses answers of open executions (`ResponseStored`).
+    pub responses: StoredResponses,
     pub events_applied: u64,
 }
 
@@ -59,6 +67,7 @@ impl ControlState {
         Self {
             scheduler: SchedulerState::new(),
             trajectories: TrajectoryBuffer::new(TreeConfig::default(), ScoringConfig::default()),
+            responses: StoredResponses::default(),
             events_applied: 0,
         }
     }
@@ -72,8 +81,41 @@ impl ControlState {
         self.trajectories
             .apply(event)
             .map_err(StateError::Trajectory)?;
+        self.fold_responses(event)?;
         self.events_applied += 1;
         Ok(())
+    }
+
+    /// The stored-responses part of the fold (after the other projections: `ResponseStored`
+    /// is theirs to ignore, and a close they accepted drops the execution's responses).
+    fn fold_responses(&mut self, event: &Event) -> Result<(), StateError> {
+        match &event.body {
+            EventBody::ResponseStored(record) => {
+                let closed = self.execution_closed(record.execution);
+                self.responses
+                    .apply(record, closed)
+                    .map_err(StateError::Responses)
+            }
+            EventBody::ExecutionClosed { execution, .. } => {
+                self.responses.close(*execution);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the scheduler or scoring holds `execution` as closed.
+    pub fn execution_closed(&self, execution: ExecutionId) -> bool {
+        self.scheduler
+            .executions
+            .get(&execution)
+            .is_some_and(|state| state.closed.is_some())
+            || self
+                .trajectories
+                .scoring
+                .executions
+                .get(&execution)
+                .is_some_and(|score| score.closed.is_some())
     }
 
     /// [`ControlState::apply`] taking the event by value (replay and the state machine own
@@ -82,6 +124,17 @@ impl ControlState {
         self.scheduler
             .apply_unchecked(&event)
             .map_err(StateError::Scheduler)?;
+        if matches!(
+            event.body,
+            EventBody::ResponseStored(_) | EventBody::ExecutionClosed { .. }
+        ) {
+            self.trajectories
+                .apply(&event)
+                .map_err(StateError::Trajectory)?;
+            self.fold_responses(&event)?;
+            self.events_applied += 1;
+            return Ok(());
+        }
         self.trajectories
             .apply_owned(event)
             .map_err(StateError::Trajectory)?;
@@ -184,6 +237,24 @@ impl ControlState {
         feed.u64(buffer.packed_groups.len() as u64);
         for group in &buffer.packed_groups {
             feed.u64(group.get());
+        }
+        // Fed only when some execution holds stored responses, so a log without
+        // `ResponseStored` events verifies with the digests it was written with.
+        if !self.responses.is_empty() {
+            feed.bytes(b"stored-responses");
+            feed.u64(self.responses.executions.len() as u64);
+            for (execution, held) in &self.responses.executions {
+                feed.u64(execution.get());
+                feed.u64(held.records.len() as u64);
+                for record in &held.records {
+                    feed.bytes(record.response_id.as_bytes());
+                    match &record.previous_response_id {
+                        Some(previous) => feed.bytes(previous.as_bytes()),
+                        None => feed.u64(u64::MAX),
+                    }
+                    feed.bytes(&record.items);
+                }
+            }
         }
         feed.0.finalize().into()
     }

@@ -3,8 +3,8 @@
 //!
 //! Layout: `GYRESNAP` (8 bytes), the format version (u32 little-endian), the body, then the
 //! SHA-256 of everything before it (32 bytes). The body is the scheduler projection
-//! (`SchedulerState::encode_into`), the trajectory buffer (`TrajectoryBuffer::encode_into`) and
-//! `events_applied`, written with `gyre_event::wire`. The encoding is canonical: one state has
+//! (`SchedulerState::encode_into`), the trajectory buffer (`TrajectoryBuffer::encode_into`),
+//! `events_applied` and (version 4 on) the stored responses, written with `gyre_event::wire`. The encoding is canonical: one state has
 //! one encoding, so replicas that folded the same log write byte-identical snapshots, and
 //! anything decoded from the current version re-encodes to the bytes it came from (a version-1
 //! snapshot is brought to the current state on decode: consumed executions' trees retire).
@@ -23,18 +23,23 @@ use gyre_scheduler::SchedulerState;
 use gyre_trajectory::TrajectoryBuffer;
 use sha2::{Digest, Sha256};
 
-use crate::ControlState;
+use crate::{ControlState, StoredResponses};
 
 /// The first eight bytes of every snapshot.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GYRESNAP";
 
 /// The format this build writes. It also reads version 1, written before consumed executions'
-/// trees were retired (no retired section: every tree is live), and version 2, written before
-/// tree nodes kept their calls' stop sequences (none then).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+/// trees were retired (no retired section: every tree is live), version 2, written before
+/// tree nodes kept their calls' stop sequences (none then), and version 3, written before the
+/// stored-responses section (none then).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
-// The trajectory part is versioned with the snapshot.
-const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == SNAPSHOT_FORMAT_VERSION);
+/// The first version with the stored-responses section.
+const RESPONSES_SINCE: u32 = 4;
+
+// The trajectory part is versioned with the snapshot: versions 1 to 3 are its formats, and
+// later snapshot versions hold its latest.
+const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 3);
 
 /// The oldest format this build reads.
 const OLDEST_READ_VERSION: u32 = 1;
@@ -101,6 +106,7 @@ impl ControlState {
         let ControlState {
             scheduler,
             trajectories,
+            responses,
             events_applied,
         } = self;
         let mut writer = Writer::new();
@@ -109,6 +115,7 @@ impl ControlState {
         scheduler.encode_into(&mut writer);
         trajectories.encode_into(&mut writer);
         writer.varint(*events_applied);
+        responses.encode_into(&mut writer);
         let mut bytes = writer.into_bytes();
         let sum = checksum(&bytes);
         bytes.extend_from_slice(&sum);
@@ -149,7 +156,10 @@ impl ControlState {
         }
         let mut reader = Reader::with_base(&covered[HEADER_BYTES..], HEADER_BYTES);
         let scheduler = SchedulerState::decode_from(&mut reader)?;
-        let mut trajectories = TrajectoryBuffer::decode_versioned(&mut reader, version)?;
+        let mut trajectories = TrajectoryBuffer::decode_versioned(
+            &mut reader,
+            version.min(gyre_trajectory::TRAJECTORY_FORMAT),
+        )?;
         if version == 1 {
             // Written before retirement: bring it to what a fold of the same log holds now.
             trajectories.retire_consumed(
@@ -160,10 +170,16 @@ impl ControlState {
             );
         }
         let events_applied = reader.varint("events_applied")?;
+        let responses = if version >= RESPONSES_SINCE {
+            StoredResponses::decode_from(&mut reader)?
+        } else {
+            StoredResponses::default()
+        };
         reader.finish("end of body")?;
         Ok(ControlState {
             scheduler,
             trajectories,
+            responses,
             events_applied,
         })
     }

@@ -88,6 +88,16 @@ pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, Bo
             }
         }
         EventKind::ModelCall => EventBody::ModelCall(Box::new(model_call_wire(bytes)?)),
+        EventKind::ResponseStored => {
+            let message = pb::ResponseStored::decode(bytes)?;
+            EventBody::ResponseStored(Box::new(gyre_event::StoredResponseRecord {
+                execution: ExecutionId(message.execution),
+                response_id: message.response_id,
+                previous_response_id: Some(message.previous_response_id)
+                    .filter(|id| !id.is_empty()),
+                items: message.items,
+            }))
+        }
         EventKind::EvaluationRequested => {
             let message = pb::EvaluationRequested::decode(bytes)?;
             EventBody::EvaluationRequested {

@@ -76,6 +76,13 @@ pub(crate) fn encode_body(body: &EventBody) -> Vec<u8> {
         }
         .encode_to_vec(),
         EventBody::ModelCall(record) => model_call(record).encode_to_vec(),
+        EventBody::ResponseStored(record) => pb::ResponseStored {
+            execution: record.execution.get(),
+            response_id: record.response_id.clone(),
+            previous_response_id: record.previous_response_id.clone().unwrap_or_default(),
+            items: record.items.clone(),
+        }
+        .encode_to_vec(),
         EventBody::EvaluationRequested {
             execution,
             attempt,

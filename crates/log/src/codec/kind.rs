@@ -7,7 +7,7 @@ use gyre_event::EventBody;
 use gyre_proto::events::EventKind;
 
 /// Every kind this build can read, in kind-number order.
-pub const ALL_KINDS: [EventKind; 28] = [
+pub const ALL_KINDS: [EventKind; 29] = [
     EventKind::RunStarted,
     EventKind::CellRegistered,
     EventKind::StandalonePoolRegistered,
@@ -36,6 +36,7 @@ pub const ALL_KINDS: [EventKind; 28] = [
     EventKind::BurstEnded,
     EventKind::Tick,
     EventKind::ProjectionDigest,
+    EventKind::ResponseStored,
 ];
 
 /// The kind number of a domain event body.
@@ -69,6 +70,7 @@ pub fn kind_of(body: &EventBody) -> EventKind {
         EventBody::BurstEnded { .. } => EventKind::BurstEnded,
         EventBody::Tick => EventKind::Tick,
         EventBody::ProjectionDigest { .. } => EventKind::ProjectionDigest,
+        EventBody::ResponseStored(_) => EventKind::ResponseStored,
     }
 }
 
@@ -116,6 +118,7 @@ pub fn kind_name(kind: EventKind) -> &'static str {
         EventKind::BurstEnded => "burst_ended",
         EventKind::Tick => "tick",
         EventKind::ProjectionDigest => "projection_digest",
+        EventKind::ResponseStored => "response_stored",
     }
 }
 

@@ -57,6 +57,27 @@ pub fn model_call() -> ModelCallRecord {
 
 /// One event of every kind, in kind-number order, with distinct timestamps.
 pub fn all_kinds() -> Vec<Event> {
+    let mut all = kinds_1_to_28();
+    all.extend(kinds_from_29());
+    all
+}
+
+/// Kinds added after the first golden files (kind 29 on): their own golden.
+pub fn kinds_from_29() -> Vec<Event> {
+    vec![Event::new(
+        Timestamp(29_000),
+        EventBody::ResponseStored(Box::new(gyre_event::StoredResponseRecord {
+            execution: ExecutionId(1),
+            response_id: "resp_2".into(),
+            previous_response_id: Some("resp_1".into()),
+            items: br#"{"type":"function_call_output","call_id":"call_1","output":"ok"}"#.to_vec(),
+        })),
+    )]
+}
+
+/// One event of each of kinds 1 to 28 (what `batch_f1_all_kinds.bin` and
+/// `file_f1_three_records.bin` hold), in kind-number order, with distinct timestamps.
+pub fn kinds_1_to_28() -> Vec<Event> {
     let bodies = vec![
         EventBody::RunStarted(run_config()),
         EventBody::CellRegistered {

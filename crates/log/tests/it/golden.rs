@@ -52,8 +52,15 @@ const GOLDENS: &[Golden] = &[
     Golden {
         name: "batch_f1_all_kinds.bin",
         contents: Contents::Batch {
-            expected: fixtures::all_kinds,
-            generate: Some(|| encode_batch(&fixtures::all_kinds())),
+            expected: fixtures::kinds_1_to_28,
+            generate: Some(|| encode_batch(&fixtures::kinds_1_to_28())),
+        },
+    },
+    Golden {
+        name: "batch_f1_kinds_from_29.bin",
+        contents: Contents::Batch {
+            expected: fixtures::kinds_from_29,
+            generate: Some(|| encode_batch(&fixtures::kinds_from_29())),
         },
     },
     Golden {
@@ -96,7 +103,7 @@ fn run_started_v1_batch_expected() -> Vec<Event> {
 }
 
 fn three_records_expected() -> Vec<Vec<Event>> {
-    let all = fixtures::all_kinds();
+    let all = fixtures::kinds_1_to_28();
     vec![all[..10].to_vec(), all[10..].to_vec(), vec![]]
 }
 

@@ -354,6 +354,20 @@ pub fn event_body() -> BoxedStrategy<EventBody> {
                 hash,
             }
         }),
+        (
+            any::<u64>(),
+            "resp_[a-z0-9]{0,12}",
+            proptest::option::of("resp_[a-z0-9]{1,12}"),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(|(execution, response_id, previous_response_id, items)| {
+                EventBody::ResponseStored(Box::new(gyre_event::StoredResponseRecord {
+                    execution: ExecutionId(execution),
+                    response_id,
+                    previous_response_id,
+                    items,
+                }))
+            }),
     ]
     .boxed()
 }

@@ -107,14 +107,26 @@ fn reseal(bytes: &mut [u8]) {
     bytes[covered..].copy_from_slice(&sum);
 }
 
-/// `state`'s snapshot as an older `version` wrote it: the trajectory part's last `sections`
-/// sections (each empty here: one zero count byte; they sit just before `events_applied` and
-/// the checksum) left out, the version set, the checksum redone.
+/// `state`'s snapshot as an older `version` (1 to 3) wrote it: the stored-responses section
+/// (empty here: one zero count byte after `events_applied`) and the trajectory part's last
+/// `sections` sections (each empty here: one zero count byte; they sit just before
+/// `events_applied`) left out, the version set, the checksum redone.
 fn as_older_version(state: &ControlState, sections: usize, version: u32) -> Vec<u8> {
+    assert!(
+        state.responses.is_empty(),
+        "no stored responses before version 4"
+    );
     let bytes = state.encode_snapshot();
     let mut applied = gyre_event::wire::Writer::new();
     applied.varint(state.events_applied);
-    let sections_end = bytes.len() - CHECKSUM_BYTES - applied.into_bytes().len();
+    let applied_bytes = applied.into_bytes().len();
+    let body_end = bytes.len() - CHECKSUM_BYTES;
+    assert_eq!(
+        bytes[body_end - 1],
+        0,
+        "the stored-responses section is empty"
+    );
+    let sections_end = body_end - 1 - applied_bytes;
     assert!(
         bytes[sections_end - sections..sections_end]
             .iter()
@@ -122,7 +134,8 @@ fn as_older_version(state: &ControlState, sections: usize, version: u32) -> Vec<
         "the left-out sections are empty"
     );
     let mut older = bytes[..sections_end - sections].to_vec();
-    older.extend_from_slice(&bytes[sections_end..]);
+    older.extend_from_slice(&bytes[sections_end..body_end - 1]);
+    older.extend_from_slice(&bytes[body_end..]);
     older[8..12].copy_from_slice(&version.to_le_bytes());
     reseal(&mut older);
     older
@@ -269,6 +282,59 @@ fn version_2_snapshots_restore_without_stop_sequences() {
     let restored = ControlState::decode_snapshot(&v2).expect("a version-2 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
+}
+
+/// A version-3 snapshot (written before stored responses: no such section) restores to the
+/// same state, holding none.
+#[test]
+fn version_3_snapshots_restore_without_stored_responses() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let state = fold(&events);
+    let bytes = state.encode_snapshot();
+    let v3 = as_older_version(&state, 0, 3);
+    let restored = ControlState::decode_snapshot(&v3).expect("a version-3 snapshot restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.encode_snapshot(), bytes);
+}
+
+/// Stored responses survive a snapshot and count in the digest once one is stored.
+#[test]
+fn stored_responses_are_in_the_snapshot_and_the_digest() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let mut state = fold(&events);
+    let before = state.digest();
+    let open = (1..u64::MAX)
+        .map(gyre_event::ExecutionId)
+        .find(|execution| !state.execution_closed(*execution))
+        .expect("an id no execution closed");
+    let stored = |id: &str, previous: Option<&str>| {
+        Event::new(
+            gyre_event::Timestamp(u64::MAX / 2),
+            EventBody::ResponseStored(Box::new(gyre_event::StoredResponseRecord {
+                execution: open,
+                response_id: id.into(),
+                previous_response_id: previous.map(str::to_string),
+                items: br#"{"type":"message","role":"user","content":"hi"}"#.to_vec(),
+            })),
+        )
+    };
+    state.apply(&stored("resp_a", None)).expect("a root");
+    state
+        .apply(&stored("resp_b", Some("resp_a")))
+        .expect("its continuation");
+    let error = state
+        .apply(&stored("resp_c", Some("resp_x")))
+        .expect_err("an unknown parent");
+    assert!(
+        error.to_string().contains("stored-responses projection"),
+        "{error}"
+    );
+    assert_ne!(state.digest(), before);
+    let bytes = state.encode_snapshot();
+    let restored = ControlState::decode_snapshot(&bytes).expect("restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.digest(), state.digest());
+    assert_eq!(restored.responses.executions[&open].records.len(), 2);
 }
 
 #[test]
