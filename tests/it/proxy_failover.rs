@@ -622,8 +622,32 @@ impl RecordSink for GatedSink {
 }
 
 impl GatedSink {
+    /// Model-call records committed.
     fn records(&self) -> usize {
-        self.memory.events.lock().expect("sink lock").len()
+        self.memory
+            .events
+            .lock()
+            .expect("sink lock")
+            .iter()
+            .filter(|event| matches!(event.body, EventBody::ModelCall(_)))
+            .count()
+    }
+
+    /// Stored Responses answers committed: (id, the id it continues).
+    fn stored_responses(&self) -> Vec<(String, Option<String>)> {
+        self.memory
+            .events
+            .lock()
+            .expect("sink lock")
+            .iter()
+            .filter_map(|event| match &event.body {
+                EventBody::ResponseStored(record) => Some((
+                    record.response_id.clone(),
+                    record.previous_response_id.clone(),
+                )),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -1046,6 +1070,15 @@ fn a_chained_responses_client_extends_the_previous_call() {
             .to_string();
         assert!(third_id.starts_with("resp_"), "{third_id}");
 
+        // The first answer became durable when the second continued it, the second before it
+        // was handed over; the third (`store: false`) is not kept.
+        assert_eq!(
+            sink.stored_responses(),
+            [
+                (first_id.clone(), None),
+                (second_id.clone(), Some(first_id.clone()))
+            ]
+        );
         let records = sink.memory.events.lock().expect("sink").len();
         for (id, why) in [
             (third_id.as_str(), "a store: false answer is not kept"),
@@ -1212,10 +1245,15 @@ const STOPPED: &str = r#"{"agent": "main", "blocks": [{"type": "text", "text": "
 /// The record committed last.
 fn last_record(sink: &GatedSink) -> gyre_event::ModelCallRecord {
     let events = sink.memory.events.lock().expect("sink lock");
-    match &events.last().expect("a record").body {
-        EventBody::ModelCall(record) => (**record).clone(),
-        other => panic!("a model call, not {other:?}"),
-    }
+    // The last model call (a chained Responses answer is followed by its `ResponseStored`).
+    events
+        .iter()
+        .rev()
+        .find_map(|event| match &event.body {
+            EventBody::ModelCall(record) => Some((**record).clone()),
+            _ => None,
+        })
+        .expect("a record")
 }
 
 /// Stop sequences (Anthropic `stop_sequences`, OpenAI `stop`) end the answer where the first

@@ -566,3 +566,184 @@ fn stopped_restart_scenario(dir: &std::path::Path, sink: &[String]) {
     assert_eq!(closing["sampled_divergences"], 0, "{closing}");
     proxy.kill();
 }
+
+/// A Responses client that chains with `previous_response_id` (the OpenAI Agents SDK, …)
+/// continues after its proxy was killed: the answers it may name were committed to the log
+/// as `ResponseStored` events before it got them, and the restarted proxy rebuilds them, so
+/// the next call extends the tree with the whole conversation reused. An event file and a
+/// quorum (whose log was purged behind a snapshot: the projection keeps the records).
+#[test]
+fn a_chaining_responses_client_continues_after_a_restart_from_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    chained_restart_scenario(
+        dir.path(),
+        &["--log".to_string(), log.display().to_string()],
+        || {},
+    );
+    // The file holds the root (committed when it was first continued), its continuation,
+    // the call after the restart and the branch.
+    let stored: Vec<(String, Option<String>)> = gyre_log::EventFileReader::open(&log)
+        .expect("open")
+        .flat_map(|record| {
+            record
+                .expect("record")
+                .decode_events_in(&log)
+                .expect("events")
+        })
+        .filter_map(|event| match event.body {
+            gyre_event::EventBody::ResponseStored(record) => {
+                Some((record.response_id, record.previous_response_id))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 4, "{stored:?}");
+    assert_eq!(stored[0].1, None, "the root first: {stored:?}");
+    assert_eq!(stored[1].1.as_ref(), Some(&stored[0].0), "{stored:?}");
+    assert_eq!(stored[2].1.as_ref(), Some(&stored[1].0), "{stored:?}");
+    assert_eq!(
+        stored[3].1.as_ref(),
+        Some(&stored[0].0),
+        "the branch: {stored:?}"
+    );
+}
+
+#[test]
+fn a_chaining_responses_client_continues_after_a_restart_from_a_quorum() {
+    let runtime = crate::support::runtime();
+    let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
+        options.snapshot_every_entries = 4;
+        options.entries_kept_behind_snapshot = 0;
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = dir.path().join("proxy.credentials");
+    let purge = || {
+        runtime.block_on(async {
+            let mut client = cluster.client.clone();
+            let commit = client
+                .status_all()
+                .await
+                .into_iter()
+                .filter_map(|(_, reply)| reply.ok())
+                .map(|reply| reply.commit_index)
+                .max()
+                .expect("a node answers");
+            cluster.purge_past(commit).await;
+        });
+    };
+    chained_restart_scenario(
+        dir.path(),
+        &[
+            "--cluster".to_string(),
+            cluster.addresses.join(","),
+            "--credentials".to_string(),
+            credentials.display().to_string(),
+        ],
+        purge,
+    );
+    runtime.block_on(cluster.shutdown());
+}
+
+fn chained_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
+    let before = dir.join("before.jsonl");
+    let after = dir.join("after.jsonl");
+    let text = |text: &str| json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
+    std::fs::write(
+        &before,
+        [
+            json!({"agent": "main", "blocks": [
+                {"type": "thinking", "thinking": "List first."},
+                {"type": "tool_use", "name": "ls", "input": {"path": "."}}]}),
+            text("Two files."),
+        ]
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect::<String>(),
+    )
+    .expect("script");
+    std::fs::write(
+        &after,
+        format!("{}\n{}\n", text("You are welcome."), text("Nothing there.")),
+    )
+    .expect("script");
+    let tools = json!([{"type": "function", "name": "ls", "description": "Lists files.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
+
+    let mut proxy = Proxy::start(sink, &before, 1);
+    let token = proxy.next()["token"].as_str().expect("token").to_string();
+    let (status, first) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.", "tools": tools,
+                "input": "What is here?"}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let call = first["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .expect("a function call")
+        .clone();
+    let (status, second) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.", "tools": tools,
+                "previous_response_id": first["id"],
+                "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                           "output": "a.txt b.txt"}]}),
+    );
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["output"][0]["content"][0]["text"], "Two files.");
+    let context = second["usage"]["input_tokens"].as_u64().expect("usage")
+        + second["usage"]["output_tokens"].as_u64().expect("usage");
+    proxy.kill();
+    between();
+
+    let mut proxy = Proxy::start(sink, &after, 0);
+    let recovered = proxy.next();
+    assert_eq!(recovered["recovered"]["calls_recovered"], 2, "{recovered}");
+    assert_eq!(
+        recovered["recovered"]["responses_recovered"], 2,
+        "{recovered}"
+    );
+    let (status, third) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.", "tools": tools,
+                "previous_response_id": second["id"], "input": "Thanks."}),
+    );
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["previous_response_id"], second["id"], "{third}");
+    assert_eq!(
+        third["output"][0]["content"][0]["text"], "You are welcome.",
+        "{third}"
+    );
+    let cached = third["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached >= context,
+        "the call after the restart reuses the whole conversation before it ({context} \
+         tokens): {cached} cached: {third}"
+    );
+    // The first answer, which a client could also continue (a branch), resolves too.
+    let (status, branch) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.", "tools": tools,
+                "previous_response_id": first["id"],
+                "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                           "output": "nothing"}]}),
+    );
+    assert_eq!(status, 200, "{branch}");
+    assert_eq!(
+        branch["output"][0]["content"][0]["text"], "Nothing there.",
+        "{branch}"
+    );
+    let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
+    assert_eq!(status, 200, "{closing}");
+    assert_eq!(closing["sampled_divergences"], 0, "{closing}");
+    proxy.kill();
+}

@@ -378,7 +378,7 @@ impl pb::control_server::Control for ControlService {
         request: Request<pb::ReadExecutionRequest>,
     ) -> Result<Response<pb::ReadExecutionReply>, Status> {
         let execution = gyre_event::ExecutionId(request.into_inner().execution);
-        let (applied_index, records, closed) =
+        let (applied_index, records, responses, closed) =
             self.state_machine.with_projection(|projection, last| {
                 let records = projection
                     .state
@@ -402,16 +402,29 @@ impl pb::control_server::Control for ControlService {
                         .executions
                         .get(&execution)
                         .is_some_and(|score| score.closed.is_some());
-                (last.map_or(0, |log_id| log_id.index), records, closed)
+                let responses = projection
+                    .state
+                    .responses
+                    .executions
+                    .get(&execution)
+                    .map(|held| held.records.clone())
+                    .unwrap_or_default();
+                (
+                    last.map_or(0, |log_id| log_id.index),
+                    records,
+                    responses,
+                    closed,
+                )
             });
         let events: Vec<gyre_event::Event> = records
             .into_iter()
-            .map(|record| {
-                gyre_event::Event::new(
-                    gyre_event::Timestamp::ZERO,
-                    gyre_event::EventBody::ModelCall(Box::new(record)),
-                )
-            })
+            .map(|record| gyre_event::EventBody::ModelCall(Box::new(record)))
+            .chain(
+                responses
+                    .into_iter()
+                    .map(|record| gyre_event::EventBody::ResponseStored(Box::new(record))),
+            )
+            .map(|body| gyre_event::Event::new(gyre_event::Timestamp::ZERO, body))
             .collect();
         let batch = if events.is_empty() {
             Vec::new()

@@ -14,11 +14,18 @@
 //!
 //! A [`StoredResponse`] holds its own items as JSON text and shares its parent's, so a chain
 //! of n turns holds the conversation once. The server keeps the last few per execution under
-//! a memory budget, in memory only: a restarted proxy answers an unknown id with the API's
-//! 400, as it does for an id it never issued.
+//! a memory budget. A response becomes durable — a `ResponseStored` event on the log, holding
+//! its own items and naming its parent — once a client chains: a response that continues
+//! another is committed before its answer is handed over, and the response a chain starts
+//! from is committed when the first request naming it arrives, before that request is
+//! answered. So a chaining client's next id survives a proxy restart (the proxy rebuilds its
+//! stored responses from the log), while a client that never chains (Codex, or any client
+//! re-sending the whole conversation) writes nothing: its conversations are not written to
+//! the log once per call.
 //!
 //! Pure: bytes and values in, bytes out.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -31,7 +38,11 @@ const API: Api = Api::OpenAiResponses;
 
 /// One stored response: its own items and the conversation before it.
 pub struct StoredResponse {
+    /// The id the client was given.
+    id: String,
     parent: Option<Arc<StoredResponse>>,
+    /// Committed to the log as a `ResponseStored` event (its parents are, too).
+    persisted: AtomicBool,
     /// This response's request items that were new, then its output items: JSON values
     /// separated by commas (empty when there are none).
     items: Vec<u8>,
@@ -47,7 +58,9 @@ impl std::fmt::Debug for StoredResponse {
         f.debug_struct("StoredResponse")
             .field("items_bytes", &self.items.len())
             .field("conversation_bytes", &self.conversation_bytes)
+            .field("id", &self.id)
             .field("has_parent", &self.parent.is_some())
+            .field("persisted", &self.persisted.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -56,7 +69,12 @@ impl StoredResponse {
     /// A response to a request whose new input items are `input_items` (comma-separated
     /// JSON, as [`input_items`] writes them), continuing `parent` (`None` for a request that
     /// sent the whole conversation), that answered with `output` items.
-    pub fn new(parent: Option<Arc<StoredResponse>>, input_items: &[u8], output: &[Value]) -> Self {
+    pub fn new(
+        id: &str,
+        parent: Option<Arc<StoredResponse>>,
+        input_items: &[u8],
+        output: &[Value],
+    ) -> Self {
         let mut items = input_items.to_vec();
         for item in output {
             if !items.is_empty() {
@@ -65,15 +83,68 @@ impl StoredResponse {
             // A `Value` always serializes.
             items.extend(serde_json::to_vec(item).unwrap_or_default());
         }
+        Self::from_items(id, parent, items, false)
+    }
+
+    /// A response rebuilt from its `ResponseStored` event (`persisted`), or made from items.
+    pub fn from_items(
+        id: &str,
+        parent: Option<Arc<StoredResponse>>,
+        items: Vec<u8>,
+        persisted: bool,
+    ) -> Self {
         let before = parent
             .as_ref()
             .map_or(0, |parent| parent.conversation_bytes);
         let comma = usize::from(before > 0 && !items.is_empty());
         StoredResponse {
+            id: id.to_string(),
             parent,
+            persisted: AtomicBool::new(persisted),
             conversation_bytes: before + comma + items.len(),
             items,
             guard: None,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether this response continues another.
+    pub fn is_chained(&self) -> bool {
+        self.parent.is_some()
+    }
+
+    /// Marks this response as committed to the log.
+    pub fn set_persisted(&self) {
+        self.persisted.store(true, Ordering::Release);
+    }
+
+    /// This response and its ancestors that the log does not hold yet, oldest first (what
+    /// must be committed, in this order, before a client may rely on this id after a
+    /// restart).
+    pub fn unpersisted_chain(self: &Arc<Self>) -> Vec<Arc<StoredResponse>> {
+        let mut chain = Vec::new();
+        let mut at = Some(self);
+        while let Some(turn) = at {
+            if turn.persisted.load(Ordering::Acquire) {
+                break;
+            }
+            chain.push(turn.clone());
+            at = turn.parent.as_ref();
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// The `ResponseStored` record of this response in `execution`.
+    pub fn record(&self, execution: gyre_event::ExecutionId) -> gyre_event::StoredResponseRecord {
+        gyre_event::StoredResponseRecord {
+            execution,
+            response_id: self.id.clone(),
+            previous_response_id: self.parent.as_ref().map(|parent| parent.id.clone()),
+            items: self.items.clone(),
         }
     }
 
@@ -230,7 +301,7 @@ mod tests {
         let own = input_items(first.get("input"));
         let output =
             [json!({"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"})];
-        let one = Arc::new(StoredResponse::new(None, &own, &output));
+        let one = Arc::new(StoredResponse::new("resp_1", None, &own, &output));
         let second = json!({
             "model": "m", "instructions": "be brief", "previous_response_id": "resp_1",
             "input": [{"type": "function_call_output", "call_id": "c1", "output": "a b"}],
@@ -256,7 +327,12 @@ mod tests {
         let output = [
             json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}),
         ];
-        let two = Arc::new(StoredResponse::new(Some(one.clone()), &own, &output));
+        let two = Arc::new(StoredResponse::new(
+            "resp_2",
+            Some(one.clone()),
+            &own,
+            &output,
+        ));
         let conversation = two.conversation_items();
         assert_eq!(conversation.len(), two.conversation_bytes());
         let items: Value =
@@ -266,10 +342,39 @@ mod tests {
     }
 
     #[test]
+    fn what_the_log_lacks_is_committed_oldest_first() {
+        let root = Arc::new(StoredResponse::new("resp_1", None, b"{}", &[]));
+        let child = Arc::new(StoredResponse::new(
+            "resp_2",
+            Some(root.clone()),
+            b"",
+            &[json!(1)],
+        ));
+        let ids = |chain: Vec<Arc<StoredResponse>>| {
+            chain.iter().map(|r| r.id().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(child.unpersisted_chain()), ["resp_1", "resp_2"]);
+        root.set_persisted();
+        assert_eq!(ids(child.unpersisted_chain()), ["resp_2"]);
+        let record = child.record(gyre_event::ExecutionId(3));
+        assert_eq!(record.previous_response_id.as_deref(), Some("resp_1"));
+        assert_eq!(record.items, b"1");
+        // Rebuilt from its record, it holds the same conversation and is durable already.
+        let rebuilt = Arc::new(StoredResponse::from_items(
+            "resp_2",
+            Some(root.clone()),
+            record.items,
+            true,
+        ));
+        assert_eq!(rebuilt.conversation_items(), child.conversation_items());
+        assert!(rebuilt.unpersisted_chain().is_empty());
+    }
+
+    #[test]
     fn empty_pieces_leave_no_stray_commas() {
-        let none = Arc::new(StoredResponse::new(None, b"", &[]));
+        let none = Arc::new(StoredResponse::new("r", None, b"", &[]));
         assert_eq!(none.conversation_items(), b"");
-        let after = StoredResponse::new(Some(none.clone()), b"", &[json!({"a": 1})]);
+        let after = StoredResponse::new("r2", Some(none.clone()), b"", &[json!({"a": 1})]);
         assert_eq!(after.conversation_items(), br#"{"a":1}"#);
         let (body, own) = expand(object(json!({"previous_response_id": "r"})), &none).unwrap();
         assert!(own.is_empty());
@@ -325,7 +430,7 @@ mod tests {
 
     #[test]
     fn a_bad_input_is_named() {
-        let none = StoredResponse::new(None, b"", &[]);
+        let none = StoredResponse::new("r", None, b"", &[]);
         let error = expand(object(json!({"input": 3})), &none).unwrap_err();
         assert_eq!(error.param.as_deref(), Some("input"));
     }

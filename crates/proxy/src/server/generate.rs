@@ -170,22 +170,42 @@ impl Outlet {
         }
         // Stored before the harness has the id, so its next request can name it.
         let store = |builder: &Builder, body: Option<&Value>| {
-            if let (Some(store), Builder::Responses(responses)) = (&self.store_on_end, builder) {
-                let output = match body.and_then(|body| body.get("output")) {
-                    Some(Value::Array(items)) => items.as_slice(),
-                    _ => responses.output(),
-                };
-                store.store(execution, responses.id(), output);
-            }
+            let (Some(store), Builder::Responses(responses)) = (&self.store_on_end, builder) else {
+                return None;
+            };
+            let output = match body.and_then(|body| body.get("output")) {
+                Some(Value::Array(items)) => items.as_slice(),
+                _ => responses.output(),
+            };
+            store.store(execution, responses.id(), output)
         };
-        let handed = if self.streaming {
+        let (frames, body, kept) = if self.streaming {
             let frames = builder.finish(stop, usage);
-            store(builder, None);
-            self.frames(frames).await
+            let kept = store(builder, None);
+            (frames, None, kept)
         } else {
             let body = builder.body(stop, usage);
-            store(builder, Some(&body));
-            self.out.send(Piece::Body(body)).await.is_ok()
+            let kept = store(builder, Some(&body));
+            (Vec::new(), Some(body), kept)
+        };
+        // A response that continues another is durable before its id is handed over, with
+        // whatever of its chain the log lacks (see `crate::stored_responses`).
+        if let (Some(store), Some(kept)) = (&self.store_on_end, kept) {
+            if kept.is_chained() {
+                let id = execution.lock().execution;
+                if let Err(error) = store.persist(id, &kept).await {
+                    tracing::error!(%error, "a stored response was not committed; the call fails");
+                    execution.lock().mark_delivered(agent, call, false);
+                    let message = format!("the stored response could not be committed: {error}");
+                    self.failed(Api::OpenAiResponses, ApiErrorKind::Overloaded, message)
+                        .await;
+                    return;
+                }
+            }
+        }
+        let handed = match body {
+            None => self.frames(frames).await,
+            Some(body) => self.out.send(Piece::Body(body)).await.is_ok(),
         };
         if !handed {
             execution.lock().mark_delivered(agent, call, false);

@@ -204,20 +204,27 @@ pub(crate) struct StoreOnEnd {
     budget: Arc<BodyBudget>,
     /// A conversation over the body limit could never be continued: not kept.
     body_bytes_max: usize,
+    /// Where a chained response is committed before it is handed over.
+    sink: Arc<dyn RecordSink>,
 }
 
 impl StoreOnEnd {
     /// Stores the answer `id` with its `output` items in `execution`, before the harness can
-    /// name it.
-    pub(crate) fn store(&self, execution: &ExecutionHandle, id: &str, output: &[Value]) {
-        let response = StoredResponse::new(self.parent.clone(), &self.input_items, output);
+    /// name it; returns it when kept.
+    pub(crate) fn store(
+        &self,
+        execution: &ExecutionHandle,
+        id: &str,
+        output: &[Value],
+    ) -> Option<Arc<StoredResponse>> {
+        let response = StoredResponse::new(id, self.parent.clone(), &self.input_items, output);
         if response.conversation_bytes() > self.body_bytes_max {
             tracing::warn!(
                 id,
                 bytes = response.conversation_bytes(),
                 "a stored response's conversation is over the body limit; not kept"
             );
-            return;
+            return None;
         }
         let mut kept = execution.responses();
         // Each response is charged what it holds itself, for as long as it lives (a parent
@@ -238,15 +245,35 @@ impl StoreOnEnd {
                 bytes = response.own_bytes(),
                 "the response store is full (--response-store-mib); this response is not kept"
             );
-            return;
+            return None;
         };
         if kept.len() >= RESPONSES_KEPT {
             kept.pop_front();
         }
+        let response = Arc::new(response.with_guard(charge));
         kept.push_back(KeptResponse {
             id: id.to_string(),
-            response: Arc::new(response.with_guard(charge)),
+            response: response.clone(),
         });
+        Some(response)
+    }
+
+    /// Commits `response` (a chained one) and whatever of its chain the log lacks, oldest
+    /// first, as `ResponseStored` events: after this a restarted proxy still resolves its id.
+    pub(crate) async fn persist(
+        &self,
+        execution: ExecutionId,
+        response: &Arc<StoredResponse>,
+    ) -> Result<(), String> {
+        for turn in response.unpersisted_chain() {
+            let event = gyre_event::Event::new(
+                wall_clock(),
+                gyre_event::EventBody::ResponseStored(Box::new(turn.record(execution))),
+            );
+            self.sink.commit(event).await?;
+            turn.set_persisted();
+        }
+        Ok(())
     }
 }
 
@@ -317,6 +344,64 @@ impl ExecutionHandle {
     }
 
     /// The stored response `id` of this execution.
+    /// Rebuilds the stored responses a restarted proxy read from the log (`records` in
+    /// commit order): every chain is rebuilt, the last [`RESPONSES_KEPT`] are kept, each
+    /// charged its own bytes. A record naming a response that is not rebuilt (not in the log,
+    /// or refused for want of budget) is skipped, as is a second record under one id.
+    /// Returns how many are kept.
+    fn restore_responses(
+        &self,
+        records: Vec<gyre_event::StoredResponseRecord>,
+        budget: &Arc<BodyBudget>,
+    ) -> usize {
+        let mut built: HashMap<String, Arc<StoredResponse>> = HashMap::new();
+        let mut order = Vec::new();
+        for record in records {
+            if built.contains_key(&record.response_id) {
+                continue;
+            }
+            let parent = match &record.previous_response_id {
+                None => None,
+                Some(previous) => match built.get(previous) {
+                    Some(parent) => Some(parent.clone()),
+                    None => {
+                        tracing::warn!(
+                            id = record.response_id,
+                            previous,
+                            "a stored response whose parent was not rebuilt is skipped"
+                        );
+                        continue;
+                    }
+                },
+            };
+            let response =
+                StoredResponse::from_items(&record.response_id, parent, record.items, true);
+            let Some(charge) = Charge::take(budget, response.own_bytes()) else {
+                tracing::warn!(
+                    id = record.response_id,
+                    "the response store is full (--response-store-mib); a stored response \
+                     read from the log is not kept"
+                );
+                continue;
+            };
+            order.push(record.response_id.clone());
+            built.insert(record.response_id, Arc::new(response.with_guard(charge)));
+        }
+        let mut kept = self.responses();
+        for id in order
+            .iter()
+            .skip(order.len().saturating_sub(RESPONSES_KEPT))
+        {
+            if let Some(response) = built.get(id) {
+                kept.push_back(KeptResponse {
+                    id: id.clone(),
+                    response: response.clone(),
+                });
+            }
+        }
+        kept.len()
+    }
+
     fn stored_response(&self, id: &str) -> Option<Arc<StoredResponse>> {
         self.responses()
             .iter()
@@ -395,6 +480,9 @@ struct Issued {
     lost: HashMap<u64, String>,
     /// Handles already given to an earlier credential of the same execution.
     handles: HashMap<u64, ExecutionHandle>,
+    /// Stored responses read from the log ([`AppState::recover`]), in commit order, until
+    /// their execution's credential is used.
+    responses: HashMap<u64, Vec<gyre_event::StoredResponseRecord>>,
 }
 
 /// A recovery in progress ([`AppState::begin_recovery`]).
@@ -406,6 +494,7 @@ pub struct Recovering<'a> {
     sessions: HashMap<u64, Session>,
     lost: HashMap<u64, String>,
     calls: u64,
+    responses: HashMap<u64, Vec<gyre_event::StoredResponseRecord>>,
 }
 
 impl Recovering<'_> {
@@ -421,6 +510,16 @@ impl Recovering<'_> {
             gyre_event::EventBody::ExecutionClosed { execution, .. } => {
                 if self.open.contains_key(&execution.get()) {
                     self.closed_by_scheduler(execution.get());
+                }
+                return;
+            }
+            gyre_event::EventBody::ResponseStored(record) => {
+                let id = record.execution.get();
+                if self.open.contains_key(&id) && !self.lost.contains_key(&id) {
+                    self.responses
+                        .entry(id)
+                        .or_default()
+                        .push((**record).clone());
                 }
                 return;
             }
@@ -453,6 +552,7 @@ impl Recovering<'_> {
     /// The scheduler closed `execution` while this proxy was down: its credential stays closed.
     pub fn closed_by_scheduler(&mut self, execution: u64) {
         self.sessions.remove(&execution);
+        self.responses.remove(&execution);
         self.lost.insert(
             execution,
             "the scheduler closed this execution (ExecutionClosed in the log)".into(),
@@ -476,6 +576,7 @@ impl Recovering<'_> {
         // so the proxy serves as soon as the trees are folded.
         let lost = &self.lost;
         self.sessions.retain(|id, _| !lost.contains_key(id));
+        self.responses.retain(|id, _| !lost.contains_key(id));
         let after_log = state
             .config
             .numbering
@@ -498,11 +599,13 @@ impl Recovering<'_> {
             credentials_closed: closed,
             executions_resumed: self.sessions.len(),
             calls_recovered: self.calls,
+            responses_recovered: self.responses.values().map(Vec::len).sum(),
             executions_lost,
             next_execution: next,
         };
         issued.sessions = self.sessions;
         issued.lost = self.lost;
+        issued.responses = self.responses;
         recovery
     }
 }
@@ -516,6 +619,9 @@ pub struct Recovery {
     /// Executions whose sessions were rebuilt, and their calls.
     pub executions_resumed: usize,
     pub calls_recovered: u64,
+    /// `ResponseStored` records of those executions (stored Responses answers a chaining
+    /// client may still name).
+    pub responses_recovered: usize,
     /// Executions that cannot resume (their records do not fold), with the reason.
     pub executions_lost: Vec<(u64, String)>,
     /// The id the next execution opened without one gets.
@@ -632,6 +738,7 @@ impl AppState {
             sessions: HashMap::new(),
             lost: HashMap::new(),
             calls: 0,
+            responses: HashMap::new(),
         }
     }
 
@@ -741,6 +848,9 @@ impl AppState {
                     )
                 });
                 let handle = ExecutionHandle::new(session);
+                if let Some(records) = issued.responses.remove(&entry.execution) {
+                    handle.restore_responses(records, &self.responses);
+                }
                 if let Some(reason) = issued.lost.get(&entry.execution) {
                     let mut session = handle.lock();
                     session.closed = true;
@@ -1444,6 +1554,7 @@ async fn model_call(
                     input_items,
                     budget: app.responses.clone(),
                     body_bytes_max: app.config.body_bytes_max,
+                    sink: app.sink.clone(),
                 }
             });
             if app.config.media == crate::media::MediaPolicy::Reject {
