@@ -89,20 +89,7 @@ fn a_killed_proxy_on_a_quorum_restarts_after_the_log_was_purged() {
         "--credentials".to_string(),
         credentials.display().to_string(),
     ];
-    let purge = || {
-        runtime.block_on(async {
-            let mut client = cluster.client.clone();
-            let commit = client
-                .status_all()
-                .await
-                .into_iter()
-                .filter_map(|(_, reply)| reply.ok())
-                .map(|reply| reply.commit_index)
-                .max()
-                .expect("a node answers");
-            cluster.purge_past(commit).await;
-        });
-    };
+    let purge = || runtime.block_on(purge_committed(&cluster));
     let check = || {
         runtime.block_on(async {
             // Node 1 may be the follower the acknowledging quorum did not wait for.
@@ -618,20 +605,7 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_quorum() {
     }));
     let dir = tempfile::tempdir().expect("tempdir");
     let credentials = dir.path().join("proxy.credentials");
-    let purge = || {
-        runtime.block_on(async {
-            let mut client = cluster.client.clone();
-            let commit = client
-                .status_all()
-                .await
-                .into_iter()
-                .filter_map(|(_, reply)| reply.ok())
-                .map(|reply| reply.commit_index)
-                .max()
-                .expect("a node answers");
-            cluster.purge_past(commit).await;
-        });
-    };
+    let purge = || runtime.block_on(purge_committed(&cluster));
     chained_restart_scenario(
         dir.path(),
         &[
@@ -746,4 +720,18 @@ fn chained_restart_scenario(dir: &std::path::Path, sink: &[String], between: imp
     assert_eq!(status, 200, "{closing}");
     assert_eq!(closing["sampled_divergences"], 0, "{closing}");
     proxy.kill();
+}
+
+/// Purges every node's log up to the highest commit index any node reports (snapshot first).
+async fn purge_committed(cluster: &crate::support::InProcessCluster) {
+    let mut client = cluster.client.clone();
+    let commit = client
+        .status_all()
+        .await
+        .into_iter()
+        .filter_map(|(_, reply)| reply.ok())
+        .map(|reply| reply.commit_index)
+        .max()
+        .expect("a node answers");
+    cluster.purge_past(commit).await;
 }

@@ -389,19 +389,7 @@ impl pb::control_server::Control for ControlService {
                     .unwrap_or_default();
                 // The scheduler drops an execution once an optimizer step consumed its group;
                 // scoring keeps every execution's close for the run.
-                let closed = projection
-                    .state
-                    .scheduler
-                    .executions
-                    .get(&execution)
-                    .is_some_and(|state| state.closed.is_some())
-                    || projection
-                        .state
-                        .trajectories
-                        .scoring
-                        .executions
-                        .get(&execution)
-                        .is_some_and(|score| score.closed.is_some());
+                let closed = projection.state.execution_closed(execution);
                 let responses = projection
                     .state
                     .responses

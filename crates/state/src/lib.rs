@@ -104,7 +104,8 @@ impl ControlState {
         }
     }
 
-    /// Whether the scheduler or scoring holds `execution` as closed.
+    /// Whether the scheduler or scoring holds `execution` as closed (the scheduler drops an
+    /// execution once an optimizer step consumed its group; scoring keeps every close).
     pub fn execution_closed(&self, execution: ExecutionId) -> bool {
         self.scheduler
             .executions
