@@ -421,18 +421,21 @@ fn codex_exec_as(
     extra_config: &str,
     prompt: &str,
 ) -> String {
+    let config = format!(
+        "model = \"{model}\"\nmodel_provider = \"gyre\"\n{extra_config}[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+        proxy.openai_base_url
+    );
+    codex_run(codex, proxy, dir, &config, prompt)
+}
+
+/// Runs `codex exec --json PROMPT` in `dir/work` with a scratch `CODEX_HOME` holding `config`;
+/// its stdout, after asserting it exited 0.
+fn codex_run(codex: &Path, proxy: &Proxy, dir: &Path, config: &str, prompt: &str) -> String {
     let work = dir.join("work");
     let codex_home = dir.join("codex-home");
     std::fs::create_dir_all(&work).expect("work dir");
     std::fs::create_dir_all(&codex_home).expect("codex home");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"{model}\"\nmodel_provider = \"gyre\"\n{extra_config}[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
-            proxy.openai_base_url
-        ),
-    )
-    .expect("codex config");
+    std::fs::write(codex_home.join("config.toml"), config).expect("codex config");
     let output = crate::support::output_within(
         Command::new(codex)
             .current_dir(&work)
@@ -720,6 +723,143 @@ fn codex_runs_parallel_tools_a_sub_agent_and_a_compaction() {
         captured.contains(r#"\"namespace\":\"multi_agent_v1\""#),
         "the history echoes the call's namespace"
     );
+}
+
+/// Codex pointed at OpenAI's own provider (`openai_base_url`, no custom provider) talks to the
+/// proxy over the Responses WebSocket: a `"generate": false` warm-up opens each conversation,
+/// every later turn sends only its new items with `previous_response_id`, and its compaction is
+/// the server-side kind (a `compaction_trigger` item answered by a `compaction` item that the
+/// next request sends back in place of the history). The run must finish; the warm-ups must not
+/// be recorded; the tree must look as it does over HTTP.
+#[test]
+fn codex_over_its_websocket_chains_turns_and_compacts_on_the_server() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/it/data/codex_sub_agent_compaction_script.jsonl");
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let work = dir.path().join("work");
+    let config = format!(
+        "model = \"gyre-test\"\nmodel_auto_compact_token_limit = 20000\nopenai_base_url = \"{}\"\n",
+        proxy.openai_base_url
+    );
+    let stdout = codex_run(
+        &codex,
+        &proxy,
+        dir.path(),
+        &config,
+        "Write a.txt and b.txt, have a sub-agent write c.txt, then print a long listing",
+    );
+    assert!(
+        stdout.contains("\"text\":\"All done.\""),
+        "the task did not finish: {stdout}"
+    );
+    assert!(
+        !stdout.contains("Falling back from WebSockets"),
+        "Codex stayed on the WebSocket: {stdout}"
+    );
+    let read = |name: &str| std::fs::read_to_string(work.join(name)).expect(name);
+    assert_eq!(read("a.txt"), "one\n");
+    assert_eq!(read("b.txt"), "café\n");
+    assert_eq!(read("c.txt"), "three\n");
+    drop(proxy);
+
+    let captured = std::fs::read_to_string(&capture).expect("capture");
+    let requests: Vec<serde_json::Value> = captured
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("capture line"))
+        .collect();
+    let body = |request: &serde_json::Value| -> serde_json::Value {
+        match &request["body"] {
+            serde_json::Value::String(text) => serde_json::from_str(text).expect("body"),
+            other => other.clone(),
+        }
+    };
+    let warmups = requests
+        .iter()
+        .filter(|request| body(request)["generate"] == serde_json::json!(false))
+        .count();
+    assert!(
+        warmups >= 2,
+        "a warm-up per conversation (main and sub-agent): {warmups}"
+    );
+    let chained = captured.matches("x-gyre-previous-response-id").count();
+    assert!(
+        chained >= 4,
+        "turns continue the previous response over the socket: {chained}"
+    );
+    let last_types = |request: &serde_json::Value| -> Vec<String> {
+        body(request)["input"]
+            .as_array()
+            .expect("input")
+            .iter()
+            .map(|item| item["type"].as_str().unwrap_or("message").to_string())
+            .collect()
+    };
+    let trigger_at = requests
+        .iter()
+        .position(|request| {
+            last_types(request).last().map(String::as_str) == Some("compaction_trigger")
+        })
+        .expect("Codex asked the server to compact");
+    let after = &requests[trigger_at + 1];
+    assert!(
+        last_types(after).iter().any(|kind| kind == "compaction")
+            && body(after).to_string().contains("gyre-compaction-v1."),
+        "the next request carries the compaction item the proxy answered"
+    );
+
+    let records = records(&log);
+    assert_eq!(
+        records.len(),
+        requests.len() - warmups,
+        "every call but the warm-ups is recorded"
+    );
+    let main: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent == "main").collect();
+    let sub: Vec<&ModelCallRecord> = records.iter().filter(|r| r.agent != "main").collect();
+    let summary_at = main
+        .iter()
+        .position(|r| r.kind == CallKind::Summary)
+        .expect("the compaction call was recorded as a summary");
+    assert!(summary_at >= 4, "the compaction came after the tool turns");
+    assert_eq!(main[0].parent_call, None);
+    // Every main turn, the compaction call included, extends the previous context completely:
+    // the socket's chained requests expand to the same conversation a stateless client sends.
+    for pair in main[..=summary_at].windows(2) {
+        assert_eq!(
+            pair[1].parent_call,
+            Some(pair[0].call),
+            "call {}",
+            pair[1].call
+        );
+        assert_eq!(
+            pair[1].reused_prefix_tokens_count,
+            path_end(pair[0]),
+            "call {} reuses the whole previous context",
+            pair[1].call
+        );
+    }
+    // After the compaction the conversation restarts from the summary: not an extension of
+    // the compaction call.
+    let next = main
+        .get(summary_at + 1)
+        .expect("a call after the compaction");
+    assert_eq!(next.kind, CallKind::Turn);
+    assert!(next.reused_prefix_tokens_count < path_end(main[summary_at]));
+    assert!(
+        sub.len() >= 2,
+        "the sub-agent made its calls: {}",
+        sub.len()
+    );
+    assert_eq!(sub[0].parent_call, None);
+    for pair in sub.windows(2) {
+        assert_eq!(pair[1].parent_call, Some(pair[0].call));
+        assert_eq!(pair[1].reused_prefix_tokens_count, path_end(pair[0]));
+    }
 }
 
 /// Claude Code finishes a task through proxy A, A is killed with SIGKILL, proxy B starts on the

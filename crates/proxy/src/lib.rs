@@ -18,6 +18,7 @@
 pub mod anthropic;
 pub mod api_error;
 pub mod body;
+pub mod compaction;
 pub mod content_encoding;
 pub mod engine;
 mod error;

@@ -277,6 +277,9 @@ pub struct ChatRequest {
     /// `x-codex-turn-metadata` header with `request_kind: "compaction"`). The body's own
     /// compaction instructions are recognised as well; this holds when their wording changes.
     pub harness_compaction: bool,
+    /// OpenAI Responses: the input ends with a `compaction_trigger`, so the answer's text goes
+    /// out as one `compaction` item (see `crate::compaction`).
+    pub remote_compaction: bool,
     /// OpenAI Responses: the request's settings its `response` object echoes (`tools`,
     /// `tool_choice`, `instructions`, `temperature`, …, with the API's defaults for those left
     /// out).
@@ -306,6 +309,7 @@ impl ChatRequest {
             ignored_fields: Vec::new(),
             unknown_fields: Vec::new(),
             harness_compaction: false,
+            remote_compaction: false,
             response_settings: None,
             logprobs: false,
         }

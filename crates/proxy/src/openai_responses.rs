@@ -110,6 +110,12 @@ pub enum InputItem {
         text: String,
         encrypted_content: Option<String>,
     },
+    /// `compaction_trigger`: compact the conversation now (see `crate::compaction`).
+    CompactionTrigger,
+    /// `compaction`: the summary an earlier compaction answered, in place of the history.
+    Compaction {
+        summary: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -595,6 +601,13 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
                 freeform: loaded.freeform,
             }
         }
+        "compaction_trigger" => InputItem::CompactionTrigger,
+        "compaction" => {
+            let handle = node.required("encrypted_content")?;
+            let summary = crate::compaction::summary(handle.node().str()?)
+                .map_err(|problem| handle.node().error(problem))?;
+            InputItem::Compaction { summary }
+        }
         "item_reference" => {
             return Err(node.error(
                 "item_reference is not supported: this proxy keeps no items; send them in full",
@@ -698,6 +711,23 @@ impl ResponsesRequest {
                         }
                     }
                 }
+                InputItem::CompactionTrigger => {
+                    if index + 1 != self.input.len() {
+                        return Err(ApiError::invalid_field(
+                            API,
+                            format!("input[{index}]"),
+                            "a compaction_trigger must be the last input item",
+                        ));
+                    }
+                    chat.messages
+                        .push(Message::new(Role::User, crate::compaction::INSTRUCTION));
+                    chat.remote_compaction = true;
+                    chat.harness_compaction = true;
+                }
+                InputItem::Compaction { summary } => chat.messages.push(Message::new(
+                    Role::User,
+                    format!("{}{summary}", crate::compaction::SUMMARY_PREFIX),
+                )),
                 InputItem::FunctionCall {
                     call_id,
                     name,

@@ -44,6 +44,9 @@ pub struct ResponsesResponse {
     completed_unix_s: Option<u64>,
     /// The answer was cut by the token limit: the item open at the end is `incomplete`.
     cut: bool,
+    /// A compaction answer (`crate::compaction`): its text, gathered silently, goes out at
+    /// the end as one `compaction` item.
+    compaction: Option<String>,
 }
 
 fn usage_json(usage: &Usage) -> Value {
@@ -160,7 +163,44 @@ impl ResponsesResponse {
             settings: None,
             completed_unix_s: None,
             cut: false,
+            compaction: None,
         }
+    }
+
+    /// Answers a `compaction_trigger`: the text becomes one `compaction` item (no message
+    /// events; a tool call the model makes instead is not handed over).
+    pub fn with_compaction(mut self, compaction: bool) -> Self {
+        self.compaction = compaction.then(String::new);
+        self
+    }
+
+    /// The `compaction` item holding the text gathered so far.
+    fn compaction_item(&self) -> Option<Value> {
+        let text = self.compaction.as_deref()?;
+        Some(json!({
+            "id": self.item_id("cmp"),
+            "type": "compaction",
+            "encrypted_content": crate::compaction::handle(text),
+        }))
+    }
+
+    /// Closes the compaction item: `output_item.added` and `output_item.done`, as the API
+    /// sends a compaction (it has no deltas).
+    fn close_compaction(&mut self, events: &mut Vec<SseEvent>) {
+        let Some(item) = self.compaction_item() else {
+            return;
+        };
+        let index = self.output_index();
+        events.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        ));
+        events.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.output.push(item);
+        self.compaction = None;
     }
 
     /// The request's settings (`ChatRequest::response_settings`), echoed in every `response`
@@ -398,6 +438,10 @@ impl ResponsesResponse {
                 if text.is_empty() {
                     return events;
                 }
+                if let Some(summary) = self.compaction.as_mut() {
+                    summary.push_str(text);
+                    return events;
+                }
                 self.close_reasoning("", &mut events);
                 if self.open != Some(OpenItem::Message) {
                     self.open_message(&mut events);
@@ -411,6 +455,7 @@ impl ResponsesResponse {
                            "delta": text, "logprobs": []}),
                 ));
             }
+            StreamItem::ToolCall { .. } if self.compaction.is_some() => {}
             StreamItem::ToolCall {
                 id: call_id,
                 name,
@@ -479,6 +524,7 @@ impl ResponsesResponse {
         self.cut = *stop == StopReason::MaxTokens;
         self.close_reasoning("", &mut events);
         self.close_message(&mut events);
+        self.close_compaction(&mut events);
         let response = self.final_object(self.output.clone(), stop, usage);
         let name = if *stop == StopReason::MaxTokens {
             "response.incomplete"
@@ -508,6 +554,7 @@ impl ResponsesResponse {
             })),
             None => {}
         }
+        output.extend(self.compaction_item());
         self.final_object(output, stop, usage)
     }
 }

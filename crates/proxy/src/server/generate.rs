@@ -372,11 +372,44 @@ fn builder_for(
             responses
                 .with_freeform_tools(request.freeform_tools.clone())
                 .with_search_tools(request.search_tools.clone())
-                .with_settings(request.response_settings.clone()),
+                .with_settings(request.response_settings.clone())
+                .with_compaction(request.remote_compaction),
         );
     }
     let start = builder.start();
     (builder, start)
+}
+
+/// A Responses warm-up (`"generate": false`, which Codex sends first on each new WebSocket
+/// conversation): the answer is a completed response with no output and no usage, the engine is
+/// not called and nothing is recorded (no tokens were sampled, so there is nothing to train
+/// on). The response is kept for `previous_response_id` like any other.
+pub async fn warmup(
+    execution: ExecutionHandle,
+    request: ChatRequest,
+    store_on_end: Option<super::StoreOnEnd>,
+    out: mpsc::Sender<Piece>,
+) {
+    let now = wall_clock().nanos() / 1_000_000_000;
+    let meta = ResponseMeta {
+        id: response_id(Api::OpenAiResponses),
+        model: request.model.clone(),
+        created_unix_s: now,
+    };
+    let mut responses = ResponsesResponse::new(meta).with_settings(request.response_settings);
+    responses.set_completed_at(now);
+    let (stop, usage) = (StopReason::EndTurn, Usage::default());
+    if let Some(store) = &store_on_end {
+        store.store(&execution, responses.id(), &[]);
+    }
+    let piece = if request.stream {
+        let mut events = responses.start();
+        events.extend(responses.finish(&stop, &usage));
+        Piece::Frames(events.iter().map(SseEvent::to_wire).collect())
+    } else {
+        Piece::Body(responses.response_json(&stop, &usage))
+    };
+    let _ = out.send(piece).await;
 }
 
 /// Runs the call and sends its pieces to `out` (dropped receiver = the harness went away: the

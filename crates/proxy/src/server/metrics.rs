@@ -95,6 +95,7 @@ pub struct Metrics {
     body_elements_reused: AtomicU64,
     connections_open: AtomicU64,
     connections_refused: AtomicU64,
+    websockets_open: AtomicU64,
     call_seconds: Mutex<Histogram>,
     commit_seconds: Mutex<Histogram>,
     stage_seconds: Mutex<[Histogram; STAGES.len()]>,
@@ -137,6 +138,19 @@ impl Metrics {
     /// A connection over `--max-connections`: answered "overloaded" and closed, or dropped.
     pub fn connection_refused(&self) {
         self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A Responses WebSocket was opened (its HTTP connection was handed over to it).
+    pub fn websocket_opened(&self) {
+        self.websockets_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn websocket_closed(&self) {
+        self.websockets_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn websockets_open(&self) -> u64 {
+        self.websockets_open.load(Ordering::Relaxed)
     }
 
     pub fn connections_open(&self) -> u64 {
@@ -354,6 +368,11 @@ impl Metrics {
             "# HELP gyre_proxy_connections_open Client connections being served.\n\
              # TYPE gyre_proxy_connections_open gauge\ngyre_proxy_connections_open {}\n",
             self.connections_open.load(Ordering::Relaxed)
+        ));
+        out.push_str(&format!(
+            "# HELP gyre_proxy_websockets_open Responses WebSockets being served.\n\
+             # TYPE gyre_proxy_websockets_open gauge\ngyre_proxy_websockets_open {}\n",
+            self.websockets_open.load(Ordering::Relaxed)
         ));
         self.call_seconds
             .lock()

@@ -20,6 +20,7 @@ mod metrics;
 pub mod output_ids;
 pub mod session;
 pub mod sink;
+mod websocket;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -998,8 +999,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/x/{token}/v1/messages/count_tokens", post(count_tokens_at))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/x/{token}/v1/chat/completions", post(chat_completions_at))
-        .route("/v1/responses", post(responses))
-        .route("/x/{token}/v1/responses", post(responses_at))
+        .route(
+            "/v1/responses",
+            post(responses).get(websocket::responses_socket),
+        )
+        .route(
+            "/x/{token}/v1/responses",
+            post(responses_at).get(websocket::responses_socket_at),
+        )
         .route("/api/hello", get(hello).head(hello))
         .route("/x/{token}/api/hello", get(hello).head(hello))
         .route("/health", get(health))
@@ -1423,13 +1430,18 @@ fn agent_of(headers: &HeaderMap) -> Option<String> {
 fn compaction_requested(headers: &HeaderMap) -> bool {
     headers
         .get("x-codex-turn-metadata")
-        .and_then(|value| serde_json::from_slice::<serde_json::Value>(value.as_bytes()).ok())
-        .is_some_and(|metadata| {
-            metadata
-                .get("request_kind")
-                .and_then(serde_json::Value::as_str)
-                == Some("compaction")
-        })
+        .is_some_and(|value| turn_metadata_is_compaction(value.as_bytes()))
+}
+
+/// Codex's turn metadata (a header over HTTP; `client_metadata` in the body over its
+/// WebSocket) says `request_kind: "compaction"`.
+fn turn_metadata_is_compaction(metadata: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(metadata).is_ok_and(|metadata| {
+        metadata
+            .get("request_kind")
+            .and_then(serde_json::Value::as_str)
+            == Some("compaction")
+    })
 }
 
 /// A Responses request that continues a stored response (`previous_response_id`), as the
@@ -1474,6 +1486,7 @@ async fn model_call(
     uri: &Uri,
     headers: HeaderMap,
     body: Body,
+    keep_answer: bool,
 ) -> Response {
     app.metrics.request(api);
     let execution = match authenticate(&app, api, &headers, path_token.as_deref()) {
@@ -1535,8 +1548,9 @@ async fn model_call(
                 Arc::make_mut(settings)
                     .insert("previous_response_id".into(), Value::String(id.clone()));
             }
+            // A WebSocket keeps its answers for chaining whatever `store` says (`keep_answer`).
             let stored = api == Api::OpenAiResponses
-                && body.value().get("store") != Some(&Value::Bool(false));
+                && (keep_answer || body.value().get("store") != Some(&Value::Bool(false)));
             let store_on_end = stored.then(|| {
                 let (parent, input_items) = match chained.take() {
                     Some((_, previous, own)) => (Some(previous), own),
@@ -1562,12 +1576,24 @@ async fn model_call(
                     return Err(crate::media::rejected(api, path, &kind));
                 }
             }
-            request.harness_compaction = harness_compaction;
+            request.harness_compaction |= harness_compaction
+                || body
+                    .value()
+                    .get("client_metadata")
+                    .and_then(|metadata| metadata.get("x-codex-turn-metadata"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|metadata| turn_metadata_is_compaction(metadata.as_bytes()));
+            // `"generate": false`: a warm-up that samples nothing (see `generate::warmup`).
+            let warmup = api == Api::OpenAiResponses
+                && body.value().get("generate") == Some(&Value::Bool(false));
             app.metrics
                 .body_elements(body.elements(), body.reused_elements());
             execution.keep_body(&app.bodies, api, agent_key.to_string(), body);
             app.metrics
                 .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
+            if warmup {
+                return Ok::<_, ApiError>((request, None, store_on_end));
+            }
             let preparing = std::time::Instant::now();
             let prepared = {
                 let mut session = execution.lock();
@@ -1576,7 +1602,7 @@ async fn model_call(
             };
             app.metrics
                 .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
-            Ok::<_, ApiError>((request, prepared, store_on_end))
+            Ok::<_, ApiError>((request, Some(prepared), store_on_end))
         })
         .await
     };
@@ -1593,6 +1619,13 @@ async fn model_call(
                 ),
             )
         }
+    };
+    let streaming = request.stream;
+    let (sender, receiver) = mpsc::channel(64);
+    let Some(prepared) = prepared else {
+        // Task "warm-up": owned by the response, ends after one piece.
+        tokio::spawn(generate::warmup(execution, request, store_on_end, sender));
+        return answer(&app, api, streaming, receiver).await;
     };
     if let (Ok(prepared), Some(dir)) = (&prepared, std::env::var_os("GYRE_PROXY_DUMP_DIR")) {
         // Debugging aid: every rendered prompt, as the engine will see it.
@@ -1616,8 +1649,6 @@ async fn model_call(
             )
         }
     };
-    let streaming = request.stream;
-    let (sender, mut receiver) = mpsc::channel(64);
     // Task "model-call": owned by the response; it notices a dropped receiver.
     tokio::spawn(generate::run(
         app.clone(),
@@ -1627,10 +1658,20 @@ async fn model_call(
         store_on_end,
         sender,
     ));
+    answer(&app, api, streaming, receiver).await
+}
+
+/// The HTTP answer of a call whose pieces arrive on `receiver`: an SSE stream, or the body.
+async fn answer(
+    app: &Arc<AppState>,
+    api: Api,
+    streaming: bool,
+    mut receiver: mpsc::Receiver<generate::Piece>,
+) -> Response {
     if streaming {
         let first = receiver.recv().await;
         let head = match first {
-            Some(generate::Piece::Failed(error)) => return rejected(&app, &error),
+            Some(generate::Piece::Failed(error)) => return rejected(app, &error),
             Some(generate::Piece::Frames(frames)) => frames,
             Some(generate::Piece::Body(_)) | None => String::new(),
         };
@@ -1683,10 +1724,10 @@ async fn model_call(
                         .insert("content-type", HeaderValue::from_static("application/json"));
                     return response;
                 }
-                Some(generate::Piece::Failed(error)) => return rejected(&app, &error),
+                Some(generate::Piece::Failed(error)) => return rejected(app, &error),
                 None => {
                     return rejected(
-                        &app,
+                        app,
                         &ApiError::new(
                             api,
                             ApiErrorKind::Internal,
@@ -1710,7 +1751,7 @@ async fn anthropic_messages(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, None, &uri, headers, body).await
+    model_call(app, Api::Anthropic, None, &uri, headers, body, false).await
 }
 
 async fn anthropic_messages_at(
@@ -1720,7 +1761,7 @@ async fn anthropic_messages_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, Some(token), &uri, headers, body).await
+    model_call(app, Api::Anthropic, Some(token), &uri, headers, body, false).await
 }
 
 async fn chat_completions(
@@ -1729,7 +1770,7 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiChat, None, &uri, headers, body).await
+    model_call(app, Api::OpenAiChat, None, &uri, headers, body, false).await
 }
 
 async fn chat_completions_at(
@@ -1739,7 +1780,16 @@ async fn chat_completions_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiChat, Some(token), &uri, headers, body).await
+    model_call(
+        app,
+        Api::OpenAiChat,
+        Some(token),
+        &uri,
+        headers,
+        body,
+        false,
+    )
+    .await
 }
 
 async fn responses(
@@ -1748,7 +1798,7 @@ async fn responses(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiResponses, None, &uri, headers, body).await
+    model_call(app, Api::OpenAiResponses, None, &uri, headers, body, false).await
 }
 
 async fn responses_at(
@@ -1758,7 +1808,16 @@ async fn responses_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiResponses, Some(token), &uri, headers, body).await
+    model_call(
+        app,
+        Api::OpenAiResponses,
+        Some(token),
+        &uri,
+        headers,
+        body,
+        false,
+    )
+    .await
 }
 
 async fn count_tokens_inner(

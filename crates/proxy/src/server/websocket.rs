@@ -1,0 +1,365 @@
+//! The Responses API's WebSocket mode: `GET /v1/responses` (or `/x/<token>/v1/responses`)
+//! upgraded to a WebSocket on which the client sends `response.create` messages (the body of
+//! `POST /v1/responses` plus `"type": "response.create"`) and receives each response's stream
+//! events as JSON text messages, one per event, in the order the SSE stream would carry them.
+//! Codex uses this transport first when pointed at OpenAI's own provider (`openai_base_url`),
+//! and chains each turn to the previous one with `previous_response_id` and only the new input
+//! items, even with `store: false`, because the server keeps the connection's last responses.
+//!
+//! Every message is served by the same path as an HTTP call (`model_call`): the credential is
+//! checked at the handshake (a bad one is a 401 before the upgrade), each answer is recorded and
+//! committed before its `response.completed` event is sent, and every answer is kept for
+//! chaining whatever its `store` says. A message that cannot be served gets an `error` event
+//! (`{"type": "error", "status": …, "error": {type, code, message, param}}`) and the connection
+//! stays open for the next one. Messages are served one at a time, in order.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+use super::{authenticate, model_call, rejected, AppState};
+use crate::messages::Api;
+use crate::{ApiError, ApiErrorKind};
+
+const API: Api = Api::OpenAiResponses;
+
+/// Fields of `POST /v1/responses` that belong to the HTTP transport: a socket always streams.
+const TRANSPORT_FIELDS: [&str; 2] = ["stream", "background"];
+
+pub(super) async fn responses_socket(
+    State(app): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    open(app, None, uri, headers, upgrade)
+}
+
+pub(super) async fn responses_socket_at(
+    State(app): State<Arc<AppState>>,
+    Path(token): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    open(app, Some(token), uri, headers, upgrade)
+}
+
+fn open(
+    app: Arc<AppState>,
+    token: Option<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => {
+            // A plain GET: say what this path serves, in OpenAI's error shape.
+            let body = json!({"error": {
+                "message": format!(
+                    "GET {} opens the Responses WebSocket ({}); create a response over HTTP \
+                     with POST",
+                    uri.path(),
+                    rejection.body_text()
+                ),
+                "type": "invalid_request_error",
+                "param": null,
+                "code": "websocket_upgrade_required",
+            }});
+            let mut response = (rejection.status(), body.to_string()).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+    };
+    // Checked at the handshake, as OpenAI does: a client with a bad key never gets a socket.
+    if let Err(error) = authenticate(&app, API, &headers, token.as_deref()) {
+        return rejected(&app, &error);
+    }
+    let limit = app.config.body_bytes_max;
+    upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| serve(app, token, uri, call_headers(headers), socket))
+}
+
+/// The handshake's headers as those of each call: the credential, agent and session headers
+/// stay; what described the upgrade request's own body and connection goes.
+fn call_headers(mut headers: HeaderMap) -> HeaderMap {
+    for name in [
+        header::CONTENT_LENGTH,
+        header::CONTENT_ENCODING,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::UPGRADE,
+        header::SEC_WEBSOCKET_KEY,
+        header::SEC_WEBSOCKET_VERSION,
+        header::SEC_WEBSOCKET_EXTENSIONS,
+        header::SEC_WEBSOCKET_PROTOCOL,
+    ] {
+        headers.remove(name);
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers
+}
+
+/// Task "responses-socket" (spawned by the upgrade, owned by its connection): serves the
+/// connection's messages in order until the client closes it or it breaks.
+async fn serve(
+    app: Arc<AppState>,
+    token: Option<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    mut socket: WebSocket,
+) {
+    app.metrics.websocket_opened();
+    while let Some(received) = socket.recv().await {
+        let text = match received {
+            Ok(Message::Text(text)) => text,
+            Ok(Message::Binary(_)) => {
+                let error = ApiError::new(
+                    API,
+                    ApiErrorKind::InvalidRequest,
+                    "binary messages are not read: send each client event as JSON text",
+                );
+                if send_error(&mut socket, &error).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+            Ok(Message::Close(_)) | Err(_) => break,
+        };
+        let body = match create_body(text.as_bytes()) {
+            Ok(body) => body,
+            Err(error) => {
+                app.metrics.rejected(error.status());
+                if send_error(&mut socket, &error).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let response = model_call(
+            app.clone(),
+            API,
+            token.clone(),
+            &uri,
+            headers.clone(),
+            Body::from(body),
+            true,
+        )
+        .await;
+        if forward(&mut socket, response).await.is_err() {
+            break;
+        }
+    }
+    app.metrics.websocket_closed();
+}
+
+/// A client event as the body of `POST /v1/responses` with `stream: true`, or the error that
+/// names what is wrong with it.
+pub(crate) fn create_body(message: &[u8]) -> Result<Bytes, ApiError> {
+    let invalid = |message: String| ApiError::new(API, ApiErrorKind::InvalidRequest, message);
+    let value: Value = serde_json::from_slice(message).map_err(|error| {
+        invalid(format!(
+            "the message is not JSON: {error} (each client event is one JSON object)"
+        ))
+    })?;
+    let Value::Object(mut event) = value else {
+        return Err(invalid(
+            "the message is not a JSON object (each client event is one JSON object)".into(),
+        ));
+    };
+    match event.get("type") {
+        Some(Value::String(kind)) if kind == "response.create" => {}
+        Some(Value::String(kind)) => {
+            let shown: String = kind.chars().take(100).collect();
+            return Err(ApiError::invalid_field(
+                API,
+                "type",
+                format!(
+                    "client event '{shown}' is not supported; this proxy serves 'response.create'"
+                ),
+            ));
+        }
+        Some(_) => return Err(ApiError::invalid_field(API, "type", "expected a string")),
+        None => {
+            return Err(ApiError::invalid_field(
+                API,
+                "type",
+                "missing; a response is created with {\"type\": \"response.create\", …}",
+            ))
+        }
+    }
+    event.shift_remove("type");
+    for field in TRANSPORT_FIELDS {
+        event.shift_remove(field);
+    }
+    event.insert("stream".into(), Value::Bool(true));
+    Ok(Bytes::from(Value::Object(event).to_string()))
+}
+
+/// Sends a call's answer: each SSE event's data as one text message, or the refusal as an
+/// `error` event. Err when the socket is gone.
+async fn forward(socket: &mut WebSocket, response: Response) -> Result<(), ()> {
+    let status = response.status();
+    let mut body = response.into_body();
+    if status != StatusCode::OK {
+        let bytes = body
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes())
+            .unwrap_or_default();
+        let error = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|mut value| value.get_mut("error").map(Value::take))
+            .unwrap_or_else(|| {
+                json!({"type": "server_error", "code": null, "param": null,
+                       "message": String::from_utf8_lossy(&bytes)})
+            });
+        return send_event(socket, &error_event(status.as_u16(), error)).await;
+    }
+    let mut events = SseEvents::default();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            // The answer's stream broke before its end: the generator already sent the
+            // error event it had; nothing more to forward.
+            return Ok(());
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        events.push(&data);
+        while let Some(event) = events.next_data() {
+            socket
+                .send(Message::Text(event.into()))
+                .await
+                .map_err(drop)?;
+        }
+    }
+    Ok(())
+}
+
+fn error_event(status: u16, error: Value) -> Value {
+    json!({"type": "error", "status": status, "error": error})
+}
+
+async fn send_error(socket: &mut WebSocket, error: &ApiError) -> Result<(), ()> {
+    let mut body = error.body_json();
+    let inner = body
+        .get_mut("error")
+        .map(Value::take)
+        .unwrap_or(Value::Null);
+    send_event(socket, &error_event(error.status(), inner)).await
+}
+
+async fn send_event(socket: &mut WebSocket, event: &Value) -> Result<(), ()> {
+    socket
+        .send(Message::Text(event.to_string().into()))
+        .await
+        .map_err(drop)
+}
+
+/// An SSE byte stream cut into its events' data (the `data:` lines of each event, joined by
+/// newlines; events without data and the `[DONE]` sentinel are dropped).
+#[derive(Default)]
+pub(crate) struct SseEvents {
+    pending: Vec<u8>,
+}
+
+impl SseEvents {
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+    }
+
+    pub(crate) fn next_data(&mut self) -> Option<String> {
+        loop {
+            let end = self.pending.windows(2).position(|pair| pair == b"\n\n")?;
+            let event: Vec<u8> = self.pending.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event[..end]);
+            let mut data = String::new();
+            for line in text.split('\n') {
+                let Some(value) = line.strip_prefix("data:") else {
+                    continue;
+                };
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(value.strip_prefix(' ').unwrap_or(value));
+            }
+            if !data.is_empty() && data != "[DONE]" {
+                return Some(data);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_create_event_becomes_a_streamed_body_in_the_same_key_order() {
+        let body = create_body(
+            br#"{"type":"response.create","model":"m","input":[{"role":"user","content":"hi"}],"stream":false,"background":true,"store":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"model":"m","input":[{"role":"user","content":"hi"}],"store":false,"stream":true}"#
+        );
+    }
+
+    #[test]
+    fn other_events_and_bad_messages_are_refused_naming_the_problem() {
+        for (message, expected) in [
+            (&b"not json"[..], "not JSON"),
+            (b"[1]", "not a JSON object"),
+            (br#"{"model":"m"}"#, "type: missing"),
+            (br#"{"type":7}"#, "type: expected a string"),
+            (
+                br#"{"type":"response.steer"}"#,
+                "'response.steer' is not supported",
+            ),
+        ] {
+            let error = create_body(message).unwrap_err();
+            assert_eq!(error.status(), 400);
+            assert!(
+                error.message.contains(expected),
+                "{}: {}",
+                String::from_utf8_lossy(message),
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn sse_bytes_split_anywhere_give_each_event_data_once() {
+        let stream = b"event: response.created\ndata: {\"a\":1}\n\n: comment\n\nevent: x\ndata: {\"b\":\ndata: 2}\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            let mut events = SseEvents::default();
+            let mut seen = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                events.push(part);
+                while let Some(data) = events.next_data() {
+                    seen.push(data);
+                }
+            }
+            assert_eq!(seen, ["{\"a\":1}", "{\"b\":\n2}"], "cut at {cut}");
+        }
+    }
+}
