@@ -490,3 +490,169 @@ fn compressed_request_bodies_are_decoded_within_the_body_limit() {
         "the three served calls, nothing refused: {stdout}"
     );
 }
+
+/// The Responses WebSocket without a harness: `response.create` messages are served in order on
+/// one socket, each answer's events arrive as text messages ending in `response.completed`, a
+/// bad message gets an `error` event and the socket stays open, a warm-up is answered without a
+/// record, a turn chains on the previous answer even with `store: false`, and a compaction
+/// trigger is answered by a `compaction` item whose handle the next request can send back.
+#[test]
+fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_socket() {
+    use tungstenite::{client::IntoClientRequest, Message};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tito.log");
+    let mut proxy = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--open",
+        "1",
+        "--log",
+        log.to_str().expect("utf-8"),
+    ]);
+    let token = proxy.next_json()["token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+
+    // A plain GET says what the path serves, in OpenAI's error shape.
+    let (status, answer) = http(&proxy.address, "GET", "/v1/responses", &[], "");
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("websocket_upgrade_required"), "{answer}");
+    // A bad credential is refused at the handshake.
+    match tungstenite::connect(format!("ws://{}/x/gx-unknown/v1/responses", proxy.address)) {
+        Err(tungstenite::Error::Http(response)) => assert_eq!(response.status(), 401),
+        other => panic!("a bad credential opened a socket: {:?}", other.map(|_| ())),
+    }
+    // The credential as the API key, as OpenAI's clients send it.
+    let mut request = format!("ws://{}/v1/responses", proxy.address)
+        .into_client_request()
+        .expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    let (mut socket, _) = tungstenite::connect(request).expect("the socket opens");
+    let mut send = |event: serde_json::Value| {
+        socket.send(Message::text(event.to_string())).expect("sent");
+        // Every event of one answer, up to its last (`response.completed` or `error`).
+        let mut events = Vec::new();
+        loop {
+            let message = socket.read().expect("an event");
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let event: serde_json::Value = serde_json::from_str(&text).expect("JSON event");
+            let kind = event["type"].as_str().expect("type").to_string();
+            events.push(event);
+            if kind == "response.completed" || kind == "error" {
+                return events;
+            }
+        }
+    };
+    let error_of = |events: &[serde_json::Value]| -> serde_json::Value {
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["type"], "error");
+        events[0].clone()
+    };
+    let completed = |events: &[serde_json::Value]| -> serde_json::Value {
+        assert_eq!(events[0]["type"], "response.created", "{events:?}");
+        let last = events.last().expect("events");
+        assert_eq!(last["type"], "response.completed", "{events:?}");
+        last["response"].clone()
+    };
+
+    let error = error_of(&send(serde_json::json!("not an object")));
+    assert_eq!(error["status"], 400);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not a JSON object")),
+        "{error}"
+    );
+    let error = error_of(&send(serde_json::json!({"type": "response.steer"})));
+    assert_eq!(error["error"]["param"], "type", "{error}");
+
+    // A warm-up: an empty completed response, nothing sampled.
+    let warmup = completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "generate": false, "store": false,
+        "input": [{"role": "user", "content": "hello"}],
+    })));
+    assert_eq!(warmup["output"], serde_json::json!([]), "{warmup}");
+    // A turn chained on the warm-up, then one chained on that turn, both with store:false.
+    let first = completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "store": false,
+        "previous_response_id": warmup["id"], "input": [],
+    })));
+    assert!(!first["output"].as_array().expect("output").is_empty());
+    let second = completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "store": false,
+        "previous_response_id": first["id"],
+        "input": [{"role": "user", "content": "go on"}],
+    })));
+    let error = error_of(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "previous_response_id": "resp_unknown",
+        "input": [],
+    })));
+    assert_eq!(error["status"], 400);
+    assert_eq!(
+        error["error"]["code"], "previous_response_not_found",
+        "{error}"
+    );
+
+    // Server-side compaction: the trigger's answer is one compaction item.
+    let compacted = completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "store": false,
+        "previous_response_id": second["id"],
+        "input": [{"type": "compaction_trigger"}],
+    })));
+    let output = compacted["output"].as_array().expect("output");
+    let item = output
+        .iter()
+        .find(|item| item["type"] == "compaction")
+        .unwrap_or_else(|| panic!("a compaction item: {compacted}"));
+    assert!(
+        output.iter().all(|item| item["type"] != "message"),
+        "the summary goes out inside the compaction item only: {compacted}"
+    );
+    let handle = item["encrypted_content"].as_str().expect("handle");
+    assert!(handle.starts_with("gyre-compaction-v1."), "{handle}");
+    // The harness continues from the compaction, a fresh conversation.
+    completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "store": false,
+        "input": [
+            {"role": "user", "content": "hello"},
+            {"type": "compaction", "encrypted_content": handle},
+            {"role": "user", "content": "continue"},
+        ],
+    })));
+    let error = error_of(&send(serde_json::json!({
+        "type": "response.create", "model": "m",
+        "input": [{"type": "compaction", "encrypted_content": "gAAAA-not-ours"}],
+    })));
+    assert_eq!(
+        error["error"]["param"], "input[0].encrypted_content",
+        "{error}"
+    );
+    let error = error_of(&send(serde_json::json!({
+        "type": "response.create", "model": "m",
+        "input": [{"type": "compaction_trigger"}, {"role": "user", "content": "x"}],
+    })));
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("must be the last input item")),
+        "{error}"
+    );
+    socket.close(None).expect("closed");
+    drop(proxy);
+
+    // Recorded: the two turns, the compaction (a summary) and the turn after it; not the
+    // warm-up and not the refusals.
+    let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(report["model_calls"]["calls"], 4, "{stdout}");
+}
