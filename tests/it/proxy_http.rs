@@ -656,3 +656,63 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
     assert_eq!(report["model_calls"]["calls"], 4, "{stdout}");
 }
+
+/// An upgraded socket no longer counts as one of the accept loop's connections, so sockets
+/// have their own cap, the same `--max-connections`: one more is refused at the handshake, in
+/// OpenAI's error shape, and a socket closed makes room.
+#[test]
+fn responses_websockets_beyond_max_connections_are_refused_at_the_handshake() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tito.log");
+    let mut proxy = ProxyProcess::start(&[
+        "--log",
+        log.to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+        "--engine",
+        "deterministic",
+        "--open",
+        "1",
+        "--max-connections",
+        "2",
+    ]);
+    let token = proxy.next_json()["token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let url = format!("ws://{}/x/{token}/v1/responses", proxy.address);
+    let open = || {
+        let (mut socket, _) = tungstenite::connect(&url).expect("the socket opens");
+        // One served message: the socket's task runs (and counts) before the next handshake.
+        socket
+            .send(tungstenite::Message::text(r#"{"type":"response.steer"}"#))
+            .expect("sent");
+        let reply = socket.read().expect("the refusal of the unknown event");
+        assert!(reply.to_text().expect("text").contains("\"error\""));
+        socket
+    };
+    let first = open();
+    let _second = open();
+    match tungstenite::connect(&url) {
+        Err(tungstenite::Error::Http(response)) => {
+            assert!(response.status().is_server_error(), "{}", response.status());
+            let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default())
+                .into_owned();
+            assert!(body.contains("--max-connections"), "{body}");
+        }
+        other => panic!("a third socket opened: {:?}", other.map(|_| ())),
+    }
+    drop(first);
+    // The closed socket's task ends once it reads the close: retry until it has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match tungstenite::connect(&url) {
+            Ok(_) => break,
+            Err(error) => assert!(
+                std::time::Instant::now() < deadline,
+                "no room after a socket closed: {error}"
+            ),
+        }
+        std::thread::yield_now();
+    }
+}

@@ -11,7 +11,8 @@
 //! committed before its `response.completed` event is sent, and every answer is kept for
 //! chaining whatever its `store` says. A message that cannot be served gets an `error` event
 //! (`{"type": "error", "status": …, "error": {type, code, message, param}}`) and the connection
-//! stays open for the next one. Messages are served one at a time, in order.
+//! stays open for the next one. Messages are served one at a time, in order. At most
+//! `--max-connections` sockets are open at once; one more is refused at the handshake.
 
 use std::sync::Arc;
 
@@ -84,6 +85,20 @@ fn open(
     };
     // Checked at the handshake, as OpenAI does: a client with a bad key never gets a socket.
     if let Err(error) = authenticate(&app, API, &headers, token.as_deref()) {
+        return rejected(&app, &error);
+    }
+    // An upgraded connection leaves the accept loop's count: sockets have a cap of their own,
+    // the same number (checked here, so a burst of handshakes may pass it by a few).
+    let max = app.config.max_connections.max(1);
+    if app.metrics.websockets_open() >= max as u64 {
+        let error = ApiError::new(
+            API,
+            ApiErrorKind::Overloaded,
+            format!(
+                "the proxy is serving its maximum of {max} Responses WebSockets \
+                 (--max-connections); retry shortly"
+            ),
+        );
         return rejected(&app, &error);
     }
     let limit = app.config.body_bytes_max;
