@@ -575,6 +575,21 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
     let error = error_of(&send(serde_json::json!({"type": "response.steer"})));
     assert_eq!(error["error"]["param"], "type", "{error}");
 
+    // A `stream_id` lane is echoed in every event of the answer, a refusal's included.
+    let laned = send(serde_json::json!({
+        "type": "response.create", "stream_id": "lane-a", "model": "m", "generate": false,
+        "input": "hi",
+    }));
+    assert!(
+        laned.iter().all(|event| event["stream_id"] == "lane-a"),
+        "{laned:?}"
+    );
+    let error = error_of(&send(serde_json::json!({
+        "type": "response.create", "stream_id": "lane-b", "background": true, "model": "m",
+    })));
+    assert_eq!(error["stream_id"], "lane-b", "{error}");
+    assert_eq!(error["error"]["param"], "background", "{error}");
+
     // A warm-up: an empty completed response, nothing sampled.
     let warmup = completed(&send(serde_json::json!({
         "type": "response.create", "model": "m", "generate": false, "store": false,

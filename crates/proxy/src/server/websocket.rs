@@ -31,8 +31,12 @@ use crate::{ApiError, ApiErrorKind};
 
 const API: Api = Api::OpenAiResponses;
 
-/// Fields of `POST /v1/responses` that belong to the HTTP transport: a socket always streams.
-const TRANSPORT_FIELDS: [&str; 2] = ["stream", "background"];
+/// A `response.create` message: the body of `POST /v1/responses` to serve, and its
+/// `stream_id` lane (echoed in every event of its answer).
+pub(crate) struct Create {
+    pub body: Bytes,
+    pub stream_id: Option<Value>,
+}
 
 pub(super) async fn responses_socket(
     State(app): State<Arc<AppState>>,
@@ -150,7 +154,7 @@ async fn serve(
                     ApiErrorKind::InvalidRequest,
                     "binary messages are not read: send each client event as JSON text",
                 );
-                if send_error(&mut socket, &error).await.is_err() {
+                if send_error(&mut socket, &error, None).await.is_err() {
                     break;
                 }
                 continue;
@@ -158,11 +162,14 @@ async fn serve(
             Ok(Message::Ping(_) | Message::Pong(_)) => continue,
             Ok(Message::Close(_)) | Err(_) => break,
         };
-        let body = match create_body(text.as_bytes()) {
-            Ok(body) => body,
-            Err(error) => {
+        let Create { body, stream_id } = match create_body(text.as_bytes()) {
+            Ok(create) => create,
+            Err((error, stream_id)) => {
                 app.metrics.rejected(error.status());
-                if send_error(&mut socket, &error).await.is_err() {
+                if send_error(&mut socket, &error, stream_id.as_ref())
+                    .await
+                    .is_err()
+                {
                     break;
                 }
                 continue;
@@ -178,32 +185,40 @@ async fn serve(
             true,
         )
         .await;
-        if forward(&mut socket, response).await.is_err() {
+        if forward(&mut socket, response, stream_id.as_ref())
+            .await
+            .is_err()
+        {
             break;
         }
     }
     app.metrics.websocket_closed();
 }
 
-/// A client event as the body of `POST /v1/responses` with `stream: true`, or the error that
-/// names what is wrong with it.
-pub(crate) fn create_body(message: &[u8]) -> Result<Bytes, ApiError> {
+/// A client event as the body of `POST /v1/responses` with `stream: true` (`stream` is
+/// implicit on a socket; `stream_id` is taken out), or the error that names what is wrong with
+/// it (with the event's `stream_id`, when it has one).
+pub(crate) fn create_body(message: &[u8]) -> Result<Create, (ApiError, Option<Value>)> {
     let invalid = |message: String| ApiError::new(API, ApiErrorKind::InvalidRequest, message);
     let value: Value = serde_json::from_slice(message).map_err(|error| {
-        invalid(format!(
+        let error = invalid(format!(
             "the message is not JSON: {error} (each client event is one JSON object)"
-        ))
+        ));
+        (error, None)
     })?;
     let Value::Object(mut event) = value else {
-        return Err(invalid(
+        let error = invalid(
             "the message is not a JSON object (each client event is one JSON object)".into(),
-        ));
+        );
+        return Err((error, None));
     };
+    let stream_id = event.shift_remove("stream_id");
+    let refuse = |error: ApiError| Err((error, stream_id.clone()));
     match event.get("type") {
         Some(Value::String(kind)) if kind == "response.create" => {}
         Some(Value::String(kind)) => {
             let shown: String = kind.chars().take(100).collect();
-            return Err(ApiError::invalid_field(
+            return refuse(ApiError::invalid_field(
                 API,
                 "type",
                 format!(
@@ -211,26 +226,39 @@ pub(crate) fn create_body(message: &[u8]) -> Result<Bytes, ApiError> {
                 ),
             ));
         }
-        Some(_) => return Err(ApiError::invalid_field(API, "type", "expected a string")),
+        Some(_) => return refuse(ApiError::invalid_field(API, "type", "expected a string")),
         None => {
-            return Err(ApiError::invalid_field(
+            return refuse(ApiError::invalid_field(
                 API,
                 "type",
                 "missing; a response is created with {\"type\": \"response.create\", …}",
             ))
         }
     }
-    event.shift_remove("type");
-    for field in TRANSPORT_FIELDS {
+    if matches!(event.get("background"), Some(Value::Bool(true))) {
+        return refuse(ApiError::invalid_field(
+            API,
+            "background",
+            "background responses are not served over the WebSocket; use POST /v1/responses",
+        ));
+    }
+    for field in ["type", "stream", "background"] {
         event.shift_remove(field);
     }
     event.insert("stream".into(), Value::Bool(true));
-    Ok(Bytes::from(Value::Object(event).to_string()))
+    Ok(Create {
+        body: Bytes::from(Value::Object(event).to_string()),
+        stream_id,
+    })
 }
 
 /// Sends a call's answer: each SSE event's data as one text message, or the refusal as an
 /// `error` event. Err when the socket is gone.
-async fn forward(socket: &mut WebSocket, response: Response) -> Result<(), ()> {
+async fn forward(
+    socket: &mut WebSocket,
+    response: Response,
+    stream_id: Option<&Value>,
+) -> Result<(), ()> {
     let status = response.status();
     let mut body = response.into_body();
     if status != StatusCode::OK {
@@ -246,7 +274,7 @@ async fn forward(socket: &mut WebSocket, response: Response) -> Result<(), ()> {
                 json!({"type": "server_error", "code": null, "param": null,
                        "message": String::from_utf8_lossy(&bytes)})
             });
-        return send_event(socket, &error_event(status.as_u16(), error)).await;
+        return send_event(socket, &error_event(status.as_u16(), error, stream_id)).await;
     }
     let mut events = SseEvents::default();
     while let Some(frame) = body.frame().await {
@@ -260,6 +288,16 @@ async fn forward(socket: &mut WebSocket, response: Response) -> Result<(), ()> {
         };
         events.push(&data);
         while let Some(event) = events.next_data() {
+            let event = match stream_id {
+                None => event,
+                Some(lane) => match serde_json::from_str::<Value>(&event) {
+                    Ok(Value::Object(mut fields)) => {
+                        fields.insert("stream_id".into(), lane.clone());
+                        Value::Object(fields).to_string()
+                    }
+                    _ => event,
+                },
+            };
             socket
                 .send(Message::Text(event.into()))
                 .await
@@ -269,17 +307,25 @@ async fn forward(socket: &mut WebSocket, response: Response) -> Result<(), ()> {
     Ok(())
 }
 
-fn error_event(status: u16, error: Value) -> Value {
-    json!({"type": "error", "status": status, "error": error})
+fn error_event(status: u16, error: Value, stream_id: Option<&Value>) -> Value {
+    let mut event = json!({"type": "error", "status": status, "error": error});
+    if let Some(lane) = stream_id {
+        event["stream_id"] = lane.clone();
+    }
+    event
 }
 
-async fn send_error(socket: &mut WebSocket, error: &ApiError) -> Result<(), ()> {
+async fn send_error(
+    socket: &mut WebSocket,
+    error: &ApiError,
+    stream_id: Option<&Value>,
+) -> Result<(), ()> {
     let mut body = error.body_json();
     let inner = body
         .get_mut("error")
         .map(Value::take)
         .unwrap_or(Value::Null);
-    send_event(socket, &error_event(error.status(), inner)).await
+    send_event(socket, &error_event(error.status(), inner, stream_id)).await
 }
 
 async fn send_event(socket: &mut WebSocket, event: &Value) -> Result<(), ()> {
@@ -329,14 +375,16 @@ mod tests {
 
     #[test]
     fn a_create_event_becomes_a_streamed_body_in_the_same_key_order() {
-        let body = create_body(
-            br#"{"type":"response.create","model":"m","input":[{"role":"user","content":"hi"}],"stream":false,"background":true,"store":false}"#,
-        )
-        .unwrap();
+        let Ok(create) = create_body(
+            br#"{"type":"response.create","stream_id":"lane-2","model":"m","input":[{"role":"user","content":"hi"}],"stream":false,"background":false,"store":false}"#,
+        ) else {
+            panic!("refused")
+        };
         assert_eq!(
-            std::str::from_utf8(&body).unwrap(),
+            std::str::from_utf8(&create.body).unwrap(),
             r#"{"model":"m","input":[{"role":"user","content":"hi"}],"store":false,"stream":true}"#
         );
+        assert_eq!(create.stream_id, Some(json!("lane-2")));
     }
 
     #[test]
@@ -350,8 +398,14 @@ mod tests {
                 br#"{"type":"response.steer"}"#,
                 "'response.steer' is not supported",
             ),
+            (
+                br#"{"type":"response.create","background":true}"#,
+                "background: background responses are not served",
+            ),
         ] {
-            let error = create_body(message).unwrap_err();
+            let Err((error, _)) = create_body(message) else {
+                panic!("accepted {}", String::from_utf8_lossy(message))
+            };
             assert_eq!(error.status(), 400);
             assert!(
                 error.message.contains(expected),
