@@ -198,22 +198,22 @@ async fn serve(
 /// A client event as the body of `POST /v1/responses` with `stream: true` (`stream` is
 /// implicit on a socket; `stream_id` is taken out), or the error that names what is wrong with
 /// it (with the event's `stream_id`, when it has one).
-pub(crate) fn create_body(message: &[u8]) -> Result<Create, (ApiError, Option<Value>)> {
+pub(crate) fn create_body(message: &[u8]) -> Result<Create, (Box<ApiError>, Option<Value>)> {
     let invalid = |message: String| ApiError::new(API, ApiErrorKind::InvalidRequest, message);
     let value: Value = serde_json::from_slice(message).map_err(|error| {
         let error = invalid(format!(
             "the message is not JSON: {error} (each client event is one JSON object)"
         ));
-        (error, None)
+        (Box::new(error), None)
     })?;
     let Value::Object(mut event) = value else {
         let error = invalid(
             "the message is not a JSON object (each client event is one JSON object)".into(),
         );
-        return Err((error, None));
+        return Err((Box::new(error), None));
     };
     let stream_id = event.shift_remove("stream_id");
-    let refuse = |error: ApiError| Err((error, stream_id.clone()));
+    let refuse = |error: ApiError| Err((Box::new(error), stream_id.clone()));
     match event.get("type") {
         Some(Value::String(kind)) if kind == "response.create" => {}
         Some(Value::String(kind)) => {
