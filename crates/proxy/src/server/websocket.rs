@@ -113,8 +113,11 @@ fn open(
 }
 
 /// The handshake's headers as those of each call: the credential, agent and session headers
-/// stay; what described the upgrade request's own body and connection goes.
+/// stay; what described the upgrade request's own body and connection goes, and so does
+/// Codex's `x-codex-turn-metadata` (at the handshake it describes the socket, not a turn; each
+/// message carries its own in `client_metadata`, which is what says a call is a compaction).
 fn call_headers(mut headers: HeaderMap) -> HeaderMap {
+    headers.remove("x-codex-turn-metadata");
     for name in [
         header::CONTENT_LENGTH,
         header::CONTENT_ENCODING,
