@@ -1577,12 +1577,13 @@ async fn model_call(
                 }
             }
             request.harness_compaction |= harness_compaction
-                || body
-                    .value()
-                    .get("client_metadata")
-                    .and_then(|metadata| metadata.get("x-codex-turn-metadata"))
-                    .and_then(Value::as_str)
-                    .is_some_and(|metadata| turn_metadata_is_compaction(metadata.as_bytes()));
+                || api == Api::OpenAiResponses
+                    && body
+                        .value()
+                        .get("client_metadata")
+                        .and_then(|metadata| metadata.get("x-codex-turn-metadata"))
+                        .and_then(Value::as_str)
+                        .is_some_and(|metadata| turn_metadata_is_compaction(metadata.as_bytes()));
             // `"generate": false`: a warm-up that samples nothing (see `generate::warmup`).
             let warmup = api == Api::OpenAiResponses
                 && body.value().get("generate") == Some(&Value::Bool(false));
