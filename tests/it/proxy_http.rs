@@ -607,6 +607,23 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
         "previous_response_id": first["id"],
         "input": [{"role": "user", "content": "go on"}],
     })));
+    // An item_reference resolves to the stored item it names.
+    let referenced = first["output"][0]["id"]
+        .as_str()
+        .expect("an output item id");
+    completed(&send(serde_json::json!({
+        "type": "response.create", "model": "m", "store": false,
+        "input": [
+            {"role": "user", "content": "hello"},
+            {"type": "item_reference", "id": referenced},
+            {"role": "user", "content": "and now?"},
+        ],
+    })));
+    let error = error_of(&send(serde_json::json!({
+        "type": "response.create", "model": "m",
+        "input": [{"type": "item_reference", "id": "msg_never_issued"}],
+    })));
+    assert_eq!(error["error"]["param"], "input[0].id", "{error}");
     let error = error_of(&send(serde_json::json!({
         "type": "response.create", "model": "m", "previous_response_id": "resp_unknown",
         "input": [],
@@ -664,12 +681,12 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
     socket.close(None).expect("closed");
     drop(proxy);
 
-    // Recorded: the two turns, the compaction (a summary) and the turn after it; not the
-    // warm-up and not the refusals.
+    // Recorded: the two turns, the one with an item_reference, the compaction (a summary) and
+    // the turn after it; not the warm-ups and not the refusals.
     let (code, stdout, stderr) = gyre(&["replay", log.to_str().expect("utf-8"), "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
-    assert_eq!(report["model_calls"]["calls"], 4, "{stdout}");
+    assert_eq!(report["model_calls"]["calls"], 5, "{stdout}");
 }
 
 /// An upgraded socket no longer counts as one of the accept loop's connections, so sockets

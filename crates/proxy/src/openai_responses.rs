@@ -1,9 +1,9 @@
 //! OpenAI Responses requests (`POST /v1/responses`, what the Codex CLI speaks): the request
 //! types, the parser over raw bytes and the conversion to internal messages.
 //!
-//! This parser reads whole conversations: the server resolves `previous_response_id` before
-//! it (`stored_responses`: the request becomes the one a stateless client would send), and a
-//! body that still names one, or an `item_reference`, is rejected. Consecutive assistant-side items
+//! This parser reads whole conversations: the server resolves `previous_response_id` and
+//! `item_reference`s before it (`stored_responses`: the request becomes the one a stateless
+//! client would send), and a body that still holds either is rejected. Consecutive assistant-side items
 //! (reasoning, assistant message, function calls) of one response become one internal
 //! assistant message; a reasoning item after text or calls, or a message after calls, starts
 //! a new one. Function-call `arguments` strings are kept byte for byte; reasoning items keep
@@ -610,7 +610,8 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
         }
         "item_reference" => {
             return Err(node.error(
-                "item_reference is not supported: this proxy keeps no items; send them in full",
+                "an item_reference is resolved against the execution's stored responses before \
+                 parsing; this one could not be",
             ))
         }
         other => return Err(node.error(format!("unsupported input item type `{other}`"))),

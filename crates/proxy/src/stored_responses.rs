@@ -184,6 +184,84 @@ impl StoredResponse {
     }
 }
 
+impl StoredResponse {
+    /// The item with `id` among this response's conversation (its own items first, then its
+    /// parents', newest first): what an `item_reference` names.
+    pub fn find_item(&self, id: &str) -> Option<Value> {
+        let needle = serde_json::to_vec(id).ok()?;
+        let mut at = Some(self);
+        while let Some(turn) = at {
+            // Only a conversation that mentions the id is parsed.
+            if memchr::memmem::find(&turn.items, &needle).is_some() {
+                let mut list = Vec::with_capacity(turn.items.len() + 2);
+                list.push(b'[');
+                list.extend_from_slice(&turn.items);
+                list.push(b']');
+                if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&list) {
+                    if let Some(item) = items
+                        .into_iter()
+                        .rev()
+                        .find(|item| item.get("id").and_then(Value::as_str) == Some(id))
+                    {
+                        return Some(item);
+                    }
+                }
+            }
+            at = turn.parent.as_deref();
+        }
+        None
+    }
+}
+
+/// `body` with each `{"type": "item_reference", "id": …}` of its `input` replaced by the item
+/// `lookup` finds for that id (an item of a stored response, as the API resolves it), or
+/// `None` when the body has none. An id `lookup` does not find is a 400 naming the element.
+pub fn resolve_item_references(
+    body: &[u8],
+    lookup: impl Fn(&str) -> Option<Value>,
+) -> Result<Option<Bytes>, ApiError> {
+    if memchr::memmem::find(body, b"\"item_reference\"").is_none() {
+        return Ok(None);
+    }
+    let fixed = crate::body::lone_surrogates_replaced(body);
+    let body = fixed.as_deref().unwrap_or(body);
+    let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(body) else {
+        // The ordinary parse names what is wrong with the body.
+        return Ok(None);
+    };
+    let Some(Value::Array(items)) = object.get_mut("input") else {
+        return Ok(None);
+    };
+    let mut replaced = false;
+    for (index, item) in items.iter_mut().enumerate() {
+        if item.get("type").and_then(Value::as_str) != Some("item_reference") {
+            continue;
+        }
+        let Some(id) = item.get("id").and_then(Value::as_str) else {
+            return Err(ApiError::invalid_field(
+                API,
+                format!("input[{index}].id"),
+                "an item_reference names the item by a string id",
+            ));
+        };
+        let Some(found) = lookup(id) else {
+            let shown: String = id.chars().take(100).collect();
+            return Err(ApiError::invalid_field(
+                API,
+                format!("input[{index}].id"),
+                format!(
+                    "no item with id '{shown}' in this execution's stored responses (this proxy \
+                     keeps the last stored responses of each execution in memory, and those a \
+                     client chained on in the log)"
+                ),
+            ));
+        };
+        *item = found;
+        replaced = true;
+    }
+    Ok(replaced.then(|| Bytes::from(Value::Object(object).to_string())))
+}
+
 /// The id a body continues and the body parsed into an object.
 pub type Chained = (String, Map<String, Value>);
 
@@ -293,6 +371,54 @@ mod tests {
             Value::Object(object) => object,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn item_references_resolve_along_a_chain_and_unknown_ones_are_named() {
+        let root = Arc::new(StoredResponse::new(
+            "resp_1",
+            None,
+            &input_items(Some(&json!("hello"))),
+            &[json!({"id": "msg_1", "type": "message", "role": "assistant", "content": "hi"})],
+        ));
+        let next = StoredResponse::new(
+            "resp_2",
+            Some(root),
+            br#"{"type":"message","role":"user","content":"more"}"#,
+            &[
+                json!({"id": "fc_2", "type": "function_call", "call_id": "c", "name": "ls", "arguments": "{}"}),
+            ],
+        );
+        assert_eq!(next.find_item("fc_2").unwrap()["call_id"], "c");
+        assert_eq!(
+            next.find_item("msg_1").unwrap()["content"],
+            "hi",
+            "found in the parent"
+        );
+        assert_eq!(next.find_item("msg_9"), None);
+
+        let lookup = |id: &str| next.find_item(id);
+        let body = br#"{"model":"m","input":[{"type":"item_reference","id":"msg_1"},{"role":"user","content":"go"}]}"#;
+        let resolved = resolve_item_references(body, lookup).unwrap().unwrap();
+        assert_eq!(
+            std::str::from_utf8(&resolved).unwrap(),
+            r#"{"model":"m","input":[{"id":"msg_1","type":"message","role":"assistant","content":"hi"},{"role":"user","content":"go"}]}"#
+        );
+        assert_eq!(
+            resolve_item_references(br#"{"model":"m","input":"item_reference"}"#, lookup).unwrap(),
+            None,
+            "a body that only mentions the word is left alone"
+        );
+        let error = resolve_item_references(
+            br#"{"input":[{"role":"user","content":"x"},{"type":"item_reference","id":"msg_9"}]}"#,
+            lookup,
+        )
+        .unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("input[1].id"));
+        assert!(error.message.contains("'msg_9'"), "{}", error.message);
+        let error = resolve_item_references(br#"{"input":[{"type":"item_reference"}]}"#, lookup)
+            .unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("input[0].id"));
     }
 
     #[test]

@@ -403,6 +403,17 @@ impl ExecutionHandle {
         kept.len()
     }
 
+    /// The item with `id` in the execution's stored responses, newest first.
+    fn stored_item(&self, id: &str) -> Option<Value> {
+        let kept: Vec<Arc<StoredResponse>> = self
+            .responses()
+            .iter()
+            .rev()
+            .map(|kept| kept.response.clone())
+            .collect();
+        kept.iter().find_map(|response| response.find_item(id))
+    }
+
     fn stored_response(&self, id: &str) -> Option<Arc<StoredResponse>> {
         self.responses()
             .iter()
@@ -1516,10 +1527,25 @@ async fn model_call(
                 .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
             let parsing = std::time::Instant::now();
             let agent_key = agent.as_deref().unwrap_or("main");
+            // `item_reference`s become the stored items they name, before anything else reads
+            // the body (so a stored answer's own items hold the items, not the references).
+            let (bytes, resolving) = match api {
+                Api::OpenAiResponses => {
+                    match stored_responses::resolve_item_references(&bytes, |id| {
+                        execution.stored_item(id)
+                    }) {
+                        Ok(Some(resolved)) => (resolved, Ok(())),
+                        Ok(None) => (bytes, Ok(())),
+                        Err(error) => (bytes, Err(error)),
+                    }
+                }
+                _ => (bytes, Ok(())),
+            };
             // A Responses request continuing a stored response becomes the body a stateless
             // client would have sent (see `crate::stored_responses`).
-            let expansion = match api {
-                Api::OpenAiResponses => expand_chained(&app, api, &execution, &bytes),
+            let expansion = match (api, resolving) {
+                (_, Err(error)) => Err(error),
+                (Api::OpenAiResponses, Ok(())) => expand_chained(&app, api, &execution, &bytes),
                 _ => Ok(None),
             };
             let (bytes, mut chained, refused) = match expansion {

@@ -99,7 +99,7 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id: is resolved by the server before this parser; send the whole conversation in `input` here"),
         (json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_z", "output": "o"}]}), "input[0].call_id: no function_call with call_id `call_z` earlier in the input"),
         (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_video", "video_url": "u"}]}]}), "input[0].content[0]: unsupported content part type `input_video`"),
-        (json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0]: item_reference is not supported: this proxy keeps no items; send them in full"),
+        (json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0]: an item_reference is resolved against the execution's stored responses before parsing; this one could not be"),
         (json!({"model": "m", "input": [{"content": "x"}]}), "input[0].type: field required"),
         (json!({"model": "m", "input": [{"type": "message", "role": "tool", "content": "x"}]}), "input[0].role: unknown role `tool`, expected user, assistant, system or developer"),
         (json!({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}), "input[0].arguments: expected a string, got an object"),
