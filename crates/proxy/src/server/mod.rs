@@ -1490,7 +1490,21 @@ fn expand_chained(
     Ok(Some((expanded, (id, previous, own))))
 }
 
+/// One model call over HTTP: a Responses answer is kept for chaining unless `store` is false.
 async fn model_call(
+    app: Arc<AppState>,
+    api: Api,
+    path_token: Option<String>,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    serve_call(app, api, path_token, uri, headers, body, false).await
+}
+
+/// One model call; `keep_answer`: a Responses answer is kept for chaining whatever its `store`
+/// says (a WebSocket's, see `websocket`).
+async fn serve_call(
     app: Arc<AppState>,
     api: Api,
     path_token: Option<String>,
@@ -1778,7 +1792,7 @@ async fn anthropic_messages(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, None, &uri, headers, body, false).await
+    model_call(app, Api::Anthropic, None, &uri, headers, body).await
 }
 
 async fn anthropic_messages_at(
@@ -1788,7 +1802,7 @@ async fn anthropic_messages_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::Anthropic, Some(token), &uri, headers, body, false).await
+    model_call(app, Api::Anthropic, Some(token), &uri, headers, body).await
 }
 
 async fn chat_completions(
@@ -1797,7 +1811,7 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiChat, None, &uri, headers, body, false).await
+    model_call(app, Api::OpenAiChat, None, &uri, headers, body).await
 }
 
 async fn chat_completions_at(
@@ -1807,16 +1821,7 @@ async fn chat_completions_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(
-        app,
-        Api::OpenAiChat,
-        Some(token),
-        &uri,
-        headers,
-        body,
-        false,
-    )
-    .await
+    model_call(app, Api::OpenAiChat, Some(token), &uri, headers, body).await
 }
 
 async fn responses(
@@ -1825,7 +1830,7 @@ async fn responses(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(app, Api::OpenAiResponses, None, &uri, headers, body, false).await
+    model_call(app, Api::OpenAiResponses, None, &uri, headers, body).await
 }
 
 async fn responses_at(
@@ -1835,16 +1840,7 @@ async fn responses_at(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    model_call(
-        app,
-        Api::OpenAiResponses,
-        Some(token),
-        &uri,
-        headers,
-        body,
-        false,
-    )
-    .await
+    model_call(app, Api::OpenAiResponses, Some(token), &uri, headers, body).await
 }
 
 async fn count_tokens_inner(

@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
-use super::{authenticate, model_call, rejected, AppState};
+use super::{authenticate, rejected, serve_call, AppState};
 use crate::messages::Api;
 use crate::{ApiError, ApiErrorKind};
 
@@ -178,7 +178,7 @@ async fn serve(
                 continue;
             }
         };
-        let response = model_call(
+        let response = serve_call(
             app.clone(),
             API,
             token.clone(),
