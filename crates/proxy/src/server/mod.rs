@@ -480,6 +480,10 @@ pub struct AppState {
     /// Credentials issued before this process started, and the sessions rebuilt for them.
     issued: Mutex<Issued>,
     pub metrics: Metrics,
+    /// The Responses WebSockets' part in a graceful stop: `true` once the server stops. Each
+    /// socket holds a receiver from its handshake on and closes with 1001 (going away) at the
+    /// first moment no answer of its is in flight; the server returns once none is held.
+    sockets_stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// What a restarted proxy knows of the credentials and executions it had before.
@@ -703,7 +707,20 @@ impl AppState {
             down: Mutex::new(std::collections::BTreeSet::new()),
             routes_applied: tokio::sync::watch::Sender::new(0),
             metrics: Metrics::default(),
+            sockets_stop: tokio::sync::watch::Sender::new(false),
         }))
+    }
+
+    /// Whether the server has begun its graceful stop (it accepts nothing new; answers in
+    /// flight finish).
+    pub fn stopping(&self) -> bool {
+        *self.sockets_stop.borrow()
+    }
+
+    /// A socket's view of the stop, taken at its handshake (while its connection still counts
+    /// in the accept loop, so no socket can begin after the server waited for them all).
+    pub(crate) fn socket_stop(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.sockets_stop.subscribe()
     }
 
     fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
@@ -1109,7 +1126,8 @@ async fn over_capacity(
 }
 
 /// Accepts connections until `shutdown`; then stops accepting, asks every connection to finish
-/// its request in flight (an SSE answer included) and close, and returns once all have.
+/// its request in flight (an SSE answer included) and close, and every Responses WebSocket to
+/// finish its answer in flight and close with 1001 (going away), and returns once all have.
 ///
 /// Each connection is hyper's HTTP/1 with a timer, so `header_read_timeout` holds (axum's own
 /// server gives hyper no timer, and then no header timeout applies).
@@ -1221,8 +1239,12 @@ async fn accept_loop(
     }
     drop(listener);
     let _ = stop.send(true);
+    state.sockets_stop.send_replace(true);
     drop(connection_open);
     all_closed.closed().await;
+    // Sockets subscribe at their handshake, inside a connection counted above, so every socket
+    // that will ever open holds a receiver by now.
+    state.sockets_stop.closed().await;
     Ok(())
 }
 

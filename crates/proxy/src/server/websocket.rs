@@ -12,7 +12,11 @@
 //! chaining whatever its `store` says. A message that cannot be served gets an `error` event
 //! (`{"type": "error", "status": …, "error": {type, code, message, param}}`) and the connection
 //! stays open for the next one. Messages are served one at a time, in order. At most
-//! `--max-connections` sockets are open at once; one more is refused at the handshake.
+//! `--max-connections` sockets are open at once; one more is refused at the handshake. When the
+//! proxy stops (SIGTERM, Ctrl-C), a socket finishes the answer it is serving (its record
+//! committed, `response.completed` sent) and then closes with 1001 (going away), as an idle one
+//! does at once; a message that arrives after the stop is not served. The client reconnects to
+//! the proxy's successor and continues its chain, which the log holds.
 
 use std::sync::Arc;
 
@@ -106,10 +110,11 @@ fn open(
         return rejected(&app, &error);
     }
     let limit = app.config.body_bytes_max;
+    let stop = app.socket_stop();
     upgrade
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| serve(app, token, uri, call_headers(headers), socket))
+        .on_upgrade(move |socket| serve(app, token, uri, call_headers(headers), socket, stop))
 }
 
 /// The handshake's headers as those of each call: the credential, agent and session headers
@@ -139,16 +144,29 @@ fn call_headers(mut headers: HeaderMap) -> HeaderMap {
 }
 
 /// Task "responses-socket" (spawned by the upgrade, owned by its connection): serves the
-/// connection's messages in order until the client closes it or it breaks.
+/// connection's messages in order until the client closes it, it breaks, or the proxy stops.
 async fn serve(
     app: Arc<AppState>,
     token: Option<String>,
     uri: Uri,
     headers: HeaderMap,
     mut socket: WebSocket,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     app.metrics.websocket_opened();
-    while let Some(received) = socket.recv().await {
+    loop {
+        // Between answers: the stop first, so a stopping proxy serves nothing new.
+        let received = tokio::select! {
+            biased;
+            _ = async { drop(stop.wait_for(|stopping| *stopping).await) } => {
+                going_away(&mut socket).await;
+                break;
+            }
+            received = socket.recv() => received,
+        };
+        let Some(received) = received else {
+            break;
+        };
         let text = match received {
             Ok(Message::Text(text)) => text,
             Ok(Message::Binary(_)) => {
@@ -196,6 +214,31 @@ async fn serve(
         }
     }
     app.metrics.websocket_closed();
+    drop(stop);
+}
+
+/// How long a closing socket waits for the client's close frame before it drops the
+/// connection anyway (a client that never answers must not hold the proxy's stop).
+const CLOSE_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Closes the socket with 1001 (going away) and waits, within [`CLOSE_REPLY_WAIT`], for the
+/// client's close frame, so the close handshake completes before the connection is dropped.
+async fn going_away(socket: &mut WebSocket) {
+    let frame = axum::extract::ws::CloseFrame {
+        code: axum::extract::ws::close_code::AWAY,
+        reason: "the proxy is stopping; reconnect to continue".into(),
+    };
+    if socket.send(Message::Close(Some(frame))).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, async {
+        while let Some(Ok(message)) = socket.recv().await {
+            if matches!(message, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// A client event as the body of `POST /v1/responses` with `stream: true` (`stream` is
