@@ -431,6 +431,18 @@ fn codex_exec_as(
 /// Runs `codex exec --json PROMPT` in `dir/work` with a scratch `CODEX_HOME` holding `config`;
 /// its stdout, after asserting it exited 0.
 fn codex_run(codex: &Path, proxy: &Proxy, dir: &Path, config: &str, prompt: &str) -> String {
+    codex_run_with(codex, proxy, dir, config, &[], prompt)
+}
+
+/// [`codex_run`] with more `codex exec` options before the prompt.
+fn codex_run_with(
+    codex: &Path,
+    proxy: &Proxy,
+    dir: &Path,
+    config: &str,
+    options: &[&str],
+    prompt: &str,
+) -> String {
     let work = dir.join("work");
     let codex_home = dir.join("codex-home");
     std::fs::create_dir_all(&work).expect("work dir");
@@ -446,8 +458,9 @@ fn codex_run(codex: &Path, proxy: &Proxy, dir: &Path, config: &str, prompt: &str
                 "--skip-git-repo-check",
                 "--dangerously-bypass-approvals-and-sandbox",
                 "--json",
-                prompt,
             ])
+            .args(options)
+            .arg(prompt)
             .stdin(Stdio::null()),
         HARNESS_RUN_LIMIT,
     );
@@ -508,6 +521,74 @@ fn codex_turns_extend_the_tree_through_the_responses_api() {
     assert_eq!(replayed[0].parent_call, None);
     let all: Vec<&ModelCallRecord> = replayed.iter().collect();
     assert_turns_extend_previous_prompts(&all);
+}
+
+/// `codex exec --output-schema` (an evaluator's structured verdict) asks for the format in
+/// `text.format`: the record keeps the schema Codex sent and says it was not enforced (Codex
+/// offers tools, so the format is the final answer's, and the scripted engine has no grammar).
+#[test]
+fn codex_exec_with_an_output_schema_records_the_format_it_asked_for() {
+    let Some(codex) = harness_bin("GYRE_CODEX_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let verdict = r#"{"verdict":"pass","score":0.75}"#;
+    let script = script_of(
+        dir.path(),
+        &[serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": verdict}]})],
+    );
+    let schema_file = dir.path().join("schema.json");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "verdict": {"type": "string", "enum": ["pass", "fail"]},
+            "score": {"type": "number"}
+        },
+        "required": ["verdict", "score"],
+        "additionalProperties": false
+    });
+    std::fs::write(&schema_file, schema.to_string()).expect("schema file");
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let config = format!(
+        "model = \"gyre-test\"\nmodel_provider = \"gyre\"\n[model_providers.gyre]\nname = \"gyre\"\nbase_url = \"{}\"\nenv_key = \"GYRE_EXECUTION_KEY\"\nwire_api = \"responses\"\n",
+        proxy.openai_base_url
+    );
+    let stdout = codex_run_with(
+        &codex,
+        &proxy,
+        dir.path(),
+        &config,
+        &["--output-schema", utf8(&schema_file)],
+        "Grade the repository.",
+    );
+    let escaped = serde_json::to_string(verdict).expect("a JSON string");
+    assert!(
+        stdout.contains(&escaped[1..escaped.len() - 1]),
+        "Codex printed the verdict: {stdout}"
+    );
+    let records = records(&log);
+    assert_eq!(records.len(), 1, "one model call");
+    let constraint = records[0]
+        .output_constraint
+        .clone()
+        .expect("the record keeps the format Codex asked for");
+    assert!(
+        !constraint.enforced,
+        "tools were offered and the scripted engine has no grammar"
+    );
+    let recorded: serde_json::Value = serde_json::from_str(
+        constraint
+            .schema
+            .as_deref()
+            .expect("a schema, not any object"),
+    )
+    .expect("the recorded schema is JSON");
+    assert_eq!(
+        recorded["properties"]["verdict"]["enum"], schema["properties"]["verdict"]["enum"],
+        "the schema Codex sent: {recorded}"
+    );
 }
 
 /// Codex offers `gpt-5.5` its `apply_patch` as a freeform (`custom`) tool with a Lark grammar.

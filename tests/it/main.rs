@@ -12,6 +12,7 @@ mod proxy_restart;
 mod replay;
 mod shutdown;
 mod simulate;
+mod structured_output;
 mod support;
 mod tidy;
 mod trajectory;

@@ -246,6 +246,7 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
             first_token_after: EventDuration(6),
             completed_after: EventDuration(7),
             stop_sequences: vec!["\nObservation:".into()],
+            output_constraint: None,
         };
         let event = |record: &ModelCallRecord| {
             Event::new(
@@ -310,6 +311,7 @@ fn a_restarted_quorum_restores_stop_sequences_from_its_snapshots() {
                 first_token_after: EventDuration(6),
                 completed_after: EventDuration(7),
                 stop_sequences: stops.iter().map(|stop| stop.to_string()).collect(),
+                output_constraint: None,
             }
         };
         let recorded = [

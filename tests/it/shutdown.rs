@@ -120,23 +120,6 @@ impl gyre_proxy::engine::TokenEngine for GatedEngine {
     }
 }
 
-/// The log, in memory.
-#[derive(Default)]
-struct MemorySink {
-    events: std::sync::Mutex<Vec<Event>>,
-}
-
-impl gyre_proxy::server::RecordSink for MemorySink {
-    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        self.events.lock().expect("sink lock").push(event);
-        Box::pin(async { Ok(()) })
-    }
-
-    fn describe(&self) -> String {
-        "memory".into()
-    }
-}
-
 #[test]
 fn a_stopping_proxy_finishes_the_answer_on_a_socket_then_closes_it_going_away() {
     use std::sync::Arc;
@@ -165,7 +148,7 @@ fn a_stopping_proxy_finishes_the_answer_on_a_socket_then_closes_it_going_away() 
         started: std::sync::Mutex::new(started),
         gate: gate.clone(),
     };
-    let sink = Arc::new(MemorySink::default());
+    let sink = Arc::new(crate::support::MemorySink::default());
     let state = gyre_proxy::server::AppState::new(
         gyre_proxy::server::ServerConfig::default(),
         model,

@@ -367,3 +367,38 @@ pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::
         stderr: err.join().expect("stderr reader"),
     }
 }
+
+/// A proxy's record sink that keeps the log in memory (in-process proxies).
+#[derive(Default)]
+pub struct MemorySink {
+    pub events: std::sync::Mutex<Vec<gyre_event::Event>>,
+}
+
+impl MemorySink {
+    /// The model-call records committed so far, in order.
+    pub fn records(&self) -> Vec<gyre_event::ModelCallRecord> {
+        self.events
+            .lock()
+            .expect("sink lock")
+            .iter()
+            .filter_map(|event| match &event.body {
+                gyre_event::EventBody::ModelCall(record) => Some((**record).clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl gyre_proxy::server::RecordSink for MemorySink {
+    fn commit(
+        &self,
+        event: gyre_event::Event,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        self.events.lock().expect("sink lock").push(event);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}

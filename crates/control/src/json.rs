@@ -118,6 +118,18 @@ pub struct ModelCallJson {
     /// The request's stop sequences; omitted when it gave none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_sequences: Vec<String>,
+    /// The answer format the request asked for; omitted for plain text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_constraint: Option<OutputConstraintJson>,
+}
+
+/// [`ev::OutputConstraint`]: `schema` is the JSON Schema's text as the request sent it
+/// (omitted: any JSON object).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OutputConstraintJson {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    pub enforced: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -492,6 +504,12 @@ impl From<&ev::Event> for EventJson {
                 first_token_after: r.first_token_after.0,
                 completed_after: r.completed_after.0,
                 stop_sequences: r.stop_sequences.clone(),
+                output_constraint: r.output_constraint.as_ref().map(|constraint| {
+                    OutputConstraintJson {
+                        schema: constraint.schema.clone(),
+                        enforced: constraint.enforced,
+                    }
+                }),
             }),
             E::EvaluationRequested {
                 execution,
@@ -754,6 +772,10 @@ impl TryFrom<EventJson> for ev::Event {
                 first_token_after: ev::Duration(r.first_token_after),
                 completed_after: ev::Duration(r.completed_after),
                 stop_sequences: r.stop_sequences,
+                output_constraint: r.output_constraint.map(|constraint| ev::OutputConstraint {
+                    schema: constraint.schema,
+                    enforced: constraint.enforced,
+                }),
             })),
             BodyJson::EvaluationRequested {
                 execution,

@@ -44,6 +44,7 @@ pub fn record(
             first_token_after: gyre_event::Duration(0),
             completed_after: gyre_event::Duration(0),
             stop_sequences: Vec::new(),
+            output_constraint: None,
         })),
     )
 }

@@ -102,7 +102,29 @@ pub struct ModelCallRecord {
     /// that completed it. Kept so that a reader of the log (a restarted proxy, an audit) knows
     /// where the answer the harness saw ended and why.
     pub stop_sequences: Vec<String>,
+    /// The format the request constrained its answer to (OpenAI Chat `response_format`,
+    /// Responses `text.format`, Anthropic `output_config.format`); `None` for plain text. Kept
+    /// so a reward or a dispute can tell a format the policy was asked for from one it was
+    /// held to.
+    pub output_constraint: Option<OutputConstraint>,
 }
+
+/// An answer format a request asked for: JSON, optionally matching a schema.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputConstraint {
+    /// The JSON Schema's text as the request sent it (`json_schema`); `None`: any JSON object
+    /// (`json_object`).
+    pub schema: Option<String>,
+    /// The engine sampled under the constraint (its grammar masked every token), so
+    /// `output_logprobs` are those of the constrained policy. False when the engine cannot
+    /// constrain (the scripted and deterministic engines), when the request also offered
+    /// tools (a constraint on the whole output would forbid calling them), or when a failover
+    /// continued a partial answer (an engine starts its grammar at the output's first token).
+    pub enforced: bool,
+}
+
+/// Bound on [`OutputConstraint::schema`] (the proxy refuses larger schemas).
+pub const OUTPUT_SCHEMA_BYTES_MAX: usize = 256 * 1024;
 
 /// Bounds on [`ModelCallRecord::stop_sequences`] (the proxy refuses requests beyond them): far
 /// above any real use (OpenAI allows 4).
@@ -150,6 +172,19 @@ impl ModelCallRecord {
                 self.call,
                 bad.len()
             ));
+        }
+        if let Some(OutputConstraint {
+            schema: Some(schema),
+            ..
+        }) = &self.output_constraint
+        {
+            if schema.is_empty() || schema.len() > OUTPUT_SCHEMA_BYTES_MAX {
+                return Err(format!(
+                    "call {}: an output schema of {} bytes (1 to {OUTPUT_SCHEMA_BYTES_MAX})",
+                    self.call,
+                    schema.len()
+                ));
+            }
         }
         if let Some(bad) = self
             .output_logprobs

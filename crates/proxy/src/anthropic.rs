@@ -10,6 +10,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::answer_format::AnswerFormat;
 use crate::api_error::ApiError;
 use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
@@ -33,11 +34,12 @@ const KNOWN_FIELDS: &[&str] = &[
     "stop_sequences",
     "metadata",
     "thinking",
+    "output_config",
+    "output_format",
 ];
 /// Fields the proxy accepts and does not act on (Claude Code sends most of them every turn).
 const IGNORED_FIELDS: &[&str] = &[
     "context_management",
-    "output_config",
     "service_tier",
     "container",
     "mcp_servers",
@@ -164,6 +166,8 @@ pub struct MessagesRequest {
     /// `metadata.user_id` (Claude Code puts a JSON string with its session id here).
     pub user_id: Option<String>,
     pub thinking: Option<ThinkingConfig>,
+    /// `output_config.format`, else the beta's `output_format`.
+    pub answer_format: Option<AnswerFormat>,
     pub ignored_fields: Vec<String>,
     pub unknown_fields: Vec<String>,
 }
@@ -250,6 +254,14 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         .get("thinking")?
         .map(|child| read_thinking(child.node()))
         .transpose()?;
+    let mut answer_format = match root.get("output_config")? {
+        None => None,
+        Some(child) => crate::answer_format::read_anthropic_config(child.node())?,
+    };
+    if let Some(child) = root.get("output_format")? {
+        let format = crate::answer_format::read_anthropic_format(child.node())?;
+        answer_format = answer_format.or(format);
+    }
     let user_id = match root.get("metadata")? {
         None => None,
         Some(child) => child.node().optional_str("user_id")?.map(str::to_string),
@@ -268,6 +280,7 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         stop_sequences: root.stop_sequences("stop_sequences")?,
         user_id,
         thinking,
+        answer_format,
         ignored_fields,
         unknown_fields,
     })
@@ -756,6 +769,7 @@ impl MessagesRequest {
             seed: None,
         };
         chat.stream = self.stream;
+        chat.answer_format = self.answer_format.clone();
         chat.user = self.user_id.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();

@@ -15,6 +15,7 @@
 //! Architecture invariant: no IO except reading a model directory, no clock (the date for
 //! `strftime_now` and response timestamps are inputs), no randomness (ids are inputs).
 
+pub mod answer_format;
 pub mod anthropic;
 pub mod api_error;
 pub mod body;

@@ -269,7 +269,7 @@ pub struct ChatRequest {
     /// Anthropic `metadata.user_id`, OpenAI `user` / `prompt_cache_key` (session hints).
     pub user: Option<String>,
     /// Top-level fields the parser knows and deliberately ignores (`context_management`,
-    /// `output_config`, `store`, …).
+    /// `store`, …).
     pub ignored_fields: Vec<String>,
     /// Top-level fields the parser does not know; tolerated.
     pub unknown_fields: Vec<String>,
@@ -287,6 +287,9 @@ pub struct ChatRequest {
     /// OpenAI Chat `logprobs`: the answer lists every sampled token with its behaviour
     /// log-prob.
     pub logprobs: bool,
+    /// The format the answer must take (OpenAI `response_format` / `text.format`, Anthropic
+    /// `output_config.format`); `None`: plain text.
+    pub answer_format: Option<crate::answer_format::AnswerFormat>,
 }
 
 impl ChatRequest {
@@ -312,6 +315,7 @@ impl ChatRequest {
             remote_compaction: false,
             response_settings: None,
             logprobs: false,
+            answer_format: None,
         }
     }
 

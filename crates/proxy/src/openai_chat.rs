@@ -7,6 +7,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::answer_format::AnswerFormat;
 use crate::api_error::ApiError;
 use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
@@ -36,12 +37,12 @@ const KNOWN_FIELDS: &[&str] = &[
     "reasoning_effort",
     "logprobs",
     "top_logprobs",
+    "response_format",
 ];
 const IGNORED_FIELDS: &[&str] = &[
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
-    "response_format",
     "metadata",
     "store",
     "service_tier",
@@ -109,6 +110,8 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<String>,
     /// `logprobs`: each sampled token's behaviour log-prob in the answer.
     pub logprobs: bool,
+    /// `response_format` (`text` is `None`).
+    pub answer_format: Option<AnswerFormat>,
     pub ignored_fields: Vec<String>,
     pub unknown_fields: Vec<String>,
 }
@@ -220,6 +223,10 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         user: root.optional_str("user")?.map(str::to_string),
         reasoning_effort: root.optional_str("reasoning_effort")?.map(str::to_string),
         logprobs: root.optional_bool("logprobs")?.unwrap_or(false),
+        answer_format: match root.get("response_format")? {
+            None => None,
+            Some(child) => crate::answer_format::read_chat(child.node())?,
+        },
         ignored_fields,
         unknown_fields,
     })
@@ -413,6 +420,7 @@ impl ChatCompletionRequest {
         chat.stream = self.stream;
         chat.stream_include_usage = self.include_usage;
         chat.logprobs = self.logprobs;
+        chat.answer_format = self.answer_format.clone();
         chat.user = self.user.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();

@@ -12,6 +12,7 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::answer_format::AnswerFormat;
 use crate::api_error::ApiError;
 use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
@@ -38,11 +39,11 @@ const KNOWN_FIELDS: &[&str] = &[
     "previous_response_id",
     "prompt_cache_key",
     "user",
+    "text",
 ];
 const IGNORED_FIELDS: &[&str] = &[
     "store",
     "include",
-    "text",
     "metadata",
     "truncation",
     "service_tier",
@@ -143,6 +144,8 @@ pub struct ResponsesRequest {
     pub reasoning_effort: Option<String>,
     /// `prompt_cache_key`, else `user`.
     pub user: Option<String>,
+    /// `text.format` (`text` is `None`).
+    pub answer_format: Option<AnswerFormat>,
     pub ignored_fields: Vec<String>,
     pub unknown_fields: Vec<String>,
     /// The settings the `response` object echoes (see [`echoed_settings`]).
@@ -281,6 +284,10 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
         reasoning_effort,
         user,
+        answer_format: match root.get("text")? {
+            None => None,
+            Some(child) => crate::answer_format::read_responses_text(child.node())?,
+        },
         ignored_fields,
         unknown_fields,
         settings: std::sync::Arc::new(echoed_settings(root.value)),
@@ -803,6 +810,7 @@ impl ResponsesRequest {
         };
         chat.stream = self.stream;
         chat.user = self.user.clone();
+        chat.answer_format = self.answer_format.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();
         chat.response_settings = Some(self.settings.clone());

@@ -194,6 +194,7 @@ pub fn record_from_context(tree: &Tree, call: &ContextCall<'_>) -> ModelCallReco
         first_token_after: Duration::ZERO,
         completed_after: Duration::ZERO,
         stop_sequences: Vec::new(),
+        output_constraint: None,
     }
 }
 

@@ -600,8 +600,8 @@ impl Tree {
 
     /// Records that rebuild this tree when applied to an empty one, in the order the nodes
     /// were applied (a proxy that restarts after the log was purged rebuilds an execution's
-    /// session from the projection's tree). The tree keeps no times: they read 0. Everything
-    /// else is the record's.
+    /// session from the projection's tree). The tree keeps no times (they read 0) and no output
+    /// constraints (`None`; the log's records keep them). Everything else is the record's.
     pub fn records(&self) -> Vec<ModelCallRecord> {
         self.nodes
             .iter()
@@ -623,6 +623,7 @@ impl Tree {
                 first_token_after: gyre_event::Duration(0),
                 completed_after: gyre_event::Duration(0),
                 stop_sequences: node.stop_sequences.clone(),
+                output_constraint: None,
             })
             .collect()
     }

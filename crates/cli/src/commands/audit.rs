@@ -198,6 +198,10 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                         "first_token_after_s": record.first_token_after.as_secs_f64(),
                         "completed_after_s": record.completed_after.as_secs_f64(),
                         "stop_sequences": record.stop_sequences,
+                        "output_constraint": record.output_constraint.as_ref().map(|constraint| json!({
+                            "schema": constraint.schema,
+                            "enforced": constraint.enforced,
+                        })),
                     }));
                     cite = true;
                 }

@@ -322,6 +322,7 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
         first_token_after: Duration(0),
         completed_after: Duration(0),
         stop_sequences: Vec::new(),
+        output_constraint: None,
     };
     let (mut kind, mut agent, mut input_ids, mut output_ids, mut output_logprobs) =
         (0i32, &[][..], &[][..], &[][..], &[][..]);
@@ -380,6 +381,32 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
                     .map_err(|_| reader.malformed("a `stop_sequences` element is not UTF-8"))?;
                 record.stop_sequences.push(stop.to_string());
             }
+            18 => {
+                let nested = reader.bytes_field(wire_type)?;
+                let mut nested = reader.nested(nested, "model_call.output_constraint")?;
+                // A repeated message field merges into one, as prost does.
+                let constraint =
+                    record
+                        .output_constraint
+                        .get_or_insert(gyre_event::OutputConstraint {
+                            schema: None,
+                            enforced: false,
+                        });
+                while !nested.is_empty() {
+                    let (tag, wire_type) = nested.key()?;
+                    match tag {
+                        1 => {
+                            let schema = nested.bytes_field(wire_type)?;
+                            let schema = std::str::from_utf8(schema).map_err(|_| {
+                                nested.malformed("`output_constraint.schema` is not UTF-8")
+                            })?;
+                            constraint.schema = Some(schema.to_string());
+                        }
+                        2 => constraint.enforced = nested.varint_field(wire_type)? != 0,
+                        _ => nested.skip(tag, wire_type)?,
+                    }
+                }
+            }
             _ => reader.skip(tag, wire_type)?,
         }
     }
@@ -428,6 +455,12 @@ fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
         first_token_after: Duration(message.first_token_after_nanos),
         completed_after: Duration(message.completed_after_nanos),
         stop_sequences: message.stop_sequences,
+        output_constraint: message.output_constraint.map(|constraint| {
+            gyre_event::OutputConstraint {
+                schema: constraint.schema,
+                enforced: constraint.enforced,
+            }
+        }),
     })
 }
 
@@ -490,6 +523,7 @@ mod wire_tests {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec("[a-z\\n]{0,4}", 0..3),
+                proptest::option::of((proptest::option::of("[a-z{}\"]{0,6}"), any::<bool>())),
             ),
         )
             .prop_map(
@@ -497,7 +531,7 @@ mod wire_tests {
                     (execution, call, agent, kind),
                     (parent_call, reused, spawned_by),
                     (input, provenance, output, logprobs),
-                    (engine, policy, requested, first, completed, stops),
+                    (engine, policy, requested, first, completed, stops, constraint),
                 )| pb::ModelCall {
                     execution,
                     call,
@@ -516,6 +550,8 @@ mod wire_tests {
                     first_token_after_nanos: first,
                     completed_after_nanos: completed,
                     stop_sequences: stops,
+                    output_constraint: constraint
+                        .map(|(schema, enforced)| pb::OutputConstraint { schema, enforced }),
                 },
             )
     }

@@ -296,5 +296,11 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
         first_token_after_nanos: record.first_token_after.nanos(),
         completed_after_nanos: record.completed_after.nanos(),
         stop_sequences: record.stop_sequences.clone(),
+        output_constraint: record.output_constraint.as_ref().map(|constraint| {
+            pb::OutputConstraint {
+                schema: constraint.schema.clone(),
+                enforced: constraint.enforced,
+            }
+        }),
     }
 }

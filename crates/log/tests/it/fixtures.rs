@@ -52,6 +52,7 @@ pub fn model_call() -> ModelCallRecord {
         first_token_after: Duration(120_000_000),
         completed_after: Duration(2_500_000_000),
         stop_sequences: Vec::new(),
+        output_constraint: None,
     }
 }
 

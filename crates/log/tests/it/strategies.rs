@@ -6,8 +6,8 @@
 use gyre_event::{
     AdmittedTrajectory, CallId, CallKind, CellId, CloseStatus, ConsumedGroup, DispatchedGroup,
     Duration, EngineId, Event, EventBody, ExecutionId, GroupId, LogIndex, MicroStepId,
-    ModelCallRecord, PolicyVersion, Provenance, ProvenanceSpan, QueryId, Role, RouteMove,
-    RunConfig, SchedulingMode, StepId, TargetRange, Timestamp,
+    ModelCallRecord, OutputConstraint, PolicyVersion, Provenance, ProvenanceSpan, QueryId, Role,
+    RouteMove, RunConfig, SchedulingMode, StepId, TargetRange, Timestamp,
 };
 use proptest::prelude::*;
 
@@ -94,6 +94,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
             any::<u64>(),
             any::<u64>(),
             proptest::collection::vec("\\PC{0,6}", 0..3),
+            proptest::option::of((proptest::option::of("\\PC{1,8}"), any::<bool>())),
         ),
     )
         .prop_map(
@@ -108,6 +109,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                     first_token_after,
                     completed_after,
                     stop_sequences,
+                    output_constraint,
                 ),
             )| ModelCallRecord {
                 execution: ExecutionId(execution),
@@ -137,6 +139,8 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 first_token_after: Duration(first_token_after),
                 completed_after: Duration(completed_after),
                 stop_sequences,
+                output_constraint: output_constraint
+                    .map(|(schema, enforced)| OutputConstraint { schema, enforced }),
             },
         )
 }

@@ -78,6 +78,29 @@ pub struct EngineRequest {
     /// The engine stops after sampling one of these (the id is kept in the output).
     pub stop_token_ids: Vec<u32>,
     pub seed: Option<u64>,
+    /// The output must be JSON of this kind (structured outputs: SGLang
+    /// `sampling_params.json_schema`, vLLM `sampling_params.structured_outputs`). Only engines
+    /// whose [`TokenEngine::constrains_output`] is true are sent one.
+    pub json: Option<JsonConstraint>,
+}
+
+/// A grammar an engine holds a whole output to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JsonConstraint {
+    /// Any JSON object.
+    Object,
+    /// JSON matching this JSON Schema (its text).
+    Schema(Arc<str>),
+}
+
+impl JsonConstraint {
+    /// As a JSON Schema's text (`{"type":"object"}` for any object).
+    pub fn schema_text(&self) -> &str {
+        match self {
+            JsonConstraint::Object => r#"{"type":"object"}"#,
+            JsonConstraint::Schema(schema) => schema,
+        }
+    }
 }
 
 impl EngineRequest {
@@ -94,6 +117,7 @@ impl EngineRequest {
             top_k: None,
             stop_token_ids: Vec::new(),
             seed: None,
+            json: None,
         }
     }
 
@@ -224,6 +248,12 @@ pub trait TokenEngine: Send + Sync + 'static {
 
     /// Whether the engine answers its health check.
     fn health(&self) -> BoxFuture<'static, Result<(), EngineFailure>>;
+
+    /// Whether the engine holds an output to [`EngineRequest::json`] (its own grammar masks
+    /// every token). Engines that cannot ignore the field.
+    fn constrains_output(&self) -> bool {
+        false
+    }
 }
 
 /// Reads a whole [`ChunkStream`]: all ids and log-probs, then the finish or the failure.

@@ -1,8 +1,9 @@
 //! The SGLang adapter: native `POST /generate` with `input_ids`, streaming.
 //!
 //! Request: `{rid, input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k?,
-//! stop_token_ids, no_stop_trim: true, skip_special_tokens: false, sampling_seed?},
-//! return_logprob: true, stream: true}`. The stream is SSE `data: {…}` events ending with
+//! stop_token_ids, no_stop_trim: true, skip_special_tokens: false, sampling_seed?,
+//! json_schema?}, return_logprob: true, stream: true}`; `json_schema` (structured outputs) is
+//! the schema as JSON text, as SGLang takes it. The stream is SSE `data: {…}` events ending with
 //! `data: [DONE]`; each event carries `output_ids` and `meta_info.output_token_logprobs`
 //! (`[[logprob, id, text|null], …]`), **cumulative** unless the server runs with
 //! `--incremental-streaming-output` ([`SglangConfig::incremental_streaming_output`]); the
@@ -84,6 +85,9 @@ struct SamplingParams<'a> {
     skip_special_tokens: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     sampling_seed: Option<u64>,
+    /// Structured outputs: the JSON Schema's text (any object: `{"type":"object"}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json_schema: Option<&'a str>,
 }
 
 /// The JSON body of a generate request (also what the fake parses).
@@ -102,6 +106,10 @@ pub(crate) fn generate_body(request: &EngineRequest) -> super::PiecesBody {
                 no_stop_trim: true,
                 skip_special_tokens: false,
                 sampling_seed: request.seed,
+                json_schema: request
+                    .json
+                    .as_ref()
+                    .map(super::JsonConstraint::schema_text),
             },
             return_logprob: true,
             stream: true,
@@ -119,6 +127,10 @@ async fn abort_on_engine(engine: &HttpEngine, rid: &str) -> Result<(), EngineFai
 impl TokenEngine for SglangEngine {
     fn name(&self) -> &str {
         &self.engine.name
+    }
+
+    fn constrains_output(&self) -> bool {
+        true
     }
 
     fn generate(

@@ -2,7 +2,8 @@
 //! `ServingTokens`, `vllm/entrypoints/serve/disagg/`), streaming.
 //!
 //! Request: `{request_id, token_ids, sampling_params: {max_tokens, temperature, top_p, top_k?,
-//! logprobs: 0, stop_token_ids, skip_special_tokens: false, seed?}, stream: true}`. `logprobs:
+//! logprobs: 0, stop_token_ids, skip_special_tokens: false, seed?, structured_outputs?},
+//! stream: true}`; `structured_outputs` is `{"json": <schema>}` or `{"json_object": true}`. `logprobs:
 //! 0` asks for the sampled token's log-prob only. The stream is SSE `data: {…}` events ending
 //! with `data: [DONE]`, each a **delta** (`RequestOutputKind.DELTA`): `{request_id, choices:
 //! [{index, token_ids, logprobs: {content: [{token: "token_id:<id>", logprob, top_logprobs}]},
@@ -96,6 +97,41 @@ struct SamplingParams<'a> {
     skip_special_tokens: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_outputs: Option<StructuredOutputs>,
+}
+
+/// vLLM's `StructuredOutputsParams`: a schema (as a JSON object) or any JSON object.
+#[derive(Serialize)]
+struct StructuredOutputs {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    json_object: bool,
+}
+
+impl StructuredOutputs {
+    fn of(constraint: &super::JsonConstraint) -> Self {
+        match constraint {
+            super::JsonConstraint::Object => StructuredOutputs {
+                json: None,
+                json_object: true,
+            },
+            super::JsonConstraint::Schema(schema) => StructuredOutputs {
+                // The proxy wrote the schema as JSON text; a text that is not JSON (from a
+                // caller outside the proxy) goes as a string, for vLLM to refuse by name.
+                json: Some(
+                    RawValue::from_string(schema.to_string()).unwrap_or_else(|_| {
+                        RawValue::from_string(
+                            serde_json::to_string(&**schema).expect("a string serializes"),
+                        )
+                        .expect("a JSON string is JSON")
+                    }),
+                ),
+                json_object: false,
+            },
+        }
+    }
 }
 
 fn generate_body(request: &EngineRequest) -> super::PiecesBody {
@@ -113,6 +149,7 @@ fn generate_body(request: &EngineRequest) -> super::PiecesBody {
                 stop_token_ids: &request.stop_token_ids,
                 skip_special_tokens: false,
                 seed: request.seed,
+                structured_outputs: request.json.as_ref().map(StructuredOutputs::of),
             },
             stream: true,
         },
@@ -147,6 +184,10 @@ async fn abort_on_engine(
 impl TokenEngine for VllmEngine {
     fn name(&self) -> &str {
         &self.engine.name
+    }
+
+    fn constrains_output(&self) -> bool {
+        true
     }
 
     fn generate(

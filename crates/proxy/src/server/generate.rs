@@ -9,8 +9,9 @@ use gyre_event::{CallId, Duration as EventDuration, EngineId, Event, EventBody, 
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::answer_format::AnswerFormat;
 use crate::engine::{EngineChunk, EngineFailure, EngineRequest, FinishKind};
-use crate::messages::{Api, ChatRequest};
+use crate::messages::{Api, ChatRequest, ToolChoice};
 use crate::output::anthropic::AnthropicResponse;
 use crate::output::openai_chat::ChatCompletionResponse;
 use crate::output::openai_responses::ResponsesResponse;
@@ -453,6 +454,17 @@ pub async fn run(
         ..Sampled::default()
     };
     let max_new = max_new_tokens(&app, &request);
+    // Structured output: the engine's grammar holds the answer to the format only when the
+    // model may not call a tool instead (a grammar over the whole output would forbid the
+    // call), and only from the output's first token (an engine starts its grammar there, so a
+    // failover that continues a partial answer goes unconstrained). The record says whether
+    // every sampled token was constrained.
+    let json_constraint = request
+        .answer_format
+        .as_ref()
+        .filter(|_| request.tools.is_empty() || request.tool_choice == ToolChoice::None)
+        .map(AnswerFormat::engine_constraint);
+    let mut unconstrained_tokens = false;
     let mut engine_index = execution.lock().engine;
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
@@ -475,7 +487,11 @@ pub async fn run(
             let session = execution.lock();
             format!("{}-{}-{attempts}", session.execution, session.calls())
         };
+        let constrained = json_constraint.is_some()
+            && sampled.output_ids.is_empty()
+            && engine.constrains_output();
         let engine_request = EngineRequest {
+            json: json_constraint.clone().filter(|_| constrained),
             rid: rid.clone(),
             input_ids,
             input_ids_json: Some(input_ids_json),
@@ -530,6 +546,7 @@ pub async fn run(
                         break 'engines kind;
                     }
                     Some(Ok(EngineChunk::Tokens { ids, logprobs })) => {
+                        unconstrained_tokens |= !constrained && !ids.is_empty();
                         if first_token.is_none() {
                             first_token = Some(started.elapsed());
                         }
@@ -660,6 +677,10 @@ pub async fn run(
     let reused = prepared.reused_by_text as u64;
     // Record, then commit, then release the end of the answer.
     sampled.spawns_agent = answer.spawns_agent;
+    sampled.output_constraint = request
+        .answer_format
+        .as_ref()
+        .map(|format| format.record(json_constraint.is_some() && !unconstrained_tokens));
     let finished = execution.lock().finish_call(prepared, sampled);
     let record = match finished {
         Ok(record) => record,

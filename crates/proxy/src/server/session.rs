@@ -25,8 +25,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use gyre_event::{
-    CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, PolicyVersion, Provenance,
-    ProvenanceSpan, Timestamp,
+    CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, OutputConstraint,
+    PolicyVersion, Provenance, ProvenanceSpan, Timestamp,
 };
 use gyre_trajectory::{match_context, NodeId, Tree, TreeConfig};
 
@@ -169,6 +169,8 @@ pub struct Sampled {
     pub output_text: String,
     /// The request's stop sequences.
     pub stop_sequences: Vec<String>,
+    /// The answer format the request asked for, and whether the engine was held to it.
+    pub output_constraint: Option<OutputConstraint>,
     pub engine: EngineId,
     pub policy_version: PolicyVersion,
     pub requested_at: Timestamp,
@@ -691,6 +693,7 @@ impl Session {
             first_token_after: sampled.first_token_after,
             completed_after: sampled.completed_after,
             stop_sequences: sampled.stop_sequences.clone(),
+            output_constraint: sampled.output_constraint.clone(),
         };
         if record.output_ids.is_empty() {
             return Err(ProxyError::Engine {
@@ -813,6 +816,8 @@ impl Session {
             completed_after,
             // The call that continues the attempt keeps the request's stop sequences.
             stop_sequences: Vec::new(),
+            // Likewise its output constraint.
+            output_constraint: None,
         };
         self.spend_call_id(&record, "aborted attempt")?;
         Ok(record)

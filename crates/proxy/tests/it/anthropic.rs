@@ -81,7 +81,9 @@ fn claude_code_first_turn_converts() {
         chat.user.as_deref(),
         Some("{\"device_id\":\"d\",\"session_id\":\"s\"}")
     );
-    assert_eq!(chat.ignored_fields, ["context_management", "output_config"]);
+    // `output_config` is read (its `format`; this one only sets `effort`).
+    assert_eq!(chat.ignored_fields, ["context_management"]);
+    assert_eq!(chat.answer_format, None);
     assert_eq!(chat.unknown_fields, ["some_future_field"]);
 }
 

@@ -24,7 +24,8 @@ use super::{
     start_generation, ConnectionKill, Shared, SseSender,
 };
 use crate::engine::{
-    collect, ChunkStream, EngineChunk, EngineFailure, EngineRequest, FinishKind, AGENT_HEADER,
+    collect, ChunkStream, EngineChunk, EngineFailure, EngineRequest, FinishKind, JsonConstraint,
+    AGENT_HEADER,
 };
 
 pub(crate) fn router() -> Router<Arc<Shared>> {
@@ -79,6 +80,22 @@ fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<G
         .map_err(|e| field(&e))?
         .unwrap_or_default();
     request.seed = number_field(sampling, "sampling_seed").map_err(|e| field(&e))?;
+    request.json = match sampling.get("json_schema") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(schema)) => {
+            // SGLang compiles the schema before it accepts the request.
+            match serde_json::from_str::<Value>(schema) {
+                Ok(Value::Object(_)) => {}
+                _ => return Err(field("json_schema: not a JSON Schema object")),
+            }
+            Some(JsonConstraint::Schema(schema.as_str().into()))
+        }
+        Some(other) => {
+            return Err(field(&format!(
+                "json_schema: expected a string, got {other}"
+            )))
+        }
+    };
     request.agent = agent_from(headers);
     let flag = |name: &str| -> Result<bool, String> {
         Ok(number_field::<bool>(&object, name)?.unwrap_or(false))

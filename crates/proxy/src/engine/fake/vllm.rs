@@ -27,7 +27,7 @@ use super::{
     start_generation, ConnectionKill, Shared, SseSender,
 };
 use crate::engine::vllm::REQUEST_ID_PREFIX;
-use crate::engine::{collect, ChunkStream, EngineChunk, EngineRequest, FinishKind};
+use crate::engine::{collect, ChunkStream, EngineChunk, EngineRequest, FinishKind, JsonConstraint};
 
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -74,6 +74,8 @@ fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<G
         .map_err(field)?
         .unwrap_or_default();
     request.seed = number_field(sampling, "seed").map_err(field)?;
+    request.json = structured_outputs(sampling.get("structured_outputs"))
+        .map_err(|error| format!("sampling_params.structured_outputs{error}"))?;
     request.agent = agent_from(headers);
     let logprobs = number_field::<u32>(sampling, "logprobs")
         .map_err(field)?
@@ -84,6 +86,37 @@ fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<G
         logprobs,
         stream,
     })
+}
+
+/// `StructuredOutputsParams`: exactly one constraint; this fake serves `json` (a schema as
+/// an object or as JSON text) and `json_object`, the kinds a Gyre adapter sends.
+fn structured_outputs(value: Option<&Value>) -> Result<Option<JsonConstraint>, String> {
+    let params = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(params)) => params,
+        Some(other) => return Err(format!(": expected an object, got {other}")),
+    };
+    let given: Vec<(&String, &Value)> = params
+        .iter()
+        .filter(|(_, value)| !matches!(value, Value::Null | Value::Bool(false)))
+        .collect();
+    let [(kind, value)] = given.as_slice() else {
+        return Err(": give exactly one structured outputs constraint".into());
+    };
+    match (kind.as_str(), value) {
+        ("json", Value::Object(_)) => Ok(Some(JsonConstraint::Schema(value.to_string().into()))),
+        ("json", Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(_)) => Ok(Some(JsonConstraint::Schema(text.as_str().into()))),
+            _ => Err(".json: not a JSON Schema object".into()),
+        },
+        ("json", other) => Err(format!(
+            ".json: expected an object or a string, got {other}"
+        )),
+        ("json_object", Value::Bool(true)) => Ok(Some(JsonConstraint::Object)),
+        (other, _) => Err(format!(
+            ".{other}: this fake serves json and json_object only"
+        )),
+    }
 }
 
 #[derive(Serialize)]

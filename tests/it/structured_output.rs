@@ -1,0 +1,378 @@
+//! Structured outputs end to end: a format asked for in each API's own field reaches the
+//! engine's grammar over SGLang's and vLLM's wire (through the protocol fakes), only when the
+//! answer must be that JSON and only from the output's first token, and every record says
+//! which format was asked for and whether sampling was held to it.
+
+use std::sync::{Arc, Mutex};
+
+use gyre_proxy::engine::fake::{FakeFault, FakeOptions, FakeServer};
+use gyre_proxy::engine::{
+    ChunkStream, DeterministicEngine, DeterministicOptions, EngineFailure, EngineRequest,
+    JsonConstraint, SglangEngine, TokenEngine, VllmEngine,
+};
+use gyre_proxy::server::AppState;
+use serde_json::{json, Value};
+
+use crate::support::{http, MemorySink};
+
+/// The engine behind a fake: keeps the constraint of every request it gets.
+struct Recording {
+    inner: DeterministicEngine,
+    constraints: Mutex<Vec<Option<JsonConstraint>>>,
+}
+
+impl TokenEngine for Recording {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn generate(
+        &self,
+        request: EngineRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
+        self.constraints
+            .lock()
+            .expect("constraints lock")
+            .push(request.json.clone());
+        self.inner.generate(request)
+    }
+
+    fn abort(
+        &self,
+        rid: &str,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.abort(rid)
+    }
+
+    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.health()
+    }
+}
+
+struct Proxy {
+    address: String,
+    token: String,
+    sink: Arc<MemorySink>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Proxy {
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let auth = format!("Bearer {}", self.token);
+        let (status, body) = http(
+            &self.address,
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &auth),
+                ("x-api-key", &self.token),
+            ],
+            &body.to_string(),
+        );
+        let value = serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("a JSON answer ({error}): {body}"));
+        (status, value)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn model() -> Arc<gyre_proxy::ChatModel> {
+    Arc::new(
+        gyre_proxy::ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            gyre_proxy::ToolArgumentsForm::RawText,
+        )
+        .expect("test model"),
+    )
+}
+
+fn proxy(runtime: &tokio::runtime::Runtime, engine: Arc<dyn TokenEngine>) -> Proxy {
+    let sink = Arc::new(MemorySink::default());
+    let state = AppState::new(
+        gyre_proxy::server::ServerConfig::default(),
+        model(),
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (address, _server) = runtime
+        .block_on(gyre_proxy::server::serve(
+            state,
+            "127.0.0.1:0".parse().expect("address"),
+            async move {
+                let _ = stopped.await;
+            },
+        ))
+        .expect("serving");
+    Proxy {
+        address: address.to_string(),
+        token,
+        sink,
+        stop: Some(stop),
+    }
+}
+
+fn recording() -> Arc<Recording> {
+    let end = model().token_id("<|im_end|>").expect("end token");
+    Arc::new(Recording {
+        inner: DeterministicEngine::new(DeterministicOptions {
+            output_tokens: 12,
+            end_token_id: Some(end),
+            ..Default::default()
+        }),
+        constraints: Mutex::new(Vec::new()),
+    })
+}
+
+const SCHEMA: &str = r#"{"type":"object","properties":{"verdict":{"type":"string","enum":["pass","fail"]},"score":{"type":"number"}},"required":["verdict","score"],"additionalProperties":false}"#;
+
+fn schema() -> Value {
+    serde_json::from_str(SCHEMA).expect("the schema is JSON")
+}
+
+fn weather_tool_chat() -> Value {
+    json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+}
+
+/// Each API's request for the same format; `tools` adds a tool the model could call instead.
+fn requests(tools: bool) -> Vec<(&'static str, Value)> {
+    let mut chat = json!({
+        "model": "m", "max_tokens": 32,
+        "messages": [{"role": "user", "content": "Grade the patch."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "grade", "schema": schema(), "strict": true}},
+    });
+    let mut responses = json!({
+        "model": "m", "max_output_tokens": 32, "store": false,
+        "input": [{"role": "user", "content": "Grade the patch."}],
+        "text": {"format": {"type": "json_schema", "name": "grade", "schema": schema(), "strict": true}, "verbosity": "low"},
+    });
+    let mut messages = json!({
+        "model": "m", "max_tokens": 32,
+        "messages": [{"role": "user", "content": "Grade the patch."}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema()}},
+    });
+    if tools {
+        chat["tools"] = weather_tool_chat();
+        responses["tools"] = json!([{"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+        messages["tools"] = json!([{"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    }
+    vec![
+        ("/v1/chat/completions", chat),
+        ("/v1/responses", responses),
+        ("/v1/messages", messages),
+    ]
+}
+
+fn constrained_by(schema: &str) -> gyre_event::OutputConstraint {
+    gyre_event::OutputConstraint {
+        schema: Some(schema.to_string()),
+        enforced: true,
+    }
+}
+
+#[test]
+fn a_schema_reaches_the_engines_grammar_over_sglang_and_vllm_and_the_record_says_so() {
+    let runtime = crate::support::runtime();
+    for sglang in [true, false] {
+        let backing = recording();
+        let fake = runtime
+            .block_on(async {
+                if sglang {
+                    FakeServer::sglang(backing.clone(), FakeOptions::default()).await
+                } else {
+                    FakeServer::vllm(backing.clone(), FakeOptions::default()).await
+                }
+            })
+            .expect("the fake listens");
+        let engine: Arc<dyn TokenEngine> = if sglang {
+            Arc::new(SglangEngine::new(&fake.url(), Default::default()).expect("adapter"))
+        } else {
+            Arc::new(VllmEngine::new(&fake.url(), Default::default()).expect("adapter"))
+        };
+        let proxy = proxy(&runtime, engine);
+        let protocol = if sglang { "sglang" } else { "vllm" };
+
+        // No tool to call instead: the whole answer is the JSON, so the engine is held to it.
+        for (path, body) in requests(false) {
+            let (status, answer) = proxy.post(path, &body);
+            assert_eq!(status, 200, "{protocol} {path}: {answer}");
+        }
+        // A tool the model may call instead: the format is the final answer's, not the
+        // output's, so no grammar; the record says the format was asked for, not enforced.
+        for (path, body) in requests(true) {
+            let (status, answer) = proxy.post(path, &body);
+            assert_eq!(status, 200, "{protocol} {path} with tools: {answer}");
+        }
+        // `json_object` is any object; on SGLang's wire that is the schema `{"type":"object"}`.
+        let (status, answer) = proxy.post(
+            "/v1/chat/completions",
+            &json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "JSON please."}], "response_format": {"type": "json_object"}}),
+        );
+        assert_eq!(status, 200, "{answer}");
+        // Plain text asks for nothing.
+        let (status, answer) = proxy.post(
+            "/v1/chat/completions",
+            &json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi."}], "response_format": {"type": "text"}}),
+        );
+        assert_eq!(status, 200, "{answer}");
+
+        let schema = JsonConstraint::Schema(SCHEMA.into());
+        let any_object = if sglang {
+            JsonConstraint::Schema(r#"{"type":"object"}"#.into())
+        } else {
+            JsonConstraint::Object
+        };
+        assert_eq!(
+            *backing.constraints.lock().expect("constraints"),
+            vec![
+                Some(schema.clone()),
+                Some(schema.clone()),
+                Some(schema.clone()),
+                None,
+                None,
+                None,
+                Some(any_object),
+                None,
+            ],
+            "what {protocol}'s engine was held to, request by request"
+        );
+        let records = proxy.sink.records();
+        let constraints: Vec<_> = records
+            .iter()
+            .map(|record| record.output_constraint.clone())
+            .collect();
+        let asked = |enforced| {
+            Some(gyre_event::OutputConstraint {
+                schema: Some(SCHEMA.to_string()),
+                enforced,
+            })
+        };
+        assert_eq!(
+            constraints,
+            vec![
+                asked(true),
+                asked(true),
+                asked(true),
+                asked(false),
+                asked(false),
+                asked(false),
+                Some(gyre_event::OutputConstraint {
+                    schema: None,
+                    enforced: true
+                }),
+                None,
+            ],
+            "{protocol}: each record says what was asked for and whether it held"
+        );
+        assert_eq!(
+            records[0].output_constraint,
+            Some(constrained_by(SCHEMA)),
+            "the schema is kept as the client wrote it"
+        );
+
+        // A failover that continues a partial answer cannot restart the grammar: the
+        // continuation goes unconstrained and the record says the answer was not held to it.
+        fake.inject(FakeFault::CutAfterTokens(4));
+        let (path, body) = requests(false).remove(0);
+        let (status, answer) = proxy.post(path, &body);
+        assert_eq!(
+            status, 200,
+            "{protocol}: the harness sees one answer: {answer}"
+        );
+        let seen = backing.constraints.lock().expect("constraints").clone();
+        assert_eq!(
+            seen[seen.len() - 2..],
+            [Some(schema), None],
+            "{protocol}: the first attempt was constrained, its continuation could not be"
+        );
+        let records = proxy.sink.records();
+        let last = records.last().expect("the continued call is recorded");
+        assert_eq!(last.output_constraint, asked(false).clone());
+        assert!(
+            records
+                .iter()
+                .any(|record| record.kind == gyre_event::CallKind::Aborted),
+            "{protocol}: the cut attempt is kept for audit"
+        );
+    }
+}
+
+#[test]
+fn an_engine_without_a_grammar_records_the_format_as_not_enforced() {
+    let runtime = crate::support::runtime();
+    let backing = recording();
+    let proxy = proxy(&runtime, backing.clone());
+    for (path, body) in requests(false) {
+        let (status, answer) = proxy.post(path, &body);
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    assert_eq!(
+        *backing.constraints.lock().expect("constraints"),
+        vec![None, None, None],
+        "an engine that cannot constrain is sent no grammar"
+    );
+    for record in proxy.sink.records() {
+        assert_eq!(
+            record.output_constraint,
+            Some(gyre_event::OutputConstraint {
+                schema: Some(SCHEMA.to_string()),
+                enforced: false
+            })
+        );
+    }
+}
+
+#[test]
+fn a_bad_format_is_refused_in_the_apis_shape_and_nothing_is_recorded() {
+    let runtime = crate::support::runtime();
+    let backing = recording();
+    let proxy = proxy(&runtime, backing.clone());
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "grade", "schema": "not an object"}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}),
+            "text.format.name",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "xml"}}}),
+            "output_config.format",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (status, answer) = proxy.post(path, &body);
+        assert_eq!(status, 400, "{path}: {answer}");
+        let text = answer.to_string();
+        assert!(
+            text.contains(field),
+            "{path}: the error names {field}: {text}"
+        );
+        let shape_ok = if path == "/v1/messages" {
+            answer["type"] == "error" && answer["error"]["type"] == "invalid_request_error"
+        } else {
+            answer["error"]["type"] == "invalid_request_error"
+        };
+        assert!(shape_ok, "{path}: the API's own error shape: {text}");
+    }
+    assert!(proxy.sink.records().is_empty(), "nothing recorded");
+    assert!(
+        backing.constraints.lock().expect("constraints").is_empty(),
+        "the engine was never called"
+    );
+}
