@@ -926,113 +926,152 @@ impl Session {
     /// agent's last context is the path of its last answered call, as tokens (never
     /// re-encoded), with text and byte ends decoded from them and provenance from the records.
     /// The next request of each agent then reuses that context exactly as if the proxy had
-    /// never stopped. Decoding is ~0.7 µs per token here: a 128K context costs its execution's
-    /// first call after the restart ~90 ms, instead of every execution waiting for all.
+    /// never stopped. The agent's set-aside contexts come back too: the paths of its recent
+    /// calls that no later call of the agent extended (a side call under the agent's name, or
+    /// the conversation it interrupted), newest first, within [`SIDE_CONTEXTS_MAX`] and
+    /// [`SIDE_CONTEXT_CALLS_MAX`], so the conversation after a side call reuses its own tokens
+    /// after a restart as well. (A context is only ever reused where the request's text matches
+    /// it, so one kept that the live proxy had dropped costs memory, never tokens.) Decoding is
+    /// ~0.7 µs per token here: a 128K context costs its execution's first call after the
+    /// restart ~90 ms, instead of every execution waiting for all.
     pub fn finish_recovery(&mut self, model: &ChatModel) -> Result<(), String> {
         self.contexts_pending = false;
-        let mut last: BTreeMap<String, NodeId> = BTreeMap::new();
+        // Each agent's answered calls, oldest first.
+        let mut calls: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
         for id in self.tree.node_ids() {
             let node = self.tree.node(id);
-            if node.kind == CallKind::Aborted {
-                continue;
-            }
-            let newer = last
-                .get(&node.agent)
-                .is_none_or(|kept| self.tree.node(*kept).call < node.call);
-            if newer {
-                last.insert(node.agent.clone(), id);
+            if node.kind != CallKind::Aborted {
+                calls.entry(node.agent.clone()).or_default().push(id);
             }
         }
-        for (agent, id) in last {
-            let ids = self.tree.path_tokens(id);
-            let mut provenance = Vec::with_capacity(ids.len());
-            // Outputs of calls that ran with stop sequences: (first token in `ids`, tokens, the
-            // sequences). Where one matches, the text is cut, as the live context's was.
-            let mut stopped: Vec<(usize, usize, &[String])> = Vec::new();
-            for piece in self.tree.path(id) {
-                let node = self.tree.node(piece.node);
-                let cut = piece.cut as usize;
-                if cut > node.input_ids.len() {
-                    if let Some(stops) = self.recovered_stops.get(&node.call) {
-                        let first = provenance.len() + node.input_ids.len();
-                        stopped.push((first, cut - node.input_ids.len(), stops));
+        for (agent, mut ids) in calls {
+            ids.sort_by_key(|id| self.tree.node(*id).call);
+            // Newest first: a call no later call of the agent extended ends a context.
+            let mut extended: std::collections::BTreeSet<NodeId> = Default::default();
+            let mut contexts: Vec<(NodeId, u32)> = Vec::new();
+            for (newer, &id) in ids.iter().rev().enumerate() {
+                if !extended.contains(&id) {
+                    // Live, a set-aside context ages with each later call but the one that
+                    // set it aside.
+                    let age = (newer as u32).saturating_sub(1);
+                    let keep = contexts.is_empty()
+                        || (contexts.len() <= SIDE_CONTEXTS_MAX && age < SIDE_CONTEXT_CALLS_MAX);
+                    if keep {
+                        contexts.push((id, age));
                     }
                 }
-                let mut left = cut.min(node.input_ids.len());
-                for span in &node.input_provenance {
-                    let take = (span.tokens_count as usize).min(left);
-                    provenance.extend(std::iter::repeat_n(span.provenance, take));
-                    left -= take;
-                }
-                // Spans shorter than the input (never written so) read as template tokens.
-                provenance.extend(std::iter::repeat_n(Provenance::Template, left));
-                let outputs = cut.saturating_sub(node.input_ids.len());
-                provenance.extend(std::iter::repeat_n(Provenance::Sampled, outputs));
+                extended.extend(self.tree.path(id).iter().map(|piece| piece.node));
             }
-            let mut stream = model.text_stream();
-            let mut text = String::new();
-            let mut ends: Vec<u32> = Vec::with_capacity(ids.len());
-            let mut stopped = stopped.into_iter().peekable();
-            // The output being decoded that ran with stop sequences: (its end and start in
-            // `ids`, where its text starts, the matcher). The matcher sees the same deltas as the text.
-            let mut matching: Option<(usize, usize, usize, StopStrings)> = None;
-            for (at, token) in ids.iter().enumerate() {
-                if let Some((first, count, stops)) = stopped.next_if(|(first, ..)| *first == at) {
-                    matching = Some((first + count, first, text.len(), StopStrings::new(stops)));
-                }
-                if matching.as_ref().is_some_and(|(end, ..)| at >= *end) {
-                    matching = None;
-                }
-                if let Some(delta) = stream
-                    .push(*token)
-                    .map_err(|error| format!("decoding agent {agent}'s context: {error}"))?
-                {
-                    match &mut matching {
-                        // Past a match nothing more of this output reached the harness.
-                        Some((.., matcher)) if matcher.matched().is_some() => {}
-                        Some((_, first, start, matcher)) => {
-                            matcher.push(&delta);
-                            text.push_str(&delta);
-                            if let Some(cut) = matcher.cut() {
-                                text.truncate(*start + cut);
-                                // Tokens of the held-back sequence end where the text does.
-                                for end in &mut ends[*first..] {
-                                    *end = (*end).min(text.len() as u32);
-                                }
-                            }
-                        }
-                        None => text.push_str(&delta),
-                    }
-                }
-                ends.push(text.len() as u32);
+            let mut contexts = contexts.into_iter();
+            if let Some((current, _)) = contexts.next() {
+                let context = self.rebuilt_context(model, &agent, current)?;
+                self.agents.insert(agent.clone(), context);
             }
-            let node = self.tree.node(id);
-            let output_start = ids.len() - node.output_ids.len();
-            let prompt_len = match output_start {
-                0 => 0,
-                start => ends[start - 1] as usize,
-            };
-            self.agents.insert(
-                agent,
-                AgentContext {
-                    call: Some(node.call),
-                    text,
-                    ids_json: IdsJson::of(&ids),
-                    ids,
-                    ends,
-                    provenance,
-                    output_start,
-                    prompt_len,
-                    // Rebuilt from the log: every record here is committed; whether its
-                    // answer reached the harness before the restart is unknown.
-                    committed: true,
-                    delivered: false,
-                    // Records written before they kept their stop sequences read as none:
-                    // then a re-sent call's own stops are used.
-                    stops: self.recovered_stops.get(&node.call).cloned(),
-                },
-            );
+            // Oldest first, as `set_aside` keeps them.
+            let side: Vec<(NodeId, u32)> = contexts.rev().collect();
+            for (id, age) in side {
+                let context = self.rebuilt_context(model, &agent, id)?;
+                self.side
+                    .entry(agent.clone())
+                    .or_default()
+                    .push((context, age));
+            }
         }
         Ok(())
+    }
+
+    /// The context that ends with `id`'s answer, rebuilt from the tree (see
+    /// [`Session::finish_recovery`]).
+    fn rebuilt_context(
+        &self,
+        model: &ChatModel,
+        agent: &str,
+        id: NodeId,
+    ) -> Result<AgentContext, String> {
+        let ids = self.tree.path_tokens(id);
+        let mut provenance = Vec::with_capacity(ids.len());
+        // Outputs of calls that ran with stop sequences: (first token in `ids`, tokens, the
+        // sequences). Where one matches, the text is cut, as the live context's was.
+        let mut stopped: Vec<(usize, usize, &[String])> = Vec::new();
+        for piece in self.tree.path(id) {
+            let node = self.tree.node(piece.node);
+            let cut = piece.cut as usize;
+            if cut > node.input_ids.len() {
+                if let Some(stops) = self.recovered_stops.get(&node.call) {
+                    let first = provenance.len() + node.input_ids.len();
+                    stopped.push((first, cut - node.input_ids.len(), stops));
+                }
+            }
+            let mut left = cut.min(node.input_ids.len());
+            for span in &node.input_provenance {
+                let take = (span.tokens_count as usize).min(left);
+                provenance.extend(std::iter::repeat_n(span.provenance, take));
+                left -= take;
+            }
+            // Spans shorter than the input (never written so) read as template tokens.
+            provenance.extend(std::iter::repeat_n(Provenance::Template, left));
+            let outputs = cut.saturating_sub(node.input_ids.len());
+            provenance.extend(std::iter::repeat_n(Provenance::Sampled, outputs));
+        }
+        let mut stream = model.text_stream();
+        let mut text = String::new();
+        let mut ends: Vec<u32> = Vec::with_capacity(ids.len());
+        let mut stopped = stopped.into_iter().peekable();
+        // The output being decoded that ran with stop sequences: (its end and start in
+        // `ids`, where its text starts, the matcher). The matcher sees the same deltas as the text.
+        let mut matching: Option<(usize, usize, usize, StopStrings)> = None;
+        for (at, token) in ids.iter().enumerate() {
+            if let Some((first, count, stops)) = stopped.next_if(|(first, ..)| *first == at) {
+                matching = Some((first + count, first, text.len(), StopStrings::new(stops)));
+            }
+            if matching.as_ref().is_some_and(|(end, ..)| at >= *end) {
+                matching = None;
+            }
+            if let Some(delta) = stream
+                .push(*token)
+                .map_err(|error| format!("decoding agent {agent}'s context: {error}"))?
+            {
+                match &mut matching {
+                    // Past a match nothing more of this output reached the harness.
+                    Some((.., matcher)) if matcher.matched().is_some() => {}
+                    Some((_, first, start, matcher)) => {
+                        matcher.push(&delta);
+                        text.push_str(&delta);
+                        if let Some(cut) = matcher.cut() {
+                            text.truncate(*start + cut);
+                            // Tokens of the held-back sequence end where the text does.
+                            for end in &mut ends[*first..] {
+                                *end = (*end).min(text.len() as u32);
+                            }
+                        }
+                    }
+                    None => text.push_str(&delta),
+                }
+            }
+            ends.push(text.len() as u32);
+        }
+        let node = self.tree.node(id);
+        let output_start = ids.len() - node.output_ids.len();
+        let prompt_len = match output_start {
+            0 => 0,
+            start => ends[start - 1] as usize,
+        };
+        Ok(AgentContext {
+            call: Some(node.call),
+            text,
+            ids_json: IdsJson::of(&ids),
+            ids,
+            ends,
+            provenance,
+            output_start,
+            prompt_len,
+            // Rebuilt from the log: every record here is committed; whether its answer
+            // reached the harness before the restart is unknown.
+            committed: true,
+            delivered: false,
+            // Records written before they kept their stop sequences read as none: then a
+            // re-sent call's own stops are used.
+            stops: self.recovered_stops.get(&node.call).cloned(),
+        })
     }
 }

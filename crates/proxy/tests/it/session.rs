@@ -692,6 +692,90 @@ fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens()
     }
 }
 
+/// A restart right after a side call under the agent's name (Claude Code's WebFetch
+/// summariser) must not cost the interrupted conversation its tokens: the rebuilt session
+/// brings back the conversation's context as well as the side call's, so the next turn reuses
+/// the history instead of re-encoding (and possibly re-tokenising differently) it.
+#[test]
+fn a_rebuilt_session_keeps_the_conversation_a_side_call_interrupted() {
+    use gyre_proxy::output::OutputFormat;
+
+    let model = model();
+    let mut live = Session::new(ExecutionId(15), &model, 0);
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::System, "You are the main agent."));
+    request
+        .messages
+        .push(Message::new(Role::User, "first question ".repeat(80)));
+    let mut records = Vec::new();
+    let first = live
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    records.push(committed(&mut live, &model, first, "first answer"));
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "first answer"));
+    request.messages.push(Message::new(Role::User, "fetch it"));
+    let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
+    side.messages
+        .push(Message::new(Role::System, "Summarise the page."));
+    side.messages
+        .push(Message::new(Role::User, "page text ".repeat(40)));
+    let summary = live
+        .prepare(&model, &side, None, reference_now())
+        .expect("prepares");
+    records.push(committed(&mut live, &model, summary, "a summary"));
+
+    let mut rebuilt = Session::new(ExecutionId(15), &model, 0);
+    for record in &records {
+        rebuilt
+            .recover_record(record, &model, &OutputFormat::test_model())
+            .expect("every record folds");
+    }
+    rebuilt.finish_recovery(&model).expect("contexts rebuild");
+
+    request
+        .messages
+        .push(Message::new(Role::User, "the summary, as a tool result"));
+    let expected = live
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let got = rebuilt
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(
+        got.encoded < 40,
+        "the conversation's history is reused after the restart, not re-encoded: encoded {} of {}",
+        got.encoded,
+        got.context_ids.len()
+    );
+    assert_eq!(got.context_ids, expected.context_ids);
+    assert_eq!(got.tree_reused, expected.tree_reused);
+    assert_eq!(got.encoded, expected.encoded);
+    let record = committed(&mut rebuilt, &model, got, "second answer");
+    assert_eq!(record.parent_call, Some(records[0].call));
+
+    // The side call's own context came back as well: its next call (the summariser asked
+    // again about the same page) reuses it.
+    side.messages
+        .push(Message::new(Role::Assistant, "a summary"));
+    side.messages
+        .push(Message::new(Role::User, "shorter, please"));
+    let again = rebuilt
+        .prepare(&model, &side, None, reference_now())
+        .expect("prepares");
+    assert!(
+        again.encoded < 20,
+        "the side call's context is reused: encoded {} of {}",
+        again.encoded,
+        again.context_ids.len()
+    );
+    let record = committed(&mut rebuilt, &model, again, "short");
+    assert_eq!(record.parent_call, Some(records[1].call));
+}
+
 /// Finishes `prepared` with `answer` and commits its record, as the server does once the log
 /// holds it.
 fn committed(
