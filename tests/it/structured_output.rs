@@ -19,6 +19,8 @@ use crate::support::{http, MemorySink};
 struct Recording {
     inner: DeterministicEngine,
     constraints: Mutex<Vec<Option<JsonConstraint>>>,
+    /// `reasoning_first` of each request (SGLang's `require_reasoning` on the wire).
+    reasoning_first: Mutex<Vec<bool>>,
 }
 
 impl TokenEngine for Recording {
@@ -34,6 +36,10 @@ impl TokenEngine for Recording {
             .lock()
             .expect("constraints lock")
             .push(request.json.clone());
+        self.reasoning_first
+            .lock()
+            .expect("reasoning lock")
+            .push(request.reasoning_first);
         self.inner.generate(request)
     }
 
@@ -132,6 +138,7 @@ fn recording() -> Arc<Recording> {
             ..Default::default()
         }),
         constraints: Mutex::new(Vec::new()),
+        reasoning_first: Mutex::new(Vec::new()),
     })
 }
 
@@ -246,6 +253,20 @@ fn a_schema_reaches_the_engines_grammar_over_sglang_and_vllm_and_the_record_says
                 None,
             ],
             "what {protocol}'s engine was held to, request by request"
+        );
+        // The test model reasons in `<think>` tags: SGLang is asked to start the grammar after
+        // the reasoning (vLLM does so by its server's reasoning parser; nothing on its wire).
+        let reasoning_first = backing.reasoning_first.lock().expect("reasoning").clone();
+        let constrained: Vec<bool> = backing
+            .constraints
+            .lock()
+            .expect("constraints")
+            .iter()
+            .map(|json| sglang && json.is_some())
+            .collect();
+        assert_eq!(
+            reasoning_first, constrained,
+            "{protocol}: require_reasoning with a grammar"
         );
         let records = proxy.sink.records();
         let constraints: Vec<_> = records

@@ -82,6 +82,11 @@ pub struct EngineRequest {
     /// `sampling_params.json_schema`, vLLM `sampling_params.structured_outputs`). Only engines
     /// whose [`TokenEngine::constrains_output`] is true are sent one.
     pub json: Option<JsonConstraint>,
+    /// The model may reason before its answer (its output format has reasoning tags): a
+    /// [`EngineRequest::json`] grammar applies from the end of the reasoning (SGLang
+    /// `require_reasoning`, which needs the server's `--reasoning-parser`; vLLM does so when
+    /// it runs with its reasoning parser).
+    pub reasoning_first: bool,
 }
 
 /// A grammar an engine holds a whole output to.
@@ -118,6 +123,7 @@ impl EngineRequest {
             stop_token_ids: Vec::new(),
             seed: None,
             json: None,
+            reasoning_first: false,
         }
     }
 

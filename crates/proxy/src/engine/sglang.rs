@@ -2,8 +2,9 @@
 //!
 //! Request: `{rid, input_ids, sampling_params: {max_new_tokens, temperature, top_p, top_k?,
 //! stop_token_ids, no_stop_trim: true, skip_special_tokens: false, sampling_seed?,
-//! json_schema?}, return_logprob: true, stream: true}`; `json_schema` (structured outputs) is
-//! the schema as JSON text, as SGLang takes it. The stream is SSE `data: {…}` events ending with
+//! json_schema?}, return_logprob: true, stream: true, require_reasoning?}`; `json_schema`
+//! (structured outputs) is the schema as JSON text, as SGLang takes it, and `require_reasoning`
+//! (sent with it for a model that reasons) starts the grammar after the reasoning. The stream is SSE `data: {…}` events ending with
 //! `data: [DONE]`; each event carries `output_ids` and `meta_info.output_token_logprobs`
 //! (`[[logprob, id, text|null], …]`), **cumulative** unless the server runs with
 //! `--incremental-streaming-output` ([`SglangConfig::incremental_streaming_output`]); the
@@ -70,6 +71,9 @@ struct GenerateBody<'a> {
     sampling_params: SamplingParams<'a>,
     return_logprob: bool,
     stream: bool,
+    /// With a `json_schema`: the model reasons first and the grammar starts after it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    require_reasoning: bool,
 }
 
 #[derive(Serialize)]
@@ -113,6 +117,7 @@ pub(crate) fn generate_body(request: &EngineRequest) -> super::PiecesBody {
             },
             return_logprob: true,
             stream: true,
+            require_reasoning: request.json.is_some() && request.reasoning_first,
         },
     )
 }

@@ -492,6 +492,7 @@ pub async fn run(
             && engine.constrains_output();
         let engine_request = EngineRequest {
             json: json_constraint.clone().filter(|_| constrained),
+            reasoning_first: app.output_format.reasoning_tags.is_some(),
             rid: rid.clone(),
             input_ids,
             input_ids_json: Some(input_ids_json),

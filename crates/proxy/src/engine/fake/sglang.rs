@@ -100,6 +100,7 @@ fn parse_generate(shared: &Shared, body: &[u8], headers: &HeaderMap) -> Result<G
     let flag = |name: &str| -> Result<bool, String> {
         Ok(number_field::<bool>(&object, name)?.unwrap_or(false))
     };
+    request.reasoning_first = flag("require_reasoning")?;
     Ok(Generate {
         request,
         return_logprob: flag("return_logprob")?,
