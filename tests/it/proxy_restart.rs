@@ -568,8 +568,8 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_file() {
         &["--log".to_string(), log.display().to_string()],
         || {},
     );
-    // The file holds the root (committed when it was first continued), its continuation,
-    // the call after the restart and the branch.
+    // The file holds the root (committed before it was handed over: it opened the
+    // conversation), its continuation, the call after the restart and the branch.
     let stored: Vec<(String, Option<String>)> = gyre_log::EventFileReader::open(&log)
         .expect("open")
         .flat_map(|record| {
@@ -719,6 +719,83 @@ fn chained_restart_scenario(dir: &std::path::Path, sink: &[String], between: imp
     let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
     assert_eq!(status, 200, "{closing}");
     assert_eq!(closing["sampled_divergences"], 0, "{closing}");
+    proxy.kill();
+}
+
+/// A proxy killed right after a chaining client's first answer (the OpenAI Agents SDK's
+/// first turn): that answer opened a conversation, so it was committed before the client got
+/// its id, and the client's first `previous_response_id` resolves after the restart instead of
+/// a `previous_response_not_found` that would end its run. A client re-sending whole
+/// conversations writes one stored response for its first request and none after.
+#[test]
+fn a_chaining_client_continues_its_first_answer_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    let sink = ["--log".to_string(), log.display().to_string()];
+    let script = dir.path().join("script.jsonl");
+    let text = |text: &str| json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
+    std::fs::write(
+        &script,
+        [
+            text("Two files."),
+            text("Re-sent."),
+            text("Again."),
+            text("Welcome."),
+        ]
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect::<String>(),
+    )
+    .expect("script");
+    let mut proxy = Proxy::start(&sink, &script, 2);
+    let token = proxy.next()["token"].as_str().expect("token").to_string();
+    let resender = proxy.next()["token"].as_str().expect("token").to_string();
+    let (status, first) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.", "input": "What is here?"}),
+    );
+    assert_eq!(status, 200, "{first}");
+    // Another execution's client re-sends its whole conversation each call.
+    let mut input = vec![json!({"role": "user", "content": "Hello?"})];
+    for _ in 0..2 {
+        let (status, answer) = proxy.post(
+            "/v1/responses",
+            &resender,
+            &json!({"model": "m", "input": input}),
+        );
+        assert_eq!(status, 200, "{answer}");
+        input.extend(answer["output"].as_array().expect("output").iter().cloned());
+        input.push(json!({"role": "user", "content": "And?"}));
+    }
+    proxy.kill();
+
+    let script = dir.path().join("after.jsonl");
+    std::fs::write(&script, format!("{}\n", text("Welcome."))).expect("script");
+    let mut proxy = Proxy::start(&sink, &script, 0);
+    let recovered = proxy.next();
+    assert_eq!(
+        recovered["recovered"]["responses_recovered"], 2,
+        "the first answer of each conversation: {recovered}"
+    );
+    let (status, second) = proxy.post(
+        "/v1/responses",
+        &token,
+        &json!({"model": "m", "instructions": "Be brief.",
+                "previous_response_id": first["id"], "input": "Thanks."}),
+    );
+    assert_eq!(
+        status, 200,
+        "the first answer resolves after the restart: {second}"
+    );
+    assert_eq!(second["previous_response_id"], first["id"], "{second}");
+    assert!(
+        second["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached tokens")
+            > 0,
+        "the call extends the first: {second}"
+    );
     proxy.kill();
 }
 

@@ -15,13 +15,14 @@
 //! A [`StoredResponse`] holds its own items as JSON text and shares its parent's, so a chain
 //! of n turns holds the conversation once. The server keeps the last few per execution under
 //! a memory budget. A response becomes durable — a `ResponseStored` event on the log, holding
-//! its own items and naming its parent — once a client chains: a response that continues
-//! another is committed before its answer is handed over, and the response a chain starts
-//! from is committed when the first request naming it arrives, before that request is
-//! answered. So a chaining client's next id survives a proxy restart (the proxy rebuilds its
-//! stored responses from the log), while a client that never chains (Codex, or any client
-//! re-sending the whole conversation) writes nothing: its conversations are not written to
-//! the log once per call.
+//! its own items and naming its parent — where a client can chain: a response that continues
+//! another is committed before its answer is handed over, and so is one that opens a
+//! conversation (it continues nothing and its input holds no assistant output); any other
+//! response a chain starts from is committed when the first request naming it arrives, before
+//! that request is answered. So a chaining client's next id survives a proxy restart (the
+//! proxy rebuilds its stored responses from the log), while a client that never chains (any
+//! client re-sending the whole conversation) writes one small response for its first request
+//! and nothing after: its conversations are not written to the log once per call.
 //!
 //! Pure: bytes and values in, bytes out.
 

@@ -190,9 +190,10 @@ impl Outlet {
             (Vec::new(), Some(body), kept)
         };
         // A response that continues another is durable before its id is handed over, with
-        // whatever of its chain the log lacks (see `crate::stored_responses`).
+        // whatever of its chain the log lacks, and so is one that opens a conversation (see
+        // `crate::stored_responses`).
         if let (Some(store), Some(kept)) = (&self.store_on_end, kept) {
-            if kept.is_chained() {
+            if store.durable_before_handover(&kept) {
                 let id = execution.lock().execution;
                 if let Err(error) = store.persist(id, &kept).await {
                     tracing::error!(%error, "a stored response was not committed; the call fails");

@@ -207,6 +207,12 @@ pub(crate) struct StoreOnEnd {
     body_bytes_max: usize,
     /// Where a chained response is committed before it is handed over.
     sink: Arc<dyn RecordSink>,
+    /// The request starts a conversation (it continues no response and its input holds no
+    /// assistant output): its answer is committed before it is handed over, like a chained
+    /// one, so a chaining client's first `previous_response_id` survives a restart too. Small
+    /// (instructions are not items), and once per conversation: a client re-sending whole
+    /// conversations writes nothing after its first request.
+    opens_conversation: bool,
 }
 
 impl StoreOnEnd {
@@ -259,8 +265,14 @@ impl StoreOnEnd {
         Some(response)
     }
 
-    /// Commits `response` (a chained one) and whatever of its chain the log lacks, oldest
-    /// first, as `ResponseStored` events: after this a restarted proxy still resolves its id.
+    /// Whether the answer is committed before it is handed over: it continues another (then
+    /// with whatever of its chain the log lacks) or it opens a conversation.
+    pub(crate) fn durable_before_handover(&self, response: &StoredResponse) -> bool {
+        response.is_chained() || self.opens_conversation
+    }
+
+    /// Commits `response` and whatever of its chain the log lacks, oldest first, as
+    /// `ResponseStored` events: after this a restarted proxy still resolves its id.
     pub(crate) async fn persist(
         &self,
         execution: ExecutionId,
@@ -1625,12 +1637,18 @@ async fn serve_call(
                             }),
                     ),
                 };
+                let opens_conversation = parent.is_none()
+                    && !request
+                        .messages
+                        .iter()
+                        .any(|message| message.role == crate::messages::Role::Assistant);
                 StoreOnEnd {
                     parent,
                     input_items,
                     budget: app.responses.clone(),
                     body_bytes_max: app.config.body_bytes_max,
                     sink: app.sink.clone(),
+                    opens_conversation,
                 }
             });
             if app.config.media == crate::media::MediaPolicy::Reject {
