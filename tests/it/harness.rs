@@ -589,6 +589,12 @@ fn codex_exec_with_an_output_schema_records_the_format_it_asked_for() {
         recorded["properties"]["verdict"]["enum"], schema["properties"]["verdict"]["enum"],
         "the schema Codex sent: {recorded}"
     );
+    // The post-mortem counts it.
+    let (code, report, stderr) = crate::support::gyre(&["replay", utf8(&log), "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&report).expect("JSON report");
+    assert_eq!(report["model_calls"]["formatted"], 1, "{report}");
+    assert_eq!(report["model_calls"]["formatted_enforced"], 0, "{report}");
 }
 
 /// Codex offers `gpt-5.5` its `apply_patch` as a freeform (`custom`) tool with a Lark grammar.

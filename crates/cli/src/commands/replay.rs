@@ -94,6 +94,11 @@ struct ModelCalls {
     /// anew (a proxy now answers a re-sent call from its record), or a question asked again on
     /// purpose; each extra sample is a sibling that may be a leaf no harness continued.
     resampled_prompts: u64,
+    /// Calls whose request asked for a JSON answer format (structured outputs).
+    formatted: u64,
+    /// Of those, calls the engine's grammar held to it (their behaviour log-probs are of the
+    /// constrained policy).
+    formatted_enforced: u64,
     input_tokens_new: u64,
     input_tokens_reused: u64,
     output_tokens: u64,
@@ -169,6 +174,10 @@ impl ModelCalls {
                 (execution, record.call.get()),
                 reused + record.input_ids.len() as u64,
             );
+        }
+        if let Some(constraint) = &record.output_constraint {
+            self.formatted += 1;
+            self.formatted_enforced += u64::from(constraint.enforced);
         }
         self.input_tokens_new += record.input_ids.len() as u64;
         self.input_tokens_reused += record.reused_prefix_tokens_count;
@@ -863,6 +872,12 @@ fn print_text(report: &PostMortem) {
             "  prompts sampled more than once: {} (a retry answered anew, or the same question asked again)",
             calls.resampled_prompts
         );
+        if calls.formatted > 0 {
+            println!(
+                "  structured outputs: {} calls asked for a JSON format, {} held to it by the engine's grammar",
+                calls.formatted, calls.formatted_enforced
+            );
+        }
         println!(
             "  input tokens: {} new, {} reused ({:.1}% reused); output tokens: {}",
             calls.input_tokens_new,
