@@ -620,35 +620,7 @@ fn a_re_sent_call_replays_its_committed_answer() {
 fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens() {
     let model = model();
     let mut session = Session::new(ExecutionId(9), &model, 0);
-    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
-    request
-        .messages
-        .push(Message::new(Role::System, "You are the main agent."));
-    request
-        .messages
-        .push(Message::new(Role::User, "first question ".repeat(80)));
-    let first = session
-        .prepare(&model, &request, None, reference_now())
-        .expect("prepares");
-    let record = committed(&mut session, &model, first, "first answer");
-    request
-        .messages
-        .push(Message::new(Role::Assistant, "first answer"));
-    request.messages.push(Message::new(Role::User, "fetch it"));
-
-    let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
-    side.messages
-        .push(Message::new(Role::System, "Summarise the page."));
-    side.messages
-        .push(Message::new(Role::User, "page text ".repeat(40)));
-    let summary = session
-        .prepare(&model, &side, None, reference_now())
-        .expect("prepares");
-    assert_eq!(
-        &*summary.context_ids,
-        &model.encode(&summary.text).expect("encodes")
-    );
-    committed(&mut session, &model, summary, "a summary");
+    let (mut request, _, [record, _]) = first_turn_then_side_call(&mut session, &model);
 
     request
         .messages
@@ -702,31 +674,7 @@ fn a_rebuilt_session_keeps_the_conversation_a_side_call_interrupted() {
 
     let model = model();
     let mut live = Session::new(ExecutionId(15), &model, 0);
-    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
-    request
-        .messages
-        .push(Message::new(Role::System, "You are the main agent."));
-    request
-        .messages
-        .push(Message::new(Role::User, "first question ".repeat(80)));
-    let mut records = Vec::new();
-    let first = live
-        .prepare(&model, &request, None, reference_now())
-        .expect("prepares");
-    records.push(committed(&mut live, &model, first, "first answer"));
-    request
-        .messages
-        .push(Message::new(Role::Assistant, "first answer"));
-    request.messages.push(Message::new(Role::User, "fetch it"));
-    let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
-    side.messages
-        .push(Message::new(Role::System, "Summarise the page."));
-    side.messages
-        .push(Message::new(Role::User, "page text ".repeat(40)));
-    let summary = live
-        .prepare(&model, &side, None, reference_now())
-        .expect("prepares");
-    records.push(committed(&mut live, &model, summary, "a summary"));
+    let (mut request, mut side, records) = first_turn_then_side_call(&mut live, &model);
 
     let mut rebuilt = Session::new(ExecutionId(15), &model, 0);
     for record in &records {
@@ -774,6 +722,46 @@ fn a_rebuilt_session_keeps_the_conversation_a_side_call_interrupted() {
     );
     let record = committed(&mut rebuilt, &model, again, "short");
     assert_eq!(record.parent_call, Some(records[1].call));
+}
+
+/// The agent's first turn, then a side call under its name (Claude Code's WebFetch
+/// summariser: its own system prompt, a page to summarise), both committed. Returns the
+/// conversation's request (ready for its next user message), the side call's request, and the
+/// two records.
+fn first_turn_then_side_call(
+    session: &mut Session,
+    model: &ChatModel,
+) -> (ChatRequest, ChatRequest, [gyre_event::ModelCallRecord; 2]) {
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::System, "You are the main agent."));
+    request
+        .messages
+        .push(Message::new(Role::User, "first question ".repeat(80)));
+    let first = session
+        .prepare(model, &request, None, reference_now())
+        .expect("prepares");
+    let first = committed(session, model, first, "first answer");
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "first answer"));
+    request.messages.push(Message::new(Role::User, "fetch it"));
+
+    let mut side = ChatRequest::new(Api::Anthropic, "gyre-test");
+    side.messages
+        .push(Message::new(Role::System, "Summarise the page."));
+    side.messages
+        .push(Message::new(Role::User, "page text ".repeat(40)));
+    let summary = session
+        .prepare(model, &side, None, reference_now())
+        .expect("prepares");
+    assert_eq!(
+        &*summary.context_ids,
+        &model.encode(&summary.text).expect("encodes")
+    );
+    let summary = committed(session, model, summary, "a summary");
+    (request, side, [first, summary])
 }
 
 /// Finishes `prepared` with `answer` and commits its record, as the server does once the log
