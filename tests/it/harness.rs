@@ -595,6 +595,11 @@ fn codex_exec_with_an_output_schema_records_the_format_it_asked_for() {
     let report: serde_json::Value = serde_json::from_str(&report).expect("JSON report");
     assert_eq!(report["model_calls"]["formatted"], 1, "{report}");
     assert_eq!(report["model_calls"]["formatted_enforced"], 0, "{report}");
+    // The scripted engine has no grammar: no output was sampled under one.
+    assert_eq!(
+        report["model_calls"]["constrained_output_tokens"], 0,
+        "{report}"
+    );
 }
 
 /// Codex offers `gpt-5.5` its `apply_patch` as a freeform (`custom`) tool with a Lark grammar.

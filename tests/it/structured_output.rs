@@ -181,10 +181,12 @@ fn requests(tools: bool) -> Vec<(&'static str, Value)> {
     ]
 }
 
-fn constrained_by(schema: &str) -> gyre_event::OutputConstraint {
+/// What a record says of a call whose `outputs` tokens were all held to `schema`.
+fn constrained_by(schema: &str, outputs: usize) -> gyre_event::OutputConstraint {
     gyre_event::OutputConstraint {
         schema: Some(schema.to_string()),
         enforced: true,
+        constrained_tokens: outputs as u32,
     }
 }
 
@@ -273,34 +275,42 @@ fn a_schema_reaches_the_engines_grammar_over_sglang_and_vllm_and_the_record_says
             .iter()
             .map(|record| record.output_constraint.clone())
             .collect();
-        let asked = |enforced| {
+        // `held`: every sampled token was held to the format (all of them counted), else none.
+        let asked = |held: bool, record: &gyre_event::ModelCallRecord| {
             Some(gyre_event::OutputConstraint {
                 schema: Some(SCHEMA.to_string()),
-                enforced,
+                enforced: held,
+                constrained_tokens: if held {
+                    record.output_ids.len() as u32
+                } else {
+                    0
+                },
             })
         };
         assert_eq!(
             constraints,
             vec![
-                asked(true),
-                asked(true),
-                asked(true),
-                asked(false),
-                asked(false),
-                asked(false),
+                asked(true, &records[0]),
+                asked(true, &records[1]),
+                asked(true, &records[2]),
+                asked(false, &records[3]),
+                asked(false, &records[4]),
+                asked(false, &records[5]),
                 Some(gyre_event::OutputConstraint {
                     schema: None,
-                    enforced: true
+                    enforced: true,
+                    constrained_tokens: records[6].output_ids.len() as u32,
                 }),
                 None,
             ],
-            "{protocol}: each record says what was asked for and whether it held"
+            "{protocol}: each record says what was asked for and how many tokens it held"
         );
         assert_eq!(
             records[0].output_constraint,
-            Some(constrained_by(SCHEMA)),
+            Some(constrained_by(SCHEMA, records[0].output_ids.len())),
             "the schema is kept as the client wrote it"
         );
+        assert!(records[0].constrained_output_tokens() > 0);
 
         // A failover that continues a partial answer cannot restart the grammar: the
         // continuation goes unconstrained and the record says the answer was not held to it.
@@ -319,7 +329,29 @@ fn a_schema_reaches_the_engines_grammar_over_sglang_and_vllm_and_the_record_says
         );
         let records = proxy.sink.records();
         let last = records.last().expect("the continued call is recorded");
-        assert_eq!(last.output_constraint, asked(false).clone());
+        // The tokens sampled before the cut were held to the grammar, the continuation's were
+        // not: the record counts the first, so a trainer keeps their masked log-probs out of
+        // the loss.
+        let cut = records
+            .iter()
+            .rev()
+            .find(|record| record.kind == gyre_event::CallKind::Aborted)
+            .expect("the cut attempt is kept for audit");
+        let before_cut = cut.output_ids.len() as u32;
+        assert!(
+            before_cut > 0,
+            "{protocol}: the first attempt sampled tokens"
+        );
+        assert!((before_cut as usize) < last.output_ids.len());
+        assert_eq!(
+            last.output_constraint,
+            Some(gyre_event::OutputConstraint {
+                schema: Some(SCHEMA.to_string()),
+                enforced: false,
+                constrained_tokens: before_cut,
+            })
+        );
+        assert_eq!(last.constrained_output_tokens(), before_cut);
         assert!(
             records
                 .iter()
@@ -348,7 +380,8 @@ fn an_engine_without_a_grammar_records_the_format_as_not_enforced() {
             record.output_constraint,
             Some(gyre_event::OutputConstraint {
                 schema: Some(SCHEMA.to_string()),
-                enforced: false
+                enforced: false,
+                constrained_tokens: 0,
             })
         );
     }

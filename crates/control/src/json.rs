@@ -130,6 +130,13 @@ pub struct OutputConstraintJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     pub enforced: bool,
+    /// Leading output tokens sampled under the engine's grammar (omitted: 0).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub constrained_tokens: u32,
+}
+
+fn is_zero_u32(value: &u32) -> bool {
+    *value == 0
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -508,6 +515,7 @@ impl From<&ev::Event> for EventJson {
                     OutputConstraintJson {
                         schema: constraint.schema.clone(),
                         enforced: constraint.enforced,
+                        constrained_tokens: constraint.constrained_tokens,
                     }
                 }),
             }),
@@ -775,6 +783,7 @@ impl TryFrom<EventJson> for ev::Event {
                 output_constraint: r.output_constraint.map(|constraint| ev::OutputConstraint {
                     schema: constraint.schema,
                     enforced: constraint.enforced,
+                    constrained_tokens: constraint.constrained_tokens,
                 }),
             })),
             BodyJson::EvaluationRequested {

@@ -121,6 +121,13 @@ pub struct OutputConstraint {
     /// tools (a constraint on the whole output would forbid calling them), or when a failover
     /// continued a partial answer (an engine starts its grammar at the output's first token).
     pub enforced: bool,
+    /// How many leading output tokens were sampled under the engine's grammar: every one when
+    /// `enforced`, fewer when a failover continued a partial answer without it. Their
+    /// log-probs are of the masked distribution, not of the policy a trainer recomputes, so
+    /// the trajectory processor keeps them out of the loss
+    /// ([`ModelCallRecord::constrained_output_tokens`]). A record written before the field
+    /// existed reads 0 here; with `enforced` that still means every token.
+    pub constrained_tokens: u32,
 }
 
 /// Bound on [`OutputConstraint::schema`] (the proxy refuses larger schemas).
@@ -132,6 +139,20 @@ pub const STOP_SEQUENCES_MAX: usize = 64;
 pub const STOP_SEQUENCE_BYTES_MAX: usize = 1024;
 
 impl ModelCallRecord {
+    /// How many leading output tokens were sampled under an engine's grammar (their
+    /// log-probs are of the masked distribution): 0 for a call without an enforced answer
+    /// format.
+    pub fn constrained_output_tokens(&self) -> u32 {
+        match &self.output_constraint {
+            // A record from before `constrained_tokens` existed counts 0 with `enforced`.
+            Some(constraint) if constraint.enforced => {
+                u32::try_from(self.output_ids.len()).unwrap_or(u32::MAX)
+            }
+            Some(constraint) => constraint.constrained_tokens,
+            None => 0,
+        }
+    }
+
     /// Structural checks the log applies before accepting a record.
     pub fn validate(&self) -> Result<(), String> {
         if self.output_ids.len() != self.output_logprobs.len() {
@@ -183,6 +204,24 @@ impl ModelCallRecord {
                     "call {}: an output schema of {} bytes (1 to {OUTPUT_SCHEMA_BYTES_MAX})",
                     self.call,
                     schema.len()
+                ));
+            }
+        }
+        if let Some(constraint) = &self.output_constraint {
+            let outputs = self.output_ids.len() as u64;
+            let constrained = u64::from(constraint.constrained_tokens);
+            if constrained > outputs {
+                return Err(format!(
+                    "call {}: {constrained} output tokens constrained by the answer format, but \
+                     it sampled {outputs}",
+                    self.call
+                ));
+            }
+            if constraint.enforced && constrained != 0 && constrained != outputs {
+                return Err(format!(
+                    "call {}: the answer format was enforced on every output token, but only \
+                     {constrained} of {outputs} are counted as constrained",
+                    self.call
                 ));
             }
         }

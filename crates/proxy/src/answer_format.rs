@@ -49,14 +49,16 @@ impl AnswerFormat {
         }
     }
 
-    /// The record's account of it.
-    pub fn record(&self, enforced: bool) -> OutputConstraint {
+    /// The record's account of it: the engine's grammar held the first `constrained_tokens`
+    /// of the call's `outputs` sampled tokens (all of them: enforced).
+    pub fn record(&self, constrained_tokens: u32, outputs: u32) -> OutputConstraint {
         OutputConstraint {
             schema: match self {
                 AnswerFormat::JsonObject => None,
                 AnswerFormat::JsonSchema { schema, .. } => Some(schema.to_string()),
             },
-            enforced,
+            enforced: outputs > 0 && constrained_tokens == outputs,
+            constrained_tokens,
         }
     }
 }
@@ -341,16 +343,23 @@ mod tests {
             JsonConstraint::Schema(r#"{"type":"object"}"#.into())
         );
         assert_eq!(
-            format.record(true),
+            format.record(5, 5),
             OutputConstraint {
                 schema: Some(r#"{"type":"object"}"#.into()),
-                enforced: true
+                enforced: true,
+                constrained_tokens: 5,
             }
         );
+        // A failover continued the first 3 constrained tokens without the grammar.
+        let partial = format.record(3, 8);
+        assert!(!partial.enforced);
+        assert_eq!(partial.constrained_tokens, 3);
+        // Nothing sampled: nothing was held to the format.
+        assert!(!format.record(0, 0).enforced);
         assert_eq!(
             AnswerFormat::JsonObject.engine_constraint(),
             JsonConstraint::Object
         );
-        assert_eq!(AnswerFormat::JsonObject.record(false).schema, None);
+        assert_eq!(AnswerFormat::JsonObject.record(0, 4).schema, None);
     }
 }

@@ -30,16 +30,26 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GYRESNAP";
 
 /// The format this build writes. It also reads version 1, written before consumed executions'
 /// trees were retired (no retired section: every tree is live), version 2, written before
-/// tree nodes kept their calls' stop sequences (none then), and version 3, written before the
-/// stored-responses section (none then).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+/// tree nodes kept their calls' stop sequences (none then), version 3, written before the
+/// stored-responses section (none then), and version 4, written before tree nodes kept how
+/// many outputs an answer-format grammar constrained (none then).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
 
 /// The first version with the stored-responses section.
 const RESPONSES_SINCE: u32 = 4;
 
-// The trajectory part is versioned with the snapshot: versions 1 to 3 are its formats, and
-// later snapshot versions hold its latest.
-const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 3);
+// The trajectory part is versioned with the snapshot: versions 1 to 3 are its formats 1 to 3,
+// version 4 holds its format 3 and version 5 its format 4.
+const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 4);
+
+/// The trajectory part's format in a snapshot of `version`.
+fn trajectory_format(version: u32) -> u32 {
+    match version {
+        0..=3 => version,
+        4 => 3,
+        _ => 4,
+    }
+}
 
 /// The oldest format this build reads.
 const OLDEST_READ_VERSION: u32 = 1;
@@ -156,10 +166,8 @@ impl ControlState {
         }
         let mut reader = Reader::with_base(&covered[HEADER_BYTES..], HEADER_BYTES);
         let scheduler = SchedulerState::decode_from(&mut reader)?;
-        let mut trajectories = TrajectoryBuffer::decode_versioned(
-            &mut reader,
-            version.min(gyre_trajectory::TRAJECTORY_FORMAT),
-        )?;
+        let mut trajectories =
+            TrajectoryBuffer::decode_versioned(&mut reader, trajectory_format(version))?;
         if version == 1 {
             // Written before retirement: bring it to what a fold of the same log holds now.
             trajectories.retire_consumed(

@@ -9,7 +9,9 @@
 //! Every path covers a prefix of each node's segment (see `tree.rs`), so the mask of a node is
 //! one integer, `masked[node]`: its first `masked` segment tokens are masked. The unmasked
 //! trainable tokens a path piece `(node, cut)` carries are the output positions in
-//! `[max(masked, input_len), cut)` — one contiguous range, so each node contributes at most one
+//! `[max(masked, trainable_from), cut)`, where `trainable_from` is the input length plus the
+//! leading outputs an engine sampled under an answer-format grammar (their log-probs are of the
+//! masked distribution, so they stay context) — one contiguous range, so each node contributes at most one
 //! `TargetRange` per trajectory. Leaf weights are recomputed after each draw in one pass over
 //! the nodes (parents precede children): O(J_max · nodes).
 //!
@@ -48,7 +50,7 @@ pub struct Admission {
 
 /// Unmasked trainable tokens of `node`'s segment prefix `[0, cut)`.
 fn unmasked_in(tree: &Tree, masked: &[u64], node: NodeId, cut: u64) -> u64 {
-    let low = masked[node.index()].max(tree.node(node).input_len());
+    let low = masked[node.index()].max(tree.node(node).trainable_from());
     cut.saturating_sub(low)
 }
 
@@ -112,7 +114,7 @@ pub fn admit(tree: &Tree, classes: &RoleClasses, j_max: u32, rng: &mut SplitMix6
         let mut targets = Vec::new();
         for piece in tree.path(leaf) {
             let node = tree.node(piece.node);
-            let low = masked[piece.node.index()].max(node.input_len());
+            let low = masked[piece.node.index()].max(node.trainable_from());
             if piece.cut > low {
                 targets.push(TargetRange {
                     call: node.call,

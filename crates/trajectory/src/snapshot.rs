@@ -243,6 +243,8 @@ impl Tree {
                 input_provenance,
                 output_ids,
                 output_logprobs,
+                // In the buffer's own section (format 4), set after every tree is read.
+                constrained_outputs: 0,
                 // In the buffer's own section (format 3), set after every tree is read.
                 stop_sequences: Vec::new(),
             })
@@ -562,7 +564,7 @@ fn read_admitted(reader: &mut Reader<'_>) -> Result<AdmittedTrajectory, WireErro
 
 /// The trajectory part's layout that [`TrajectoryBuffer::encode_into`] writes (the control
 /// snapshot's format version; see [`TrajectoryBuffer::decode_versioned`]).
-pub const TRAJECTORY_FORMAT: u32 = 3;
+pub const TRAJECTORY_FORMAT: u32 = 4;
 
 impl TrajectoryBuffer {
     /// Appends the canonical snapshot encoding of the whole buffer.
@@ -648,6 +650,23 @@ impl TrajectoryBuffer {
                 writer.str(stop);
             }
         }
+        // Format 4: the live trees' calls with outputs sampled under an answer-format grammar,
+        // by execution, then in node order, each with how many.
+        let constrained: Vec<(ExecutionId, &crate::tree::Node)> = trees
+            .iter()
+            .flat_map(|(execution, tree)| {
+                tree.nodes()
+                    .iter()
+                    .filter(|node| node.constrained_outputs > 0)
+                    .map(move |node| (*execution, node))
+            })
+            .collect();
+        writer.count(constrained.len());
+        for (execution, node) in constrained {
+            writer.varint(execution.get());
+            writer.varint(node.call.get());
+            writer.varint(u64::from(node.constrained_outputs));
+        }
     }
 
     /// Reads what [`TrajectoryBuffer::encode_into`] wrote. Never panics.
@@ -656,8 +675,8 @@ impl TrajectoryBuffer {
     }
 
     /// [`TrajectoryBuffer::decode_from`] for what an older build wrote: `format` 1 has no
-    /// retirement sections (every tree is live), 2 has them, 3 (current) adds the calls' stop
-    /// sequences.
+    /// retirement sections (every tree is live), 2 has them, 3 adds the calls' stop
+    /// sequences, 4 (current) the counts of outputs sampled under an answer-format grammar.
     pub fn decode_versioned(
         reader: &mut Reader<'_>,
         format: u32,
@@ -783,6 +802,43 @@ impl TrajectoryBuffer {
                     });
                 let node = restored.map_err(|message| {
                     inconsistent(reader, start_offset, "trajectory.stop_sequences", message)
+                })?;
+                previous = Some((execution, node));
+            }
+        }
+        if format >= 4 {
+            let count = reader.count("trajectory.constrained_outputs", 3)?;
+            // (execution, node index) of the last entry: entries come in that order, once.
+            let mut previous: Option<(u64, NodeId)> = None;
+            for _ in 0..count {
+                let start_offset = reader.offset();
+                let execution = reader.varint("trajectory.constrained_outputs.execution")?;
+                let call = CallId(reader.varint("trajectory.constrained_outputs.call")?);
+                let constrained = reader.varint("trajectory.constrained_outputs.count")?;
+                let restored = trees
+                    .get_mut(&ExecutionId(execution))
+                    .ok_or_else(|| format!("execution {execution} has no live tree"))
+                    .and_then(|tree| {
+                        let node = tree
+                            .node_of_call(call)
+                            .ok_or_else(|| format!("call {call} is not in the tree"))?;
+                        if previous.is_some_and(|last| last >= (execution, node)) {
+                            return Err(format!(
+                                "call {call} of execution {execution} is out of order"
+                            ));
+                        }
+                        let constrained = u32::try_from(constrained).map_err(|_| {
+                            format!("call {call} is listed with {constrained} constrained outputs")
+                        })?;
+                        tree.restore_constrained_outputs(call, constrained)
+                    });
+                let node = restored.map_err(|message| {
+                    inconsistent(
+                        reader,
+                        start_offset,
+                        "trajectory.constrained_outputs",
+                        message,
+                    )
                 })?;
                 previous = Some((execution, node));
             }

@@ -136,7 +136,7 @@ pub fn statistics(tree: &Tree, classes: &RoleClasses) -> TreeStatistics {
         trainable_tokens: tree
             .nodes()
             .iter()
-            .map(|node| node.output_ids.len() as u64)
+            .map(|node| node.segment_len() - node.trainable_from())
             .sum(),
         path_nodes_max: 0,
         path_tokens_max: 0,

@@ -99,6 +99,9 @@ struct ModelCalls {
     /// Of those, calls the engine's grammar held to it (their behaviour log-probs are of the
     /// constrained policy).
     formatted_enforced: u64,
+    /// Output tokens sampled under an engine's grammar: their log-probs are of the masked
+    /// distribution, so the trajectory processor never makes them targets.
+    constrained_output_tokens: u64,
     input_tokens_new: u64,
     input_tokens_reused: u64,
     output_tokens: u64,
@@ -178,6 +181,7 @@ impl ModelCalls {
         if let Some(constraint) = &record.output_constraint {
             self.formatted += 1;
             self.formatted_enforced += u64::from(constraint.enforced);
+            self.constrained_output_tokens += u64::from(record.constrained_output_tokens());
         }
         self.input_tokens_new += record.input_ids.len() as u64;
         self.input_tokens_reused += record.reused_prefix_tokens_count;
@@ -874,8 +878,8 @@ fn print_text(report: &PostMortem) {
         );
         if calls.formatted > 0 {
             println!(
-                "  structured outputs: {} calls asked for a JSON format, {} held to it by the engine's grammar",
-                calls.formatted, calls.formatted_enforced
+                "  structured outputs: {} calls asked for a JSON format, {} held to it by the engine's grammar; {} output tokens sampled under a grammar (never targets)",
+                calls.formatted, calls.formatted_enforced, calls.constrained_output_tokens
             );
         }
         println!(

@@ -391,6 +391,7 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
                         .get_or_insert(gyre_event::OutputConstraint {
                             schema: None,
                             enforced: false,
+                            constrained_tokens: 0,
                         });
                 while !nested.is_empty() {
                     let (tag, wire_type) = nested.key()?;
@@ -403,6 +404,10 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
                             constraint.schema = Some(schema.to_string());
                         }
                         2 => constraint.enforced = nested.varint_field(wire_type)? != 0,
+                        3 => {
+                            // uint32: prost keeps the low 32 bits of a wider varint.
+                            constraint.constrained_tokens = nested.varint_field(wire_type)? as u32
+                        }
                         _ => nested.skip(tag, wire_type)?,
                     }
                 }
@@ -459,6 +464,7 @@ fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
             gyre_event::OutputConstraint {
                 schema: constraint.schema,
                 enforced: constraint.enforced,
+                constrained_tokens: constraint.constrained_tokens,
             }
         }),
     })
@@ -523,7 +529,11 @@ mod wire_tests {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec("[a-z\\n]{0,4}", 0..3),
-                proptest::option::of((proptest::option::of("[a-z{}\"]{0,6}"), any::<bool>())),
+                proptest::option::of((
+                    proptest::option::of("[a-z{}\"]{0,6}"),
+                    any::<bool>(),
+                    any::<u32>(),
+                )),
             ),
         )
             .prop_map(
@@ -550,8 +560,13 @@ mod wire_tests {
                     first_token_after_nanos: first,
                     completed_after_nanos: completed,
                     stop_sequences: stops,
-                    output_constraint: constraint
-                        .map(|(schema, enforced)| pb::OutputConstraint { schema, enforced }),
+                    output_constraint: constraint.map(|(schema, enforced, constrained_tokens)| {
+                        pb::OutputConstraint {
+                            schema,
+                            enforced,
+                            constrained_tokens,
+                        }
+                    }),
                 },
             )
     }

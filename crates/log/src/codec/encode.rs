@@ -300,6 +300,7 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
             pb::OutputConstraint {
                 schema: constraint.schema.clone(),
                 enforced: constraint.enforced,
+                constrained_tokens: constraint.constrained_tokens,
             }
         }),
     }

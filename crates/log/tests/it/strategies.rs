@@ -94,7 +94,11 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
             any::<u64>(),
             any::<u64>(),
             proptest::collection::vec("\\PC{0,6}", 0..3),
-            proptest::option::of((proptest::option::of("\\PC{1,8}"), any::<bool>())),
+            proptest::option::of((
+                proptest::option::of("\\PC{1,8}"),
+                any::<bool>(),
+                any::<u32>(),
+            )),
         ),
     )
         .prop_map(
@@ -139,8 +143,13 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 first_token_after: Duration(first_token_after),
                 completed_after: Duration(completed_after),
                 stop_sequences,
-                output_constraint: output_constraint
-                    .map(|(schema, enforced)| OutputConstraint { schema, enforced }),
+                output_constraint: output_constraint.map(
+                    |(schema, enforced, constrained_tokens)| OutputConstraint {
+                        schema,
+                        enforced,
+                        constrained_tokens,
+                    },
+                ),
             },
         )
 }

@@ -458,14 +458,14 @@ pub async fn run(
     // Structured output: the engine's grammar holds the answer to the format only when the
     // model may not call a tool instead (a grammar over the whole output would forbid the
     // call), and only from the output's first token (an engine starts its grammar there, so a
-    // failover that continues a partial answer goes unconstrained). The record says whether
-    // every sampled token was constrained.
+    // failover that continues a partial answer goes unconstrained). The record says how many
+    // leading sampled tokens were constrained: their log-probs are of the masked distribution.
     let json_constraint = request
         .answer_format
         .as_ref()
         .filter(|_| request.tools.is_empty() || request.tool_choice == ToolChoice::None)
         .map(AnswerFormat::engine_constraint);
-    let mut unconstrained_tokens = false;
+    let mut constrained_tokens = 0usize;
     let mut engine_index = execution.lock().engine;
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
@@ -548,13 +548,15 @@ pub async fn run(
                         break 'engines kind;
                     }
                     Some(Ok(EngineChunk::Tokens { ids, logprobs })) => {
-                        unconstrained_tokens |= !constrained && !ids.is_empty();
                         if first_token.is_none() {
                             first_token = Some(started.elapsed());
                         }
                         for (id, logprob) in ids.iter().zip(logprobs.iter()) {
                             sampled.output_ids.push(*id);
                             sampled.output_logprobs.push(*logprob);
+                            if constrained {
+                                constrained_tokens = sampled.output_ids.len();
+                            }
                             let pushed = answer.token(
                                 &app,
                                 &execution,
@@ -679,10 +681,12 @@ pub async fn run(
     let reused = prepared.reused_by_text as u64;
     // Record, then commit, then release the end of the answer.
     sampled.spawns_agent = answer.spawns_agent;
-    sampled.output_constraint = request
-        .answer_format
-        .as_ref()
-        .map(|format| format.record(json_constraint.is_some() && !unconstrained_tokens));
+    sampled.output_constraint = request.answer_format.as_ref().map(|format| {
+        format.record(
+            u32::try_from(constrained_tokens).unwrap_or(u32::MAX),
+            u32::try_from(sampled.output_ids.len()).unwrap_or(u32::MAX),
+        )
+    });
     let finished = execution.lock().finish_call(prepared, sampled);
     let record = match finished {
         Ok(record) => record,

@@ -114,7 +114,7 @@ fn reseal(bytes: &mut [u8]) {
 fn as_older_version(state: &ControlState, sections: usize, version: u32) -> Vec<u8> {
     assert!(
         state.responses.is_empty(),
-        "no stored responses before version 4"
+        "the fixture stores no responses (none before version 4)"
     );
     let bytes = state.encode_snapshot();
     let mut applied = gyre_event::wire::Writer::new();
@@ -134,7 +134,9 @@ fn as_older_version(state: &ControlState, sections: usize, version: u32) -> Vec<
         "the left-out sections are empty"
     );
     let mut older = bytes[..sections_end - sections].to_vec();
-    older.extend_from_slice(&bytes[sections_end..body_end - 1]);
+    // Version 4 on keeps the (empty) stored-responses section.
+    let responses_end = if version >= 4 { body_end } else { body_end - 1 };
+    older.extend_from_slice(&bytes[sections_end..responses_end]);
     older.extend_from_slice(&bytes[body_end..]);
     older[8..12].copy_from_slice(&version.to_le_bytes());
     reseal(&mut older);
@@ -261,9 +263,9 @@ fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
         }
     }
     assert!(old.trajectories.retired.is_empty() && old.trajectories.consumed_groups.is_empty());
-    // Version 3 ends its trajectory part with four sections (retired, retiring, consumed
-    // groups, stop sequences; empty here); version 1 has none of them.
-    let v1 = as_older_version(&old, 4, 1);
+    // Version 5 ends its trajectory part with five sections (retired, retiring, consumed
+    // groups, stop sequences, constrained outputs; empty here); version 1 has none of them.
+    let v1 = as_older_version(&old, 5, 1);
     let restored = ControlState::decode_snapshot(&v1).expect("a version-1 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.digest(), state.digest());
@@ -277,8 +279,9 @@ fn version_2_snapshots_restore_without_stop_sequences() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();
-    // Version 3 ends its trajectory part with the stop-sequence section (empty here).
-    let v2 = as_older_version(&state, 1, 2);
+    // Version 5 ends its trajectory part with the stop-sequence and constrained-output
+    // sections (empty here); version 2 has neither.
+    let v2 = as_older_version(&state, 2, 2);
     let restored = ControlState::decode_snapshot(&v2).expect("a version-2 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
@@ -291,8 +294,22 @@ fn version_3_snapshots_restore_without_stored_responses() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();
-    let v3 = as_older_version(&state, 0, 3);
+    // Nor the constrained-output section (empty here).
+    let v3 = as_older_version(&state, 1, 3);
     let restored = ControlState::decode_snapshot(&v3).expect("a version-3 snapshot restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.encode_snapshot(), bytes);
+}
+
+/// A version-4 snapshot (written before nodes kept how many outputs an answer-format grammar
+/// constrained: no such section) restores to the same state, none of its calls constrained.
+#[test]
+fn version_4_snapshots_restore_without_constrained_outputs() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let state = fold(&events);
+    let bytes = state.encode_snapshot();
+    let v4 = as_older_version(&state, 1, 4);
+    let restored = ControlState::decode_snapshot(&v4).expect("a version-4 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
 }

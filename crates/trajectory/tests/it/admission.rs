@@ -87,3 +87,63 @@ fn admission_stops_when_nothing_trainable_is_left() {
     assert_eq!(admission.trajectories.len(), 3);
     assert_eq!(admission.targets_count, 1 + 2 + 6 + 10);
 }
+
+/// Builds `script` with the answer-format constraints given as (call, constrained leading
+/// outputs) applied to those calls' records, as the proxy writes them.
+fn build_constrained(script: &str, constrained: &[(u64, u32)]) -> gyre_trajectory::Tree {
+    let plain = build(script);
+    let mut tree = gyre_trajectory::Tree::new(plain.execution(), Default::default());
+    for mut record in plain.records() {
+        if let Some((_, count)) = constrained
+            .iter()
+            .find(|(call, _)| *call == record.call.get())
+        {
+            record.output_constraint = Some(gyre_event::OutputConstraint {
+                schema: Some(r#"{"type":"object"}"#.into()),
+                enforced: *count as usize == record.output_ids.len(),
+                constrained_tokens: *count,
+            });
+        }
+        tree.apply(&record).expect("constrained records apply");
+    }
+    tree.validate();
+    tree
+}
+
+/// Outputs sampled under an engine's grammar carry the masked distribution's log-probs, which
+/// a trainer's recomputed log-probs cannot match: they stay context and are never targets,
+/// also when a failover left only the first few of a call's outputs constrained.
+#[test]
+fn outputs_sampled_under_a_grammar_are_never_targets() {
+    let tree = build_constrained(THREE_LEAVES, &[(3, 6), (4, 4)]);
+    let classes = RoleClasses::claude_code();
+    for seed in 0..200u64 {
+        let admission = admit(&tree, &classes, 5, &mut SplitMix64::for_execution(seed, 1));
+        let mut by_call = std::collections::BTreeMap::new();
+        for trajectory in &admission.trajectories {
+            for range in &trajectory.targets {
+                by_call
+                    .entry(range.call.get())
+                    .or_insert_with(Vec::new)
+                    .push((range.start, range.end));
+            }
+        }
+        assert!(
+            !by_call.contains_key(&3),
+            "call 3 was sampled wholly under the grammar: {by_call:?}"
+        );
+        assert_eq!(
+            by_call.get(&4),
+            Some(&vec![(4, 10)]),
+            "call 4's first four outputs were constrained, the other six are targets"
+        );
+        // Every trainable token is admitted once: c1 (1), c2 (2), c4's last six.
+        assert_eq!(admission.targets_count, 1 + 2 + 6);
+        // c3's leaf has nothing trainable of its own: drawn only for c1's token, if first.
+        assert!(admission.trajectories.len() <= 3);
+    }
+    // Without the constraints the same tree admits every output.
+    let plain = build(THREE_LEAVES);
+    let admission = admit(&plain, &classes, 5, &mut SplitMix64::for_execution(7, 1));
+    assert_eq!(admission.targets_count, 1 + 2 + 6 + 10);
+}

@@ -5,11 +5,12 @@
 
 use std::collections::BTreeSet;
 
-use gyre_event::{AdmittedTrajectory, CallId, ExecutionId};
-use gyre_trajectory::synthetic::{build_tree, generate, SyntheticConfig};
+use gyre_event::{AdmittedTrajectory, CallId, ExecutionId, OutputConstraint};
+use gyre_trajectory::synthetic::{build_tree, context_call, generate, SyntheticConfig};
 use gyre_trajectory::{
-    admit, materialise, objective, target_weight, trajectory_targets_count, trajectory_weights,
-    Admission, ExecutionTargets, RoleClasses, SplitMix64, TargetToken, Tree, TreeConfig,
+    admit, materialise, objective, record_from_context, target_weight, trajectory_targets_count,
+    trajectory_weights, Admission, ExecutionTargets, RoleClasses, SplitMix64, TargetToken, Tree,
+    TreeConfig,
 };
 use proptest::prelude::*;
 
@@ -22,13 +23,14 @@ fn target_tokens(trajectory: &AdmittedTrajectory) -> Vec<(CallId, u32)> {
         .collect()
 }
 
-/// Output tokens on the path of a leaf, as (call, output index).
+/// Trainable output tokens on the path of a leaf, as (call, output index): outputs an engine
+/// sampled under an answer-format grammar are context only.
 fn path_output_tokens(tree: &Tree, leaf: CallId) -> BTreeSet<(CallId, u32)> {
     let leaf = tree.node_of_call(leaf).expect("leaf exists");
     let mut tokens = BTreeSet::new();
     for piece in tree.path(leaf) {
         let node = tree.node(piece.node);
-        for offset in node.input_len()..piece.cut {
+        for offset in node.trainable_from()..piece.cut {
             tokens.insert((node.call, (offset - node.input_len()) as u32));
         }
     }
@@ -173,8 +175,55 @@ fn random_execution(seed: u64, main_calls: u32, sub_agents: u32) -> Tree {
     tree
 }
 
+/// [`random_execution`] with about a third of the calls answered under an answer-format
+/// grammar: all of a call's outputs, or (a failover's continuation) only the first few.
+fn random_constrained_execution(seed: u64, main_calls: u32, sub_agents: u32) -> Tree {
+    let calls = generate(SyntheticConfig::small(main_calls, sub_agents), seed);
+    let mut tree = Tree::new(ExecutionId(seed), TreeConfig::default());
+    let mut rng = SplitMix64::new(seed ^ 0xC0_57A1);
+    for call in &calls {
+        let mut record = record_from_context(&tree, &context_call(call));
+        if rng.below(3) == 0 {
+            let outputs = record.output_ids.len() as u64;
+            let constrained = rng.below(outputs + 1) as u32;
+            record.output_constraint = Some(OutputConstraint {
+                schema: None,
+                enforced: outputs > 0 && u64::from(constrained) == outputs,
+                constrained_tokens: constrained,
+            });
+        }
+        tree.apply(&record).expect("generated calls apply");
+    }
+    tree.validate();
+    tree
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Admission over trees with constrained outputs keeps every property, never targets a
+    /// constrained token, admits every other trainable token a leaf's path reaches, and the
+    /// tree's own records (a proxy's restart) keep the counts.
+    #[test]
+    fn constrained_outputs_are_never_admitted(seed in any::<u64>(), main_calls in 1u32..30, sub_agents in 0u32..4, run_seed in any::<u64>()) {
+        let tree = random_constrained_execution(seed, main_calls, sub_agents);
+        let classes = RoleClasses::claude_code();
+        let admission = admit(&tree, &classes, 64, &mut SplitMix64::for_execution(run_seed, seed));
+        prop_assert_eq!(check_disjoint(&admission), Ok(()));
+        prop_assert_eq!(check_targets_sampled_on_path(&tree, &admission), Ok(()));
+        prop_assert_eq!(check_priority(&tree, &classes, &admission, 64), Ok(()));
+        for trajectory in &admission.trajectories {
+            for range in &trajectory.targets {
+                let node = tree.node(tree.node_of_call(range.call).expect("target call"));
+                prop_assert!(range.start >= node.constrained_outputs, "{:?} targets a constrained output of {}", range, node.constrained_outputs);
+            }
+        }
+        let mut rebuilt = Tree::new(tree.execution(), TreeConfig::default());
+        for record in tree.records() {
+            rebuilt.apply(&record).expect("each record applies");
+        }
+        prop_assert_eq!(&rebuilt, &tree);
+    }
 
     #[test]
     fn admission_properties(seed in any::<u64>(), main_calls in 1u32..30, sub_agents in 0u32..4, j_max in 1u32..8, run_seed in any::<u64>()) {

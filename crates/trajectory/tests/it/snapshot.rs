@@ -235,6 +235,17 @@ impl Runtime {
                 if *done % 3 == 1 {
                     record.stop_sequences = vec!["\nObservation:".into(), format!("<{done}>")];
                 }
+                // Every fourth answered under an answer-format grammar, wholly or (a
+                // failover's continuation) its first outputs only (the snapshot's own section).
+                if *done % 4 == 2 {
+                    let outputs = record.output_ids.len() as u32;
+                    let constrained = if *done % 8 == 2 { outputs } else { outputs / 2 };
+                    record.output_constraint = Some(gyre_event::OutputConstraint {
+                        schema: Some(r#"{"type":"object"}"#.into()),
+                        enforced: constrained == outputs,
+                        constrained_tokens: constrained,
+                    });
+                }
                 if let Some((_, done)) = self.calls.get_mut(&execution) {
                     *done += 1;
                 }
@@ -477,6 +488,14 @@ fn busy_buffer() -> TrajectoryBuffer {
             .iter()
             .any(|record| !record.stop_sequences.is_empty())),
         "the records a tree gives back (a proxy's restart) keep them"
+    );
+    assert!(
+        buffer.trees.values().any(|tree| tree
+            .nodes()
+            .iter()
+            .any(|node| node.constrained_outputs > 0
+                && (node.constrained_outputs as usize) < node.output_ids.len())),
+        "the fixture has calls with some outputs sampled under a grammar"
     );
     assert!(buffer.trees.values().any(|tree| tree.roots().count() > 1));
     assert!(buffer.scoring.executions.values().any(|score| score
