@@ -247,6 +247,7 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
             completed_after: EventDuration(7),
             stop_sequences: vec!["\nObservation:".into()],
             output_constraint: None,
+            sampling: gyre_event::SamplingSettings::POLICY,
         };
         let event = |record: &ModelCallRecord| {
             Event::new(
@@ -312,6 +313,7 @@ fn a_restarted_quorum_restores_stop_sequences_from_its_snapshots() {
                 completed_after: EventDuration(7),
                 stop_sequences: stops.iter().map(|stop| stop.to_string()).collect(),
                 output_constraint: None,
+                sampling: gyre_event::SamplingSettings::POLICY,
             }
         };
         let recorded = [

@@ -121,6 +121,31 @@ pub struct ModelCallJson {
     /// The answer format the request asked for; omitted for plain text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_constraint: Option<OutputConstraintJson>,
+    /// How the engine sampled; omitted for the policy's own settings (temperature 1, no
+    /// truncation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingJson>,
+}
+
+/// [`ev::SamplingSettings`]; a field left out is the policy's (`temperature` 1, `top_p` 1, no
+/// `top_k`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingJson {
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub temperature: f32,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub top_p: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+fn is_one(value: &f32) -> bool {
+    *value == 1.0
 }
 
 /// [`ev::OutputConstraint`]: `schema` is the JSON Schema's text as the request sent it
@@ -518,6 +543,11 @@ impl From<&ev::Event> for EventJson {
                         constrained_tokens: constraint.constrained_tokens,
                     }
                 }),
+                sampling: (!r.sampling.is_policy()).then_some(SamplingJson {
+                    temperature: r.sampling.temperature,
+                    top_p: r.sampling.top_p,
+                    top_k: r.sampling.top_k,
+                }),
             }),
             E::EvaluationRequested {
                 execution,
@@ -784,6 +814,13 @@ impl TryFrom<EventJson> for ev::Event {
                     schema: constraint.schema,
                     enforced: constraint.enforced,
                     constrained_tokens: constraint.constrained_tokens,
+                }),
+                sampling: r.sampling.map_or(ev::SamplingSettings::POLICY, |sampling| {
+                    ev::SamplingSettings {
+                        temperature: sampling.temperature,
+                        top_p: sampling.top_p,
+                        top_k: sampling.top_k,
+                    }
                 }),
             })),
             BodyJson::EvaluationRequested {

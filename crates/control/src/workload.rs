@@ -45,6 +45,7 @@ pub fn record(
             completed_after: gyre_event::Duration(0),
             stop_sequences: Vec::new(),
             output_constraint: None,
+            sampling: gyre_event::SamplingSettings::POLICY,
         })),
     )
 }

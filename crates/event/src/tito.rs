@@ -107,6 +107,60 @@ pub struct ModelCallRecord {
     /// so a reward or a dispute can tell a format the policy was asked for from one it was
     /// held to.
     pub output_constraint: Option<OutputConstraint>,
+    /// The sampling settings the engine drew `output_ids` with; their log-probs are of that
+    /// distribution. [`SamplingSettings::POLICY`] (temperature 1, no truncation) is the policy
+    /// itself, the distribution a trainer recomputes; a call sampled otherwise (a harness's own
+    /// temperature or top-p under `gyre proxy --sampling harness`) is context for training.
+    pub sampling: SamplingSettings,
+}
+
+/// How an engine sampled a call's output tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingSettings {
+    /// Logits are divided by it; 0 is greedy decoding.
+    pub temperature: f32,
+    /// Nucleus mass in `(0, 1]`; 1 keeps the whole vocabulary.
+    pub top_p: f32,
+    /// Only the `k` most likely tokens are kept; `None` keeps all.
+    pub top_k: Option<u32>,
+}
+
+impl SamplingSettings {
+    /// The policy's own distribution: what every record written before the field existed
+    /// reads, and what `gyre proxy` samples with unless told to pass a harness's settings on.
+    pub const POLICY: SamplingSettings = SamplingSettings {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+    };
+
+    /// Whether tokens drawn with these settings have the policy's own log-probs.
+    pub fn is_policy(&self) -> bool {
+        *self == Self::POLICY
+    }
+
+    /// Why these are not settings an engine could have sampled with, if they are not.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "sampling temperature {} is not a finite value ≥ 0",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("sampling top_p {} is not in (0, 1]", self.top_p));
+        }
+        if self.top_k == Some(0) {
+            return Err("sampling top_k 0: at least 1, or none".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for SamplingSettings {
+    fn default() -> Self {
+        Self::POLICY
+    }
 }
 
 /// An answer format a request asked for: JSON, optionally matching a schema.
@@ -150,6 +204,18 @@ impl ModelCallRecord {
             }
             Some(constraint) => constraint.constrained_tokens,
             None => 0,
+        }
+    }
+
+    /// How many leading output tokens are context for training, never targets: their
+    /// behaviour log-probs are not the policy's own — every output of a call sampled with other
+    /// settings than [`SamplingSettings::POLICY`], else those sampled under an answer-format
+    /// grammar.
+    pub fn context_output_tokens(&self) -> u32 {
+        if self.sampling.is_policy() {
+            self.constrained_output_tokens()
+        } else {
+            u32::try_from(self.output_ids.len()).unwrap_or(u32::MAX)
         }
     }
 
@@ -207,6 +273,9 @@ impl ModelCallRecord {
                 ));
             }
         }
+        self.sampling
+            .check()
+            .map_err(|message| format!("call {}: {message}", self.call))?;
         if let Some(constraint) = &self.output_constraint {
             let outputs = self.output_ids.len() as u64;
             let constrained = u64::from(constraint.constrained_tokens);

@@ -195,6 +195,7 @@ pub fn record_from_context(tree: &Tree, call: &ContextCall<'_>) -> ModelCallReco
         completed_after: Duration::ZERO,
         stop_sequences: Vec::new(),
         output_constraint: None,
+        sampling: gyre_event::SamplingSettings::POLICY,
     }
 }
 

@@ -244,7 +244,7 @@ impl Tree {
                 output_ids,
                 output_logprobs,
                 // In the buffer's own section (format 4), set after every tree is read.
-                constrained_outputs: 0,
+                context_outputs: 0,
                 // In the buffer's own section (format 3), set after every tree is read.
                 stop_sequences: Vec::new(),
             })
@@ -650,14 +650,15 @@ impl TrajectoryBuffer {
                 writer.str(stop);
             }
         }
-        // Format 4: the live trees' calls with outputs sampled under an answer-format grammar,
-        // by execution, then in node order, each with how many.
+        // Format 4: the live trees' calls with context-only outputs (sampled under an
+        // answer-format grammar, or with other settings than the policy's), by execution, then
+        // in node order, each with how many.
         let constrained: Vec<(ExecutionId, &crate::tree::Node)> = trees
             .iter()
             .flat_map(|(execution, tree)| {
                 tree.nodes()
                     .iter()
-                    .filter(|node| node.constrained_outputs > 0)
+                    .filter(|node| node.context_outputs > 0)
                     .map(move |node| (*execution, node))
             })
             .collect();
@@ -665,7 +666,7 @@ impl TrajectoryBuffer {
         for (execution, node) in constrained {
             writer.varint(execution.get());
             writer.varint(node.call.get());
-            writer.varint(u64::from(node.constrained_outputs));
+            writer.varint(u64::from(node.context_outputs));
         }
     }
 
@@ -676,7 +677,7 @@ impl TrajectoryBuffer {
 
     /// [`TrajectoryBuffer::decode_from`] for what an older build wrote: `format` 1 has no
     /// retirement sections (every tree is live), 2 has them, 3 adds the calls' stop
-    /// sequences, 4 (current) the counts of outputs sampled under an answer-format grammar.
+    /// sequences, 4 (current) the counts of context-only outputs (`Node::context_outputs`).
     pub fn decode_versioned(
         reader: &mut Reader<'_>,
         format: u32,
@@ -807,14 +808,14 @@ impl TrajectoryBuffer {
             }
         }
         if format >= 4 {
-            let count = reader.count("trajectory.constrained_outputs", 3)?;
+            let count = reader.count("trajectory.context_outputs", 3)?;
             // (execution, node index) of the last entry: entries come in that order, once.
             let mut previous: Option<(u64, NodeId)> = None;
             for _ in 0..count {
                 let start_offset = reader.offset();
-                let execution = reader.varint("trajectory.constrained_outputs.execution")?;
-                let call = CallId(reader.varint("trajectory.constrained_outputs.call")?);
-                let constrained = reader.varint("trajectory.constrained_outputs.count")?;
+                let execution = reader.varint("trajectory.context_outputs.execution")?;
+                let call = CallId(reader.varint("trajectory.context_outputs.call")?);
+                let constrained = reader.varint("trajectory.context_outputs.count")?;
                 let restored = trees
                     .get_mut(&ExecutionId(execution))
                     .ok_or_else(|| format!("execution {execution} has no live tree"))
@@ -830,15 +831,10 @@ impl TrajectoryBuffer {
                         let constrained = u32::try_from(constrained).map_err(|_| {
                             format!("call {call} is listed with {constrained} constrained outputs")
                         })?;
-                        tree.restore_constrained_outputs(call, constrained)
+                        tree.restore_context_outputs(call, constrained)
                     });
                 let node = restored.map_err(|message| {
-                    inconsistent(
-                        reader,
-                        start_offset,
-                        "trajectory.constrained_outputs",
-                        message,
-                    )
+                    inconsistent(reader, start_offset, "trajectory.context_outputs", message)
                 })?;
                 previous = Some((execution, node));
             }

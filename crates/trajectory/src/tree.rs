@@ -77,10 +77,12 @@ pub struct Node {
     /// Engine-sampled tokens: the only trainable tokens.
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
-    /// How many leading output tokens the engine sampled under an answer-format grammar
-    /// (structured outputs): their log-probs are of the masked distribution, not of the policy
-    /// a trainer recomputes, so they are context, never targets (see `trainable_from`).
-    pub constrained_outputs: u32,
+    /// How many leading output tokens are context, never targets (see `trainable_from`):
+    /// their behaviour log-probs are not of the policy a trainer recomputes — those an engine
+    /// sampled under an answer-format grammar (structured outputs: a masked distribution), or
+    /// all of them when the call was sampled with other settings than the policy's own
+    /// ([`ModelCallRecord::context_output_tokens`]).
+    pub context_outputs: u32,
     /// The record's stop sequences (empty for most calls): a proxy that rebuilds its session
     /// from the tree cuts a stopped output where the harness saw it end.
     pub stop_sequences: Vec<String>,
@@ -123,9 +125,10 @@ impl Node {
     }
 
     /// The first offset of this node's segment that may be a target: past the new input and
-    /// past the outputs sampled under a grammar. Every later output token is trainable.
+    /// past the outputs whose log-probs are not the policy's. Every later output token is
+    /// trainable.
     pub fn trainable_from(&self) -> u64 {
-        self.input_len() + u64::from(self.constrained_outputs)
+        self.input_len() + u64::from(self.context_outputs)
     }
 }
 
@@ -145,7 +148,7 @@ pub(crate) struct NodeParts {
     pub input_provenance: Vec<ProvenanceSpan>,
     pub output_ids: Vec<u32>,
     pub output_logprobs: Vec<f32>,
-    pub constrained_outputs: u32,
+    pub context_outputs: u32,
     pub stop_sequences: Vec<String>,
 }
 
@@ -310,7 +313,7 @@ impl Tree {
             input_provenance: record.input_provenance.clone(),
             output_ids: record.output_ids.clone(),
             output_logprobs: record.output_logprobs.clone(),
-            constrained_outputs: record.constrained_output_tokens(),
+            context_outputs: record.context_output_tokens(),
             stop_sequences: record.stop_sequences.clone(),
         }))
     }
@@ -319,7 +322,7 @@ impl Tree {
     /// replay and state-machine path, which own their decoded events).
     pub fn apply_owned(&mut self, record: ModelCallRecord) -> Result<NodeId, TrajectoryError> {
         let parent = self.check(&record)?;
-        let constrained_outputs = record.constrained_output_tokens();
+        let context_outputs = record.context_output_tokens();
         Ok(self.attach(NodeParts {
             call: record.call,
             agent: record.agent,
@@ -333,7 +336,7 @@ impl Tree {
             input_provenance: record.input_provenance,
             output_ids: record.output_ids,
             output_logprobs: record.output_logprobs,
-            constrained_outputs,
+            context_outputs,
             stop_sequences: record.stop_sequences,
         }))
     }
@@ -477,7 +480,7 @@ impl Tree {
             input_provenance: parts.input_provenance,
             output_ids: parts.output_ids,
             output_logprobs: parts.output_logprobs,
-            constrained_outputs: parts.constrained_outputs,
+            context_outputs: parts.context_outputs,
             stop_sequences: parts.stop_sequences,
             children: SmallVec::new(),
             children_at_end: 0,
@@ -521,9 +524,9 @@ impl Tree {
         Ok(id)
     }
 
-    /// Sets a restored node's count of outputs sampled under a grammar (a snapshot keeps them
-    /// in a section of their own, like the stop sequences).
-    pub(crate) fn restore_constrained_outputs(
+    /// Sets a restored node's count of context-only outputs (a snapshot keeps them in a
+    /// section of their own, like the stop sequences).
+    pub(crate) fn restore_context_outputs(
         &mut self,
         call: CallId,
         constrained: u32,
@@ -532,7 +535,7 @@ impl Tree {
             .node_of_call(call)
             .ok_or_else(|| format!("call {call} is not in the tree"))?;
         let node = &mut self.nodes[id.index()];
-        if node.constrained_outputs != 0 {
+        if node.context_outputs != 0 {
             return Err(format!("call {call}'s constrained outputs appear twice"));
         }
         if constrained == 0 || u64::from(constrained) > node.output_ids.len() as u64 {
@@ -541,7 +544,7 @@ impl Tree {
                 node.output_ids.len()
             ));
         }
-        node.constrained_outputs = constrained;
+        node.context_outputs = constrained;
         Ok(id)
     }
 
@@ -639,10 +642,11 @@ impl Tree {
 
     /// Records that rebuild this tree when applied to an empty one, in the order the nodes
     /// were applied (a proxy that restarts after the log was purged rebuilds an execution's
-    /// session from the projection's tree). The tree keeps no times (they read 0) and no
-    /// answer-format schemas: a call with outputs sampled under a grammar gives back an output
-    /// constraint with only their count (`schema` `None`; the log's records keep the schema).
-    /// Everything else is the record's.
+    /// session from the projection's tree). The tree keeps no times (they read 0), no
+    /// answer-format schemas and no sampling settings, only how many outputs are context: a
+    /// call with some gives them back as an output constraint of that many tokens (`schema`
+    /// `None`; the log's records keep what the call really asked for). Everything else is the
+    /// record's.
     pub fn records(&self) -> Vec<ModelCallRecord> {
         self.nodes
             .iter()
@@ -664,14 +668,14 @@ impl Tree {
                 first_token_after: gyre_event::Duration(0),
                 completed_after: gyre_event::Duration(0),
                 stop_sequences: node.stop_sequences.clone(),
-                output_constraint: (node.constrained_outputs > 0).then(|| {
+                output_constraint: (node.context_outputs > 0).then(|| {
                     gyre_event::OutputConstraint {
                         schema: None,
-                        enforced: u64::from(node.constrained_outputs)
-                            == node.output_ids.len() as u64,
-                        constrained_tokens: node.constrained_outputs,
+                        enforced: u64::from(node.context_outputs) == node.output_ids.len() as u64,
+                        constrained_tokens: node.context_outputs,
                     }
                 }),
+                sampling: gyre_event::SamplingSettings::POLICY,
             })
             .collect()
     }
@@ -714,7 +718,7 @@ impl Tree {
             );
             assert!(!node.output_ids.is_empty(), "every node sampled something");
             assert!(
-                node.constrained_outputs as usize <= node.output_ids.len(),
+                node.context_outputs as usize <= node.output_ids.len(),
                 "constrained outputs are a prefix of the outputs"
             );
             let provenance: u64 = node

@@ -203,6 +203,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                             "enforced": constraint.enforced,
                             "constrained_tokens": record.constrained_output_tokens(),
                         })),
+                        "sampling": {
+                            "temperature": record.sampling.temperature,
+                            "top_p": record.sampling.top_p,
+                            "top_k": record.sampling.top_k,
+                        },
+                        "context_output_tokens": record.context_output_tokens(),
                     }));
                     cite = true;
                 }

@@ -49,6 +49,19 @@ enum Media {
     Reject,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Sampling {
+    /// Sample every call from the policy itself (temperature 1, no top-p / top-k truncation),
+    /// whatever the harness asks: the behaviour log-probs are the ones the trainer
+    /// recomputes. The harness's own settings are ignored and counted on `/metrics`. For
+    /// training runs.
+    Policy,
+    /// Pass the harness's `temperature`, `top_p` and `top_k` to the engine (serving or
+    /// evaluating a checkpoint). Records keep the settings; a call sampled with anything but
+    /// the policy's own is context for training, never targets.
+    Harness,
+}
+
 /// Arguments of `gyre proxy`.
 #[derive(Args, Debug)]
 pub struct ProxyArgs {
@@ -141,6 +154,10 @@ pub struct ProxyArgs {
     /// `view_image`): a placeholder keeps the execution going, `reject` refuses the request.
     #[arg(long, value_enum, default_value = "placeholder")]
     media: Media,
+    /// Whose sampling settings the engine samples with: the policy's own (for training), or
+    /// the harness's `temperature` / `top_p` / `top_k`.
+    #[arg(long, value_enum, default_value = "policy")]
+    sampling: Sampling,
     /// Unknown credentials open a new execution (keyed by that credential) instead of 401:
     /// for replaying captured harness traffic or harnesses with a fixed API key.
     #[arg(long)]
@@ -253,6 +270,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "response_store_mib": args.response_store_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "media": format!("{:?}", args.media).to_lowercase(),
+                "sampling": format!("{:?}", args.sampling).to_lowercase(),
                 "auto_open": args.auto_open,
                 "execution_stride": numbering.stride(),
                 "execution_offset": numbering.offset(),
@@ -291,6 +309,10 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         media: match args.media {
             Media::Placeholder => gyre_proxy::media::MediaPolicy::Placeholder,
             Media::Reject => gyre_proxy::media::MediaPolicy::Reject,
+        },
+        sampling: match args.sampling {
+            Sampling::Policy => server::SamplingPolicy::Policy,
+            Sampling::Harness => server::SamplingPolicy::Harness,
         },
         ..ServerConfig::default()
     };

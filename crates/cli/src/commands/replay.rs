@@ -102,6 +102,9 @@ struct ModelCalls {
     /// Output tokens sampled under an engine's grammar: their log-probs are of the masked
     /// distribution, so the trajectory processor never makes them targets.
     constrained_output_tokens: u64,
+    /// Calls sampled with other settings than the policy's own (a harness's temperature,
+    /// top-p or top-k under `gyre proxy --sampling harness`): context for training.
+    sampled_with_other_settings: u64,
     input_tokens_new: u64,
     input_tokens_reused: u64,
     output_tokens: u64,
@@ -183,6 +186,7 @@ impl ModelCalls {
             self.formatted_enforced += u64::from(constraint.enforced);
             self.constrained_output_tokens += u64::from(record.constrained_output_tokens());
         }
+        self.sampled_with_other_settings += u64::from(!record.sampling.is_policy());
         self.input_tokens_new += record.input_ids.len() as u64;
         self.input_tokens_reused += record.reused_prefix_tokens_count;
         self.output_tokens += record.output_ids.len() as u64;
@@ -880,6 +884,12 @@ fn print_text(report: &PostMortem) {
             println!(
                 "  structured outputs: {} calls asked for a JSON format, {} held to it by the engine's grammar; {} output tokens sampled under a grammar (never targets)",
                 calls.formatted, calls.formatted_enforced, calls.constrained_output_tokens
+            );
+        }
+        if calls.sampled_with_other_settings > 0 {
+            println!(
+                "  sampled with a harness's own temperature / top-p / top-k: {} calls (context for training, never targets)",
+                calls.sampled_with_other_settings
             );
         }
         println!(

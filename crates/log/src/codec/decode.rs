@@ -4,7 +4,8 @@
 use gyre_event::{
     AdmittedTrajectory, CallId, CellId, ConsumedGroup, DispatchedGroup, Duration, EngineId,
     EventBody, ExecutionId, GroupId, LogIndex, MicroStepId, ModelCallRecord, PolicyVersion,
-    ProvenanceSpan, QueryId, RouteMove, RunConfig, StepId, TargetRange, Timestamp,
+    ProvenanceSpan, QueryId, RouteMove, RunConfig, SamplingSettings, StepId, TargetRange,
+    Timestamp,
 };
 use gyre_proto::events::{self as pb, EventKind};
 use prost::Message;
@@ -323,6 +324,7 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
         completed_after: Duration(0),
         stop_sequences: Vec::new(),
         output_constraint: None,
+        sampling: SamplingSettings::POLICY,
     };
     let (mut kind, mut agent, mut input_ids, mut output_ids, mut output_logprobs) =
         (0i32, &[][..], &[][..], &[][..], &[][..]);
@@ -412,6 +414,26 @@ pub(crate) fn model_call_wire(bytes: &[u8]) -> Result<ModelCallRecord, BodyError
                     }
                 }
             }
+            19 => {
+                let nested = reader.bytes_field(wire_type)?;
+                let mut nested = reader.nested(nested, "model_call.sampling")?;
+                // A repeated message field merges into the one before, as prost does.
+                while !nested.is_empty() {
+                    let (tag, wire_type) = nested.key()?;
+                    match tag {
+                        1 => {
+                            record.sampling.temperature =
+                                f32::from_bits(nested.fixed32_field(wire_type)?)
+                        }
+                        2 => {
+                            record.sampling.top_p = f32::from_bits(nested.fixed32_field(wire_type)?)
+                        }
+                        // uint32: prost keeps the low 32 bits of a wider varint.
+                        3 => record.sampling.top_k = Some(nested.varint_field(wire_type)? as u32),
+                        _ => nested.skip(tag, wire_type)?,
+                    }
+                }
+            }
             _ => reader.skip(tag, wire_type)?,
         }
     }
@@ -467,6 +489,15 @@ fn model_call(message: pb::ModelCall) -> Result<ModelCallRecord, BodyError> {
                 constrained_tokens: constraint.constrained_tokens,
             }
         }),
+        sampling: message
+            .sampling
+            .map_or(SamplingSettings::POLICY, |sampling| SamplingSettings {
+                temperature: sampling
+                    .temperature
+                    .unwrap_or(SamplingSettings::POLICY.temperature),
+                top_p: sampling.top_p.unwrap_or(SamplingSettings::POLICY.top_p),
+                top_k: sampling.top_k,
+            }),
     })
 }
 
@@ -491,7 +522,13 @@ mod wire_tests {
                     .map(|lp| lp.to_bits())
                     .collect();
                 record.output_logprobs.clear();
-                (record, bits)
+                let sampling_bits = (
+                    record.sampling.temperature.to_bits(),
+                    record.sampling.top_p.to_bits(),
+                );
+                record.sampling.temperature = 0.0;
+                record.sampling.top_p = 0.0;
+                (record, bits, sampling_bits)
             })
         };
         match (old, new) {
@@ -534,6 +571,11 @@ mod wire_tests {
                     any::<bool>(),
                     any::<u32>(),
                 )),
+                proptest::option::of((
+                    proptest::option::of(any::<f32>()),
+                    proptest::option::of(any::<f32>()),
+                    proptest::option::of(any::<u32>()),
+                )),
             ),
         )
             .prop_map(
@@ -541,7 +583,7 @@ mod wire_tests {
                     (execution, call, agent, kind),
                     (parent_call, reused, spawned_by),
                     (input, provenance, output, logprobs),
-                    (engine, policy, requested, first, completed, stops, constraint),
+                    (engine, policy, requested, first, completed, stops, constraint, sampling),
                 )| pb::ModelCall {
                     execution,
                     call,
@@ -566,6 +608,11 @@ mod wire_tests {
                             enforced,
                             constrained_tokens,
                         }
+                    }),
+                    sampling: sampling.map(|(temperature, top_p, top_k)| pb::Sampling {
+                        temperature,
+                        top_p,
+                        top_k,
                     }),
                 },
             )

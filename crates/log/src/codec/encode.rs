@@ -1,6 +1,6 @@
 //! Domain → protobuf: one body message per event kind, always at the current schema version.
 
-use gyre_event::{EventBody, ModelCallRecord, RunConfig};
+use gyre_event::{EventBody, ModelCallRecord, RunConfig, SamplingSettings};
 use gyre_proto::events as pb;
 use prost::Message;
 
@@ -301,6 +301,16 @@ fn model_call(record: &ModelCallRecord) -> pb::ModelCall {
                 schema: constraint.schema.clone(),
                 enforced: constraint.enforced,
                 constrained_tokens: constraint.constrained_tokens,
+            }
+        }),
+        // The policy's own settings are the absent message; otherwise only what differs.
+        sampling: (!record.sampling.is_policy()).then(|| {
+            let policy = SamplingSettings::POLICY;
+            pb::Sampling {
+                temperature: (record.sampling.temperature != policy.temperature)
+                    .then_some(record.sampling.temperature),
+                top_p: (record.sampling.top_p != policy.top_p).then_some(record.sampling.top_p),
+                top_k: record.sampling.top_k,
             }
         }),
     }

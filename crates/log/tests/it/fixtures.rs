@@ -53,6 +53,7 @@ pub fn model_call() -> ModelCallRecord {
         completed_after: Duration(2_500_000_000),
         stop_sequences: Vec::new(),
         output_constraint: None,
+        sampling: gyre_event::SamplingSettings::POLICY,
     }
 }
 

@@ -7,7 +7,7 @@ use gyre_event::{
     AdmittedTrajectory, CallId, CallKind, CellId, CloseStatus, ConsumedGroup, DispatchedGroup,
     Duration, EngineId, Event, EventBody, ExecutionId, GroupId, LogIndex, MicroStepId,
     ModelCallRecord, OutputConstraint, PolicyVersion, Provenance, ProvenanceSpan, QueryId, Role,
-    RouteMove, RunConfig, SchedulingMode, StepId, TargetRange, Timestamp,
+    RouteMove, RunConfig, SamplingSettings, SchedulingMode, StepId, TargetRange, Timestamp,
 };
 use proptest::prelude::*;
 
@@ -99,6 +99,11 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                 any::<bool>(),
                 any::<u32>(),
             )),
+            proptest::option::of((
+                f32_not_nan(),
+                f32_not_nan(),
+                proptest::option::of(any::<u32>()),
+            )),
         ),
     )
         .prop_map(
@@ -114,6 +119,7 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                     completed_after,
                     stop_sequences,
                     output_constraint,
+                    sampling,
                 ),
             )| ModelCallRecord {
                 execution: ExecutionId(execution),
@@ -148,6 +154,14 @@ fn model_call() -> impl Strategy<Value = ModelCallRecord> {
                         schema,
                         enforced,
                         constrained_tokens,
+                    },
+                ),
+                sampling: sampling.map_or(
+                    SamplingSettings::POLICY,
+                    |(temperature, top_p, top_k)| SamplingSettings {
+                        temperature,
+                        top_p,
+                        top_k,
                     },
                 ),
             },

@@ -24,7 +24,7 @@ use crate::{ApiError, ApiErrorKind};
 
 use super::output_ids::OutputIds;
 use super::session::{Prepared, Sampled};
-use super::{wall_clock, AppState, ExecutionHandle, Stage};
+use super::{wall_clock, AppState, ExecutionHandle, SamplingPolicy, Stage};
 
 /// The per-API response builder.
 enum Builder {
@@ -466,6 +466,14 @@ pub async fn run(
         .filter(|_| request.tools.is_empty() || request.tool_choice == ToolChoice::None)
         .map(AnswerFormat::engine_constraint);
     let mut constrained_tokens = 0usize;
+    // The settings every attempt samples with (the record keeps them): the policy's own unless
+    // this proxy passes a harness's on.
+    let sampling = app.config.sampling.settings(&request.sampling);
+    let harness_asked = SamplingPolicy::Harness.settings(&request.sampling);
+    if sampling != harness_asked {
+        app.metrics.sampling_overridden();
+    }
+    sampled.sampling = sampling;
     let mut engine_index = execution.lock().engine;
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
@@ -498,9 +506,9 @@ pub async fn run(
             input_ids,
             input_ids_json: Some(input_ids_json),
             max_new_tokens: max_new.saturating_sub(produced).max(1),
-            temperature: request.sampling.temperature.unwrap_or(1.0) as f32,
-            top_p: request.sampling.top_p.unwrap_or(1.0) as f32,
-            top_k: request.sampling.top_k,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k,
             stop_token_ids: app.stop_token_ids.clone(),
             seed: request.sampling.seed.map(|seed| seed as u64),
             agent: Some(if prepared.agent == "main" {
@@ -614,6 +622,7 @@ pub async fn run(
                 sampled.policy_version,
                 requested_at,
                 EventDuration(started.elapsed().as_nanos() as u64),
+                sampling,
             );
             let committed = match aborted {
                 Ok(record) => {

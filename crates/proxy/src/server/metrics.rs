@@ -89,6 +89,7 @@ pub struct Metrics {
     tokens_reused: AtomicU64,
     failovers: AtomicU64,
     harness_gone: AtomicU64,
+    sampling_overridden: AtomicU64,
     replayed: AtomicU64,
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
@@ -247,6 +248,11 @@ impl Metrics {
         self.harness_gone.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call whose harness asked for its own sampling settings, sampled with the policy's.
+    pub fn sampling_overridden(&self) {
+        self.sampling_overridden.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A call answered with its committed answer again (a harness re-sent it).
     pub fn replayed(&self) {
         self.replayed.fetch_add(1, Ordering::Relaxed);
@@ -325,6 +331,12 @@ impl Metrics {
                 "gyre_proxy_harness_disconnects_total",
                 "Calls whose harness went away before the answer ended.",
                 &self.harness_gone,
+            ),
+            (
+                "gyre_proxy_sampling_overridden_total",
+                "Calls whose harness asked for its own temperature, top_p or top_k, sampled with \
+                 the policy's own settings instead (`--sampling policy`).",
+                &self.sampling_overridden,
             ),
             (
                 "gyre_proxy_calls_replayed_total",

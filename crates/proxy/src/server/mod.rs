@@ -34,7 +34,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use gyre_event::{ExecutionId, Timestamp};
+use gyre_event::{ExecutionId, SamplingSettings, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -94,6 +94,36 @@ pub struct ServerConfig {
     pub numbering: ExecutionNumbering,
     /// Images, audio and files in requests: placeholders, or refused (`crate::media`).
     pub media: crate::media::MediaPolicy,
+    /// Whose sampling settings the engine samples with.
+    pub sampling: SamplingPolicy,
+}
+
+/// Whose sampling settings (`temperature`, `top_p`, `top_k`) an engine samples a call with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplingPolicy {
+    /// The policy's own distribution (temperature 1, no truncation), whatever the harness
+    /// asks: the behaviour log-probs are then the ones a trainer recomputes, so every output is
+    /// trainable. A harness's own settings are ignored (counted on `/metrics`). For training.
+    #[default]
+    Policy,
+    /// The harness's settings go to the engine (for serving or evaluating a checkpoint). The
+    /// record keeps them; a call sampled with anything but the policy's own settings is
+    /// context for training, never targets, since its log-probs are of another distribution.
+    Harness,
+}
+
+impl SamplingPolicy {
+    /// The settings a call with the request's `sampling` is drawn with.
+    pub fn settings(&self, sampling: &crate::messages::SamplingParams) -> SamplingSettings {
+        match self {
+            SamplingPolicy::Policy => SamplingSettings::POLICY,
+            SamplingPolicy::Harness => SamplingSettings {
+                temperature: sampling.temperature.unwrap_or(1.0) as f32,
+                top_p: sampling.top_p.unwrap_or(1.0) as f32,
+                top_k: sampling.top_k,
+            },
+        }
+    }
 }
 
 /// The ids a proxy gives the executions it numbers itself (opened without an id, or by
@@ -171,6 +201,7 @@ impl Default for ServerConfig {
             credentials: None,
             numbering: ExecutionNumbering::default(),
             media: crate::media::MediaPolicy::default(),
+            sampling: SamplingPolicy::default(),
         }
     }
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use gyre_event::{
     CallId, CallKind, Duration, EngineId, ExecutionId, ModelCallRecord, OutputConstraint,
-    PolicyVersion, Provenance, ProvenanceSpan, Timestamp,
+    PolicyVersion, Provenance, ProvenanceSpan, SamplingSettings, Timestamp,
 };
 use gyre_trajectory::{match_context, NodeId, Tree, TreeConfig};
 
@@ -171,6 +171,8 @@ pub struct Sampled {
     pub stop_sequences: Vec<String>,
     /// The answer format the request asked for, and whether the engine was held to it.
     pub output_constraint: Option<OutputConstraint>,
+    /// The settings the engine sampled with.
+    pub sampling: SamplingSettings,
     pub engine: EngineId,
     pub policy_version: PolicyVersion,
     pub requested_at: Timestamp,
@@ -694,6 +696,7 @@ impl Session {
             completed_after: sampled.completed_after,
             stop_sequences: sampled.stop_sequences.clone(),
             output_constraint: sampled.output_constraint.clone(),
+            sampling: sampled.sampling,
         };
         if record.output_ids.is_empty() {
             return Err(ProxyError::Engine {
@@ -791,6 +794,7 @@ impl Session {
         policy_version: PolicyVersion,
         requested_at: Timestamp,
         completed_after: Duration,
+        sampling: SamplingSettings,
     ) -> Result<ModelCallRecord, ProxyError> {
         let reused = prepared.tree_reused as usize;
         let mut input_ids = prepared.context_ids[reused..].to_vec();
@@ -818,6 +822,7 @@ impl Session {
             stop_sequences: Vec::new(),
             // Likewise its output constraint.
             output_constraint: None,
+            sampling,
         };
         self.spend_call_id(&record, "aborted attempt")?;
         Ok(record)

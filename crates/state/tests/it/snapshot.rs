@@ -304,7 +304,7 @@ fn version_3_snapshots_restore_without_stored_responses() {
 /// A version-4 snapshot (written before nodes kept how many outputs an answer-format grammar
 /// constrained: no such section) restores to the same state, none of its calls constrained.
 #[test]
-fn version_4_snapshots_restore_without_constrained_outputs() {
+fn version_4_snapshots_restore_without_context_outputs() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();

@@ -490,11 +490,10 @@ fn busy_buffer() -> TrajectoryBuffer {
         "the records a tree gives back (a proxy's restart) keep them"
     );
     assert!(
-        buffer.trees.values().any(|tree| tree
-            .nodes()
-            .iter()
-            .any(|node| node.constrained_outputs > 0
-                && (node.constrained_outputs as usize) < node.output_ids.len())),
+        buffer.trees.values().any(
+            |tree| tree.nodes().iter().any(|node| node.context_outputs > 0
+                && (node.context_outputs as usize) < node.output_ids.len())
+        ),
         "the fixture has calls with some outputs sampled under a grammar"
     );
     assert!(buffer.trees.values().any(|tree| tree.roots().count() > 1));

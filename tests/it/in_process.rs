@@ -1,0 +1,177 @@
+//! A proxy served in this process over loopback HTTP, in front of an engine that keeps what
+//! each request asked of it, and recording into memory: for tests of what reaches the engine's
+//! wire and what a record says (`structured_output`, `sampling`).
+
+use std::sync::{Arc, Mutex};
+
+use gyre_proxy::engine::{
+    ChunkStream, DeterministicEngine, DeterministicOptions, EngineFailure, EngineRequest,
+    JsonConstraint, TokenEngine,
+};
+use gyre_proxy::server::{AppState, ServerConfig};
+use serde_json::Value;
+
+use crate::support::{http, MemorySink};
+
+/// What one request asked the engine to sample with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AskedSampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: Option<u32>,
+}
+
+/// The engine behind a fake: keeps the constraint and the sampling settings of every request
+/// it gets.
+pub struct Recording {
+    inner: DeterministicEngine,
+    pub constraints: Mutex<Vec<Option<JsonConstraint>>>,
+    /// `reasoning_first` of each request (SGLang's `require_reasoning` on the wire).
+    pub reasoning_first: Mutex<Vec<bool>>,
+    pub sampling: Mutex<Vec<AskedSampling>>,
+}
+
+impl TokenEngine for Recording {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn generate(
+        &self,
+        request: EngineRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
+        self.constraints
+            .lock()
+            .expect("constraints lock")
+            .push(request.json.clone());
+        self.reasoning_first
+            .lock()
+            .expect("reasoning lock")
+            .push(request.reasoning_first);
+        self.sampling
+            .lock()
+            .expect("sampling lock")
+            .push(AskedSampling {
+                temperature: request.temperature,
+                top_p: request.top_p,
+                top_k: request.top_k,
+            });
+        self.inner.generate(request)
+    }
+
+    fn abort(
+        &self,
+        rid: &str,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.abort(rid)
+    }
+
+    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.health()
+    }
+}
+
+/// A recording engine answering 12 tokens, the last the model's end of turn.
+pub fn recording() -> Arc<Recording> {
+    let end = model().token_id("<|im_end|>").expect("end token");
+    Arc::new(Recording {
+        inner: DeterministicEngine::new(DeterministicOptions {
+            output_tokens: 12,
+            end_token_id: Some(end),
+            ..Default::default()
+        }),
+        constraints: Mutex::new(Vec::new()),
+        reasoning_first: Mutex::new(Vec::new()),
+        sampling: Mutex::new(Vec::new()),
+    })
+}
+
+pub struct Proxy {
+    pub address: String,
+    pub token: String,
+    pub sink: Arc<MemorySink>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Proxy {
+    /// POSTs `body` with the execution's credential; the status and the JSON answer.
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let auth = format!("Bearer {}", self.token);
+        let (status, body) = http(
+            &self.address,
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &auth),
+                ("x-api-key", &self.token),
+            ],
+            &body.to_string(),
+        );
+        let value = serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("a JSON answer ({error}): {body}"));
+        (status, value)
+    }
+
+    /// The proxy's `/metrics` text.
+    pub fn metrics(&self) -> String {
+        http(&self.address, "GET", "/metrics", &[], "").1
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn model() -> Arc<gyre_proxy::ChatModel> {
+    Arc::new(
+        gyre_proxy::ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            gyre_proxy::ToolArgumentsForm::RawText,
+        )
+        .expect("test model"),
+    )
+}
+
+/// A proxy with the default settings and one open execution, in front of `engine`.
+pub fn proxy(runtime: &tokio::runtime::Runtime, engine: Arc<dyn TokenEngine>) -> Proxy {
+    proxy_with(runtime, engine, ServerConfig::default())
+}
+
+/// [`proxy`] with `config`.
+pub fn proxy_with(
+    runtime: &tokio::runtime::Runtime,
+    engine: Arc<dyn TokenEngine>,
+    config: ServerConfig,
+) -> Proxy {
+    let sink = Arc::new(MemorySink::default());
+    let state = AppState::new(
+        config,
+        model(),
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (address, _server) = runtime
+        .block_on(gyre_proxy::server::serve(
+            state,
+            "127.0.0.1:0".parse().expect("address"),
+            async move {
+                let _ = stopped.await;
+            },
+        ))
+        .expect("serving");
+    Proxy {
+        address: address.to_string(),
+        token,
+        sink,
+        stop: Some(stop),
+    }
+}
