@@ -3,6 +3,7 @@
 
 mod control;
 mod deploy;
+mod embedded_engine;
 mod forwarding;
 mod harness;
 mod in_process;

