@@ -50,12 +50,23 @@ const EXECUTIONS: usize = 48;
 const CALLS_PER_EXECUTION: usize = 3;
 
 fn engine(name: &str, fault: Option<Fault>, end: u32) -> Arc<dyn TokenEngine> {
+    versioned_engine(name, fault, end, 0)
+}
+
+/// [`engine`] whose answers and aborts report policy version `version`.
+fn versioned_engine(
+    name: &str,
+    fault: Option<Fault>,
+    end: u32,
+    version: u64,
+) -> Arc<dyn TokenEngine> {
     Arc::new(DeterministicEngine::new(DeterministicOptions {
         name: name.into(),
         output_tokens: ANSWER_TOKENS,
         end_token_id: Some(end),
         vocabulary: 9..2048,
         fault,
+        policy_version: version,
         ..DeterministicOptions::default()
     }))
 }
@@ -129,13 +140,15 @@ fn body(turn: usize) -> String {
 /// `fault` cuts the source's answer after `partial` tokens; the destination then produces a
 /// whole answer of its own after them (it continues from the prompt plus the partial tokens).
 fn scenario(fault: Fault, partial: usize) {
+    let dies = matches!(fault, Fault::DieAfterTokens(_));
     runtime().block_on(async move {
         let model = test_model();
         let end = model.token_id("<|im_end|>").expect("end-of-turn token");
         let sink = Arc::new(MemorySink::default());
+        // The source still serves policy version 4, the destination already 5.
         let engines = vec![
-            engine("source", Some(fault), end),
-            engine("destination", None, end),
+            versioned_engine("source", Some(fault), end, 4),
+            versioned_engine("destination", None, end, 5),
         ];
         let state = AppState::new(
             ServerConfig::default(),
@@ -207,6 +220,15 @@ fn scenario(fault: Fault, partial: usize) {
                 assert_eq!(record.output_ids.len(), partial, "the partial output");
                 assert_eq!(record.output_ids.len(), record.output_logprobs.len());
                 assert_eq!(record.engine, gyre_event::EngineId(0));
+                // The source's version: reported with its abort, or (an engine that died says
+                // nothing) the last it reported — on a call's first failover, before the
+                // source finished anything, 0, as nothing was ever heard from it.
+                assert!(
+                    record.policy_version == gyre_event::PolicyVersion(4)
+                        || (dies && record.policy_version == gyre_event::PolicyVersion(0)),
+                    "the aborted attempt's version: {:?}",
+                    record.policy_version
+                );
                 assert!(
                     gyre_trajectory::RoleClasses::claude_code()
                         .classify(&record.agent, record.kind)
@@ -216,6 +238,8 @@ fn scenario(fault: Fault, partial: usize) {
                 continue;
             }
             calls += 1;
+            // Every answer ended on the destination, which reported its version.
+            assert_eq!(record.policy_version, gyre_event::PolicyVersion(5));
             let length = record.output_ids.len();
             assert!(
                 length == ANSWER_TOKENS as usize || length == partial + ANSWER_TOKENS as usize,

@@ -25,6 +25,8 @@ pub struct DeterministicOptions {
     pub vocabulary: Range<u32>,
     pub playback: PlaybackOptions,
     pub fault: Option<Fault>,
+    /// The policy version every answer (and abort) reports.
+    pub policy_version: u64,
 }
 
 impl Default for DeterministicOptions {
@@ -37,6 +39,7 @@ impl Default for DeterministicOptions {
             vocabulary: 9..2048,
             playback: PlaybackOptions::default(),
             fault: None,
+            policy_version: 0,
         }
     }
 }
@@ -135,7 +138,7 @@ impl TokenEngine for DeterministicEngine {
             let output = Output {
                 ids,
                 finish,
-                policy_version: 0,
+                policy_version: options.policy_version,
             };
             player.start(request.rid, output, Box::new(|_| {}))
         })

@@ -540,17 +540,19 @@ pub async fn run(
                     // partial output continues on the destination.
                     Some(Ok(EngineChunk::Finished {
                         kind: FinishKind::Abort,
-                        ..
+                        policy_version,
                     })) => {
+                        app.engine_reported(engine_index % app.engines.len(), policy_version);
                         break EngineFailure::Failed {
                             engine: engine.name().to_string(),
                             message: "aborted (role switch or engine pause)".into(),
-                        }
+                        };
                     }
                     Some(Ok(EngineChunk::Finished {
                         kind,
                         policy_version,
                     })) => {
+                        app.engine_reported(engine_index % app.engines.len(), policy_version);
                         sampled.policy_version = PolicyVersion(policy_version);
                         sampled.engine = EngineId(engine_index as u32);
                         break 'engines kind;
@@ -598,7 +600,14 @@ pub async fn run(
                                     *end = (*end).min(cut as u32);
                                 }
                                 // The engine stops here; its end reports the policy version.
-                                sampled.policy_version = stop_engine(&*engine, &rid, chunks).await;
+                                // Without an end from the engine: the version it last
+                                // reported.
+                                let index = engine_index % app.engines.len();
+                                let version = stop_engine(&*engine, &rid, chunks)
+                                    .await
+                                    .map_or_else(|| app.engine_version(index), PolicyVersion::get);
+                                app.engine_reported(index, version);
+                                sampled.policy_version = PolicyVersion(version);
                                 sampled.engine = EngineId(engine_index as u32);
                                 break 'engines FinishKind::Stop;
                             }
@@ -619,7 +628,9 @@ pub async fn run(
                 &sampled.output_ids[produced..],
                 &sampled.output_logprobs[produced..],
                 EngineId((engine_index % app.engines.len()) as u32),
-                sampled.policy_version,
+                // The version the engine reported with its abort, or (an engine that died says
+                // nothing) the one it last reported.
+                PolicyVersion(app.engine_version(engine_index % app.engines.len())),
                 requested_at,
                 EventDuration(started.elapsed().as_nanos() as u64),
                 sampling,
@@ -739,16 +750,16 @@ pub async fn run(
 
 /// Stops request `rid` after the output reached a stop sequence, and reads its stream to the
 /// end (the tokens the engine sent meanwhile are dropped) for the policy version its end
-/// reports; 0 if the stream fails instead (the answer is complete either way).
+/// reports; `None` if the stream fails instead (the answer is complete either way).
 async fn stop_engine(
     engine: &dyn crate::engine::TokenEngine,
     rid: &str,
     mut chunks: crate::engine::ChunkStream,
-) -> PolicyVersion {
+) -> Option<PolicyVersion> {
     if let Err(error) = engine.abort(rid).await {
         // Dropping the stream closes the request's connection, which ends it on the engine.
-        tracing::warn!(%error, rid, "abort after a stop sequence failed; policy version 0");
-        return PolicyVersion(0);
+        tracing::warn!(%error, rid, "abort after a stop sequence failed; the engine's last policy version");
+        return None;
     }
     let drained = tokio::time::timeout(STOP_DRAIN, async {
         while let Some(chunk) = chunks.recv().await {
@@ -766,13 +777,14 @@ async fn stop_engine(
         None
     })
     .await;
-    drained.ok().flatten().unwrap_or_else(|| {
+    let version = drained.ok().flatten();
+    if version.is_none() {
         tracing::warn!(
             rid,
-            "no end after a stop sequence's abort; policy version 0"
+            "no end after a stop sequence's abort; the engine's last policy version"
         );
-        PolicyVersion(0)
-    })
+    }
+    version
 }
 
 /// How long a stopped request's stream may take to end after its abort.

@@ -512,6 +512,9 @@ pub struct AppState {
     next_engine: AtomicU64,
     /// Engines the log says are down.
     down: Mutex<std::collections::BTreeSet<usize>>,
+    /// The policy version each engine last reported (at the end of an answer or an abort):
+    /// the version of an attempt cut by the engine's death, which reports none.
+    engine_versions: Vec<AtomicU64>,
     routes_applied: tokio::sync::watch::Sender<u64>,
     /// Bounds the calls being parsed, rendered and tokenized at once to the cores there are:
     /// more threads would only add switching, and the async workers must keep a core.
@@ -688,6 +691,20 @@ pub struct Recovery {
 }
 
 impl AppState {
+    /// Notes the policy version engine `index` reported.
+    pub(crate) fn engine_reported(&self, index: usize, version: u64) {
+        if let Some(slot) = self.engine_versions.get(index) {
+            slot.store(version, Ordering::Relaxed);
+        }
+    }
+
+    /// The policy version engine `index` last reported (0 before it reported any).
+    pub(crate) fn engine_version(&self, index: usize) -> u64 {
+        self.engine_versions
+            .get(index)
+            .map_or(0, |slot| slot.load(Ordering::Relaxed))
+    }
+
     pub fn new(
         config: ServerConfig,
         model: Arc<ChatModel>,
@@ -695,6 +712,7 @@ impl AppState {
         engines: Vec<Arc<dyn TokenEngine>>,
         sink: Arc<dyn RecordSink>,
     ) -> Result<Arc<AppState>, String> {
+        let engines_count_for_versions = engines.len();
         if engines.is_empty() {
             return Err("at least one engine is needed".into());
         }
@@ -744,6 +762,9 @@ impl AppState {
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(next_execution),
             next_engine: AtomicU64::new(0),
+            engine_versions: (0..engines_count_for_versions)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             preparing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |cores| cores.get()),
             ),
