@@ -192,3 +192,37 @@ fn a_harnesss_settings_reach_the_engine_and_keep_the_call_out_of_training() {
         assert_eq!(admission.targets_count, records[3].output_ids.len() as u64);
     }
 }
+
+/// Settings an engine cannot sample with are the API's 400 naming them when they would be
+/// sent (`--sampling harness`), before anything is sampled or recorded; the policy ignores them.
+#[test]
+fn settings_an_engine_cannot_sample_with_are_refused_when_they_would_be_sent() {
+    let runtime = crate::support::runtime();
+    let bad = [
+        (json!({"temperature": -0.5}), "temperature"),
+        (json!({"top_p": 0.0}), "top_p"),
+        (json!({"temperature": 1e300}), "temperature"),
+    ];
+    for (policy, refused) in [(SamplingPolicy::Harness, true), (SamplingPolicy::Policy, false)] {
+        let (proxy, backing, _fake) = behind_a_fake(&runtime, true, policy);
+        for (settings, field) in &bad {
+            let mut body = json!({"model": "m", "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": "Hi."}]});
+            for (key, value) in settings.as_object().expect("settings") {
+                body[key] = value.clone();
+            }
+            let (status, answer) = proxy.post("/v1/chat/completions", &body);
+            if refused {
+                assert_eq!(status, 400, "{settings}: {answer}");
+                assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+                let message = answer["error"]["message"].as_str().expect("message");
+                assert!(message.contains(field), "{message}");
+            } else {
+                assert_eq!(status, 200, "{settings}: {answer}");
+            }
+        }
+        let sampled = backing.sampling.lock().expect("sampling").len();
+        assert_eq!(sampled, if refused { 0 } else { bad.len() });
+        assert_eq!(proxy.sink.records().len(), sampled, "nothing recorded for a refusal");
+    }
+}

@@ -180,7 +180,7 @@ pub struct OutputConstraint {
     /// log-probs are of the masked distribution, not of the policy a trainer recomputes, so
     /// the trajectory processor keeps them out of the loss
     /// ([`ModelCallRecord::constrained_output_tokens`]). A record written before the field
-    /// existed reads 0 here; with `enforced` that still means every token.
+    /// existed reads 0 here and stays trainable, as it was when it was folded.
     pub constrained_tokens: u32,
 }
 
@@ -197,14 +197,11 @@ impl ModelCallRecord {
     /// log-probs are of the masked distribution): 0 for a call without an enforced answer
     /// format.
     pub fn constrained_output_tokens(&self) -> u32 {
-        match &self.output_constraint {
-            // A record from before `constrained_tokens` existed counts 0 with `enforced`.
-            Some(constraint) if constraint.enforced => {
-                u32::try_from(self.output_ids.len()).unwrap_or(u32::MAX)
-            }
-            Some(constraint) => constraint.constrained_tokens,
-            None => 0,
-        }
+        // A record written before `constrained_tokens` existed reads 0 here, as its call was
+        // folded then (trainable): a snapshot of that time and a replay of its log agree.
+        self.output_constraint
+            .as_ref()
+            .map_or(0, |constraint| constraint.constrained_tokens)
     }
 
     /// How many leading output tokens are context for training, never targets: their

@@ -83,8 +83,14 @@ pub struct ProxyArgs {
     /// Default: the repository's test model.
     #[arg(long)]
     model_dir: Option<PathBuf>,
-    /// How the model writes reasoning and tool calls.
-    #[arg(long, value_enum, default_value = "test-model")]
+    /// How the model writes reasoning and tool calls (`--engine embedded` uses plain ChatML,
+    /// its GGUF's format).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "test-model",
+        conflicts_with = "gguf"
+    )]
     output_format: Format,
     /// Which engines answer.
     #[arg(long, value_enum, default_value = "scripted")]

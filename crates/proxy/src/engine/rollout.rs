@@ -9,6 +9,7 @@
 //! stream ends with [`FinishKind::Abort`] (no partial output: the engine keeps none).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
@@ -26,6 +27,8 @@ pub struct RolloutTokenEngine {
     engine: Arc<dyn RolloutEngine>,
     /// Cancel handles of the requests in flight, by rid.
     in_flight: Arc<Mutex<HashMap<String, CancelToken>>>,
+    /// The engine said it stopped (its worker is gone): health fails from then on.
+    stopped: Arc<AtomicBool>,
 }
 
 impl RolloutTokenEngine {
@@ -35,6 +38,7 @@ impl RolloutTokenEngine {
             name: name.into().into(),
             engine,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
+            stopped: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -99,10 +103,15 @@ impl TokenEngine for RolloutTokenEngine {
                 })
                 .map_err(|error| match error {
                     // A full queue may drain, or another engine may take the call.
-                    EngineError::QueueFull { .. } | EngineError::Stopped => EngineFailure::Failed {
-                        engine: this.name.to_string(),
-                        message: error.to_string(),
-                    },
+                    EngineError::QueueFull { .. } | EngineError::Stopped => {
+                        if error == EngineError::Stopped {
+                            this.stopped.store(true, Ordering::Release);
+                        }
+                        EngineFailure::Failed {
+                            engine: this.name.to_string(),
+                            message: error.to_string(),
+                        }
+                    }
                     other => this.rejected(other.to_string()),
                 })?;
             {
@@ -143,10 +152,15 @@ impl TokenEngine for RolloutTokenEngine {
                         kind: FinishKind::Abort,
                         policy_version: this.engine.policy_version().get(),
                     })],
-                    Err(error) => vec![Err(EngineFailure::Failed {
-                        engine: this.name.to_string(),
-                        message: error.to_string(),
-                    })],
+                    Err(error) => {
+                        if error == EngineError::Stopped {
+                            this.stopped.store(true, Ordering::Release);
+                        }
+                        vec![Err(EngineFailure::Failed {
+                            engine: this.name.to_string(),
+                            message: error.to_string(),
+                        })]
+                    }
                 };
                 for chunk in chunks {
                     if sender.blocking_send(chunk).is_err() {
@@ -167,6 +181,14 @@ impl TokenEngine for RolloutTokenEngine {
     }
 
     fn health(&self) -> BoxFuture<'static, Result<(), EngineFailure>> {
-        async { Ok(()) }.boxed()
+        let result = if self.stopped.load(Ordering::Acquire) {
+            Err(EngineFailure::Unreachable {
+                engine: self.name.to_string(),
+                message: "the engine's worker stopped".into(),
+            })
+        } else {
+            Ok(())
+        };
+        async move { result }.boxed()
     }
 }

@@ -693,8 +693,10 @@ pub struct Recovery {
 impl AppState {
     /// Notes the policy version engine `index` reported.
     pub(crate) fn engine_reported(&self, index: usize, version: u64) {
+        // Versions only grow: an older call's late end, or an engine that reports 0 because it
+        // stopped before saying (an SGLang abort before any event), never moves it back.
         if let Some(slot) = self.engine_versions.get(index) {
-            slot.store(version, Ordering::Relaxed);
+            slot.fetch_max(version, Ordering::Relaxed);
         }
     }
 
@@ -1707,6 +1709,11 @@ async fn serve_call(
                 if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
                     return Err(crate::media::rejected(api, path, &kind));
                 }
+            }
+            // Settings the engine would be asked to sample with (`--sampling harness`) must be
+            // ones it can: refused here, before anything is sent or sampled.
+            if let Err(message) = app.config.sampling.settings(&request.sampling).check() {
+                return Err(ApiError::new(api, ApiErrorKind::InvalidRequest, message));
             }
             request.harness_compaction |= harness_compaction
                 || api == Api::OpenAiResponses

@@ -1,6 +1,8 @@
 //! `RolloutTokenEngine`: a real rollout engine (the embedded CPU policy, a small random one)
 //! behind the proxy's engine trait — tokens and log-probs as the engine sampled them, the
-//! finish kinds, an abort, and the refusals.
+//! finish kinds, an abort, and the refusals. It is not in the conformance suite
+//! (`engine_suite.rs`): that suite's cases follow a script, and a model samples what it
+//! samples; here the same request sent straight to the engine is the reference instead.
 
 use std::sync::Arc;
 
