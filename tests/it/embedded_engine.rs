@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use gyre_event::{CallId, EventBody, ExecutionId, ModelCallRecord, SamplingSettings};
+use gyre_event::{CallId, ExecutionId, ModelCallRecord, SamplingSettings};
 use gyre_model::smollm2::{find_gguf, SmolLm2};
 use gyre_model::{Trainer, TrainerConfig};
 use gyre_trajectory::{Row, Tree, TreeConfig};
@@ -100,15 +100,7 @@ fn smollm2_answers_through_the_proxy_with_the_policys_own_logprobs() {
     );
     proxy.kill();
 
-    let records: Vec<ModelCallRecord> = gyre_log::EventFileReader::read_all_events(&log)
-        .expect("the proxy's event file reads back")
-        .into_iter()
-        .flat_map(|(_, events)| events)
-        .filter_map(|event| match event.body {
-            EventBody::ModelCall(record) => Some(*record),
-            _ => None,
-        })
-        .collect();
+    let records: Vec<ModelCallRecord> = crate::harness::records(&log);
     assert_eq!(records.len(), 2);
     let mut tree = Tree::new(records[0].execution, TreeConfig::default());
     for record in &records {

@@ -136,7 +136,8 @@ fn body_elements(proxy: &Proxy) -> (u64, u64) {
     (counter("parsed"), counter("reused"))
 }
 
-fn records(log: &Path) -> Vec<ModelCallRecord> {
+/// The model-call records of a proxy's event file, in commit order.
+pub(crate) fn records(log: &Path) -> Vec<ModelCallRecord> {
     gyre_log::EventFileReader::read_all_events(log)
         .expect("the proxy's event file reads back")
         .into_iter()

@@ -4,9 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use gyre_proxy::engine::fake::{FakeOptions, FakeServer};
 use gyre_proxy::engine::{
     ChunkStream, DeterministicEngine, DeterministicOptions, EngineFailure, EngineRequest,
-    JsonConstraint, TokenEngine,
+    JsonConstraint, SglangEngine, TokenEngine, VllmEngine,
 };
 use gyre_proxy::server::{AppState, ServerConfig};
 use serde_json::Value;
@@ -174,4 +175,30 @@ pub fn proxy_with(
         sink,
         stop: Some(stop),
     }
+}
+
+/// A proxy with `config` in front of the SGLang (`sglang`) or vLLM protocol fake, which hands
+/// each request to a [`recording`] engine as it read it from the wire. The fake lives as long
+/// as the returned value.
+pub fn behind_a_fake(
+    runtime: &tokio::runtime::Runtime,
+    sglang: bool,
+    config: ServerConfig,
+) -> (Proxy, Arc<Recording>, FakeServer) {
+    let backing = recording();
+    let fake = runtime
+        .block_on(async {
+            if sglang {
+                FakeServer::sglang(backing.clone(), FakeOptions::default()).await
+            } else {
+                FakeServer::vllm(backing.clone(), FakeOptions::default()).await
+            }
+        })
+        .expect("the fake listens");
+    let engine: Arc<dyn TokenEngine> = if sglang {
+        Arc::new(SglangEngine::new(&fake.url(), Default::default()).expect("adapter"))
+    } else {
+        Arc::new(VllmEngine::new(&fake.url(), Default::default()).expect("adapter"))
+    };
+    (proxy_with(runtime, engine, config), backing, fake)
 }

@@ -5,16 +5,12 @@
 //! (`--sampling policy`); with `--sampling harness` the harness's settings reach the engine's
 //! wire, the record keeps them, and the call is context for training, never targets.
 
-use std::sync::Arc;
-
 use gyre_event::SamplingSettings;
-use gyre_proxy::engine::fake::{FakeOptions, FakeServer};
-use gyre_proxy::engine::{SglangEngine, TokenEngine, VllmEngine};
 use gyre_proxy::server::{SamplingPolicy, ServerConfig};
 use gyre_trajectory::{admit, RoleClasses, SplitMix64, Tree, TreeConfig};
 use serde_json::{json, Value};
 
-use crate::in_process::{proxy_with, recording, AskedSampling, Proxy, Recording};
+use crate::in_process::{behind_a_fake, AskedSampling};
 
 /// Requests of each API that ask for their own settings, then one that asks for none.
 fn requests() -> Vec<(&'static str, Value)> {
@@ -67,33 +63,11 @@ fn asked() -> Vec<AskedSampling> {
     ]
 }
 
-/// A proxy under `policy` in front of the SGLang or vLLM protocol fake, which hands each
-/// request to `backing` as it read it from the wire.
-fn behind_a_fake(
-    runtime: &tokio::runtime::Runtime,
-    sglang: bool,
-    policy: SamplingPolicy,
-) -> (Proxy, Arc<Recording>, FakeServer) {
-    let backing = recording();
-    let fake = runtime
-        .block_on(async {
-            if sglang {
-                FakeServer::sglang(backing.clone(), FakeOptions::default()).await
-            } else {
-                FakeServer::vllm(backing.clone(), FakeOptions::default()).await
-            }
-        })
-        .expect("the fake listens");
-    let engine: Arc<dyn TokenEngine> = if sglang {
-        Arc::new(SglangEngine::new(&fake.url(), Default::default()).expect("adapter"))
-    } else {
-        Arc::new(VllmEngine::new(&fake.url(), Default::default()).expect("adapter"))
-    };
-    let config = ServerConfig {
-        sampling: policy,
+fn config(sampling: SamplingPolicy) -> ServerConfig {
+    ServerConfig {
+        sampling,
         ..ServerConfig::default()
-    };
-    (proxy_with(runtime, engine, config), backing, fake)
+    }
 }
 
 fn metric(metrics: &str, name: &str) -> u64 {
@@ -108,7 +82,8 @@ fn every_call_samples_from_the_policy_whatever_the_harness_asks() {
     let runtime = crate::support::runtime();
     for sglang in [true, false] {
         let protocol = if sglang { "sglang" } else { "vllm" };
-        let (proxy, backing, _fake) = behind_a_fake(&runtime, sglang, SamplingPolicy::Policy);
+        let (proxy, backing, _fake) =
+            behind_a_fake(&runtime, sglang, config(SamplingPolicy::Policy));
         for (path, body) in requests() {
             let (status, answer) = proxy.post(path, &body);
             assert_eq!(status, 200, "{protocol} {path}: {answer}");
@@ -142,7 +117,8 @@ fn a_harnesss_settings_reach_the_engine_and_keep_the_call_out_of_training() {
     let runtime = crate::support::runtime();
     for sglang in [true, false] {
         let protocol = if sglang { "sglang" } else { "vllm" };
-        let (proxy, backing, _fake) = behind_a_fake(&runtime, sglang, SamplingPolicy::Harness);
+        let (proxy, backing, _fake) =
+            behind_a_fake(&runtime, sglang, config(SamplingPolicy::Harness));
         for (path, body) in requests() {
             let (status, answer) = proxy.post(path, &body);
             assert_eq!(status, 200, "{protocol} {path}: {answer}");
@@ -203,8 +179,11 @@ fn settings_an_engine_cannot_sample_with_are_refused_when_they_would_be_sent() {
         (json!({"top_p": 0.0}), "top_p"),
         (json!({"temperature": 1e300}), "temperature"),
     ];
-    for (policy, refused) in [(SamplingPolicy::Harness, true), (SamplingPolicy::Policy, false)] {
-        let (proxy, backing, _fake) = behind_a_fake(&runtime, true, policy);
+    for (policy, refused) in [
+        (SamplingPolicy::Harness, true),
+        (SamplingPolicy::Policy, false),
+    ] {
+        let (proxy, backing, _fake) = behind_a_fake(&runtime, true, config(policy));
         for (settings, field) in &bad {
             let mut body = json!({"model": "m", "max_tokens": 8,
                                   "messages": [{"role": "user", "content": "Hi."}]});
@@ -223,6 +202,10 @@ fn settings_an_engine_cannot_sample_with_are_refused_when_they_would_be_sent() {
         }
         let sampled = backing.sampling.lock().expect("sampling").len();
         assert_eq!(sampled, if refused { 0 } else { bad.len() });
-        assert_eq!(proxy.sink.records().len(), sampled, "nothing recorded for a refusal");
+        assert_eq!(
+            proxy.sink.records().len(),
+            sampled,
+            "nothing recorded for a refusal"
+        );
     }
 }

@@ -3,13 +3,12 @@
 //! answer must be that JSON and only from the output's first token, and every record says
 //! which format was asked for and whether sampling was held to it.
 
-use std::sync::Arc;
-
-use gyre_proxy::engine::fake::{FakeFault, FakeOptions, FakeServer};
-use gyre_proxy::engine::{JsonConstraint, SglangEngine, TokenEngine, VllmEngine};
+use gyre_proxy::engine::fake::FakeFault;
+use gyre_proxy::engine::JsonConstraint;
+use gyre_proxy::server::ServerConfig;
 use serde_json::{json, Value};
 
-use crate::in_process::{proxy, recording};
+use crate::in_process::{behind_a_fake, proxy, recording};
 
 const SCHEMA: &str = r#"{"type":"object","properties":{"verdict":{"type":"string","enum":["pass","fail"]},"score":{"type":"number"}},"required":["verdict","score"],"additionalProperties":false}"#;
 
@@ -63,22 +62,7 @@ fn constrained_by(schema: &str, outputs: usize) -> gyre_event::OutputConstraint 
 fn a_schema_reaches_the_engines_grammar_over_sglang_and_vllm_and_the_record_says_so() {
     let runtime = crate::support::runtime();
     for sglang in [true, false] {
-        let backing = recording();
-        let fake = runtime
-            .block_on(async {
-                if sglang {
-                    FakeServer::sglang(backing.clone(), FakeOptions::default()).await
-                } else {
-                    FakeServer::vllm(backing.clone(), FakeOptions::default()).await
-                }
-            })
-            .expect("the fake listens");
-        let engine: Arc<dyn TokenEngine> = if sglang {
-            Arc::new(SglangEngine::new(&fake.url(), Default::default()).expect("adapter"))
-        } else {
-            Arc::new(VllmEngine::new(&fake.url(), Default::default()).expect("adapter"))
-        };
-        let proxy = proxy(&runtime, engine);
+        let (proxy, backing, fake) = behind_a_fake(&runtime, sglang, ServerConfig::default());
         let protocol = if sglang { "sglang" } else { "vllm" };
 
         // No tool to call instead: the whole answer is the JSON, so the engine is held to it.
