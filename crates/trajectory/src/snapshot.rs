@@ -562,6 +562,47 @@ fn read_admitted(reader: &mut Reader<'_>) -> Result<AdmittedTrajectory, WireErro
     })
 }
 
+/// Reads a section of per-call entries — its count, then each entry's execution, call and
+/// value — that the live trees' calls carry apart from their nodes (so older formats' node
+/// layout stays unchanged). Entries come once each, in (execution, node) order; `restore`
+/// applies a value to its call's node. `names`: the section, its execution and call fields.
+fn read_call_section<T>(
+    reader: &mut Reader<'_>,
+    trees: &mut BTreeMap<ExecutionId, Tree>,
+    names: [&'static str; 3],
+    mut read_value: impl FnMut(&mut Reader<'_>) -> Result<T, WireError>,
+    mut restore: impl FnMut(&mut Tree, CallId, T) -> Result<NodeId, String>,
+) -> Result<(), WireError> {
+    let [section, execution_field, call_field] = names;
+    let count = reader.count(section, 3)?;
+    // (execution, node index) of the last entry.
+    let mut previous: Option<(u64, NodeId)> = None;
+    for _ in 0..count {
+        let start_offset = reader.offset();
+        let execution = reader.varint(execution_field)?;
+        let call = CallId(reader.varint(call_field)?);
+        let value = read_value(reader)?;
+        let restored = trees
+            .get_mut(&ExecutionId(execution))
+            .ok_or_else(|| format!("execution {execution} has no live tree"))
+            .and_then(|tree| {
+                let node = tree
+                    .node_of_call(call)
+                    .ok_or_else(|| format!("call {call} is not in the tree"))?;
+                if previous.is_some_and(|last| last >= (execution, node)) {
+                    return Err(format!(
+                        "call {call} of execution {execution} is out of order"
+                    ));
+                }
+                restore(tree, call, value)
+            });
+        let node =
+            restored.map_err(|message| inconsistent(reader, start_offset, section, message))?;
+        previous = Some((execution, node));
+    }
+    Ok(())
+}
+
 /// The trajectory part's layout that [`TrajectoryBuffer::encode_into`] writes (the control
 /// snapshot's format version; see [`TrajectoryBuffer::decode_versioned`]).
 pub const TRAJECTORY_FORMAT: u32 = 4;
@@ -775,69 +816,42 @@ impl TrajectoryBuffer {
             }
         }
         if format >= 3 {
-            let count = reader.count("trajectory.stop_sequences", 3)?;
-            // (execution, node index) of the last entry: entries come in that order, once.
-            let mut previous: Option<(u64, NodeId)> = None;
-            for _ in 0..count {
-                let start_offset = reader.offset();
-                let execution = reader.varint("trajectory.stop_sequences.execution")?;
-                let call = CallId(reader.varint("trajectory.stop_sequences.call")?);
-                let stops_count = reader.count("trajectory.stop_sequences.stops", 1)?;
-                let mut stops = Vec::with_capacity(stops_count);
-                for _ in 0..stops_count {
-                    stops.push(reader.string("trajectory.stop_sequences.stops")?);
-                }
-                let restored = trees
-                    .get_mut(&ExecutionId(execution))
-                    .ok_or_else(|| format!("execution {execution} has no live tree"))
-                    .and_then(|tree| {
-                        let node = tree
-                            .node_of_call(call)
-                            .ok_or_else(|| format!("call {call} is not in the tree"))?;
-                        if previous.is_some_and(|last| last >= (execution, node)) {
-                            return Err(format!(
-                                "call {call} of execution {execution} is out of order"
-                            ));
-                        }
-                        tree.restore_stop_sequences(call, stops)
-                    });
-                let node = restored.map_err(|message| {
-                    inconsistent(reader, start_offset, "trajectory.stop_sequences", message)
-                })?;
-                previous = Some((execution, node));
-            }
+            read_call_section(
+                reader,
+                &mut trees,
+                [
+                    "trajectory.stop_sequences",
+                    "trajectory.stop_sequences.execution",
+                    "trajectory.stop_sequences.call",
+                ],
+                |reader| {
+                    let stops_count = reader.count("trajectory.stop_sequences.stops", 1)?;
+                    let mut stops = Vec::with_capacity(stops_count);
+                    for _ in 0..stops_count {
+                        stops.push(reader.string("trajectory.stop_sequences.stops")?);
+                    }
+                    Ok(stops)
+                },
+                |tree, call, stops| tree.restore_stop_sequences(call, stops),
+            )?;
         }
         if format >= 4 {
-            let count = reader.count("trajectory.context_outputs", 3)?;
-            // (execution, node index) of the last entry: entries come in that order, once.
-            let mut previous: Option<(u64, NodeId)> = None;
-            for _ in 0..count {
-                let start_offset = reader.offset();
-                let execution = reader.varint("trajectory.context_outputs.execution")?;
-                let call = CallId(reader.varint("trajectory.context_outputs.call")?);
-                let constrained = reader.varint("trajectory.context_outputs.count")?;
-                let restored = trees
-                    .get_mut(&ExecutionId(execution))
-                    .ok_or_else(|| format!("execution {execution} has no live tree"))
-                    .and_then(|tree| {
-                        let node = tree
-                            .node_of_call(call)
-                            .ok_or_else(|| format!("call {call} is not in the tree"))?;
-                        if previous.is_some_and(|last| last >= (execution, node)) {
-                            return Err(format!(
-                                "call {call} of execution {execution} is out of order"
-                            ));
-                        }
-                        let constrained = u32::try_from(constrained).map_err(|_| {
-                            format!("call {call} is listed with {constrained} constrained outputs")
-                        })?;
-                        tree.restore_context_outputs(call, constrained)
-                    });
-                let node = restored.map_err(|message| {
-                    inconsistent(reader, start_offset, "trajectory.context_outputs", message)
-                })?;
-                previous = Some((execution, node));
-            }
+            read_call_section(
+                reader,
+                &mut trees,
+                [
+                    "trajectory.context_outputs",
+                    "trajectory.context_outputs.execution",
+                    "trajectory.context_outputs.call",
+                ],
+                |reader| reader.varint("trajectory.context_outputs.count"),
+                |tree, call, count| {
+                    let count = u32::try_from(count).map_err(|_| {
+                        format!("call {call} is listed with {count} context outputs")
+                    })?;
+                    tree.restore_context_outputs(call, count)
+                },
+            )?;
         }
         Ok(TrajectoryBuffer {
             tree_config,
