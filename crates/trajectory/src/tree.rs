@@ -529,22 +529,22 @@ impl Tree {
     pub(crate) fn restore_context_outputs(
         &mut self,
         call: CallId,
-        constrained: u32,
+        count: u32,
     ) -> Result<NodeId, String> {
         let id = self
             .node_of_call(call)
             .ok_or_else(|| format!("call {call} is not in the tree"))?;
         let node = &mut self.nodes[id.index()];
         if node.context_outputs != 0 {
-            return Err(format!("call {call}'s constrained outputs appear twice"));
+            return Err(format!("call {call}'s context outputs appear twice"));
         }
-        if constrained == 0 || u64::from(constrained) > node.output_ids.len() as u64 {
+        if count == 0 || u64::from(count) > node.output_ids.len() as u64 {
             return Err(format!(
-                "call {call} is listed with {constrained} constrained outputs (1 to its {})",
+                "call {call} is listed with {count} context outputs (1 to its {})",
                 node.output_ids.len()
             ));
         }
-        node.context_outputs = constrained;
+        node.context_outputs = count;
         Ok(id)
     }
 

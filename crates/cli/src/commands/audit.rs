@@ -201,7 +201,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                         "output_constraint": record.output_constraint.as_ref().map(|constraint| json!({
                             "schema": constraint.schema,
                             "enforced": constraint.enforced,
-                            "constrained_tokens": record.constrained_output_tokens(),
+                            "constrained_tokens": constraint.constrained_tokens,
                         })),
                         "sampling": {
                             "temperature": record.sampling.temperature,

@@ -539,18 +539,10 @@ fn embedded(args: &ProxyArgs) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEn
     };
     let profile =
         SmolLm2::load(&path).with_context(|| format!("loading the GGUF {}", path.display()))?;
-    // The ChatML special tokens SmolLM2's `tokenizer_config.json` names.
-    let special_tokens = gyre_proxy::SpecialTokens {
-        bos_token: Some("<|im_start|>".into()),
-        eos_token: Some("<|im_end|>".into()),
-        unk_token: Some("<|endoftext|>".into()),
-        pad_token: Some("<|im_end|>".into()),
-        ..gyre_proxy::SpecialTokens::default()
-    };
     let model = ChatModel::from_parts(
         profile.tokenizer.clone(),
         &profile.chat_template,
-        special_tokens,
+        gyre_proxy::SpecialTokens::chatml(),
         ToolArgumentsForm::RawText,
     )
     .with_context(|| format!("the chat template of {}", path.display()))?;

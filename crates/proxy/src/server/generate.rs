@@ -599,15 +599,13 @@ pub async fn run(
                                 for end in &mut sampled.output_ends {
                                     *end = (*end).min(cut as u32);
                                 }
-                                // The engine stops here; its end reports the policy version.
-                                // Without an end from the engine: the version it last
-                                // reported.
+                                // The engine stops here; its end reports the policy version
+                                // (without one: the version the engine last reported).
                                 let index = engine_index % app.engines.len();
-                                let version = stop_engine(&*engine, &rid, chunks)
-                                    .await
-                                    .map_or_else(|| app.engine_version(index), PolicyVersion::get);
-                                app.engine_reported(index, version);
-                                sampled.policy_version = PolicyVersion(version);
+                                if let Some(version) = stop_engine(&*engine, &rid, chunks).await {
+                                    app.engine_reported(index, version.get());
+                                }
+                                sampled.policy_version = PolicyVersion(app.engine_version(index));
                                 sampled.engine = EngineId(engine_index as u32);
                                 break 'engines FinishKind::Stop;
                             }

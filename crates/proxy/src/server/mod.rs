@@ -714,7 +714,6 @@ impl AppState {
         engines: Vec<Arc<dyn TokenEngine>>,
         sink: Arc<dyn RecordSink>,
     ) -> Result<Arc<AppState>, String> {
-        let engines_count_for_versions = engines.len();
         if engines.is_empty() {
             return Err("at least one engine is needed".into());
         }
@@ -758,15 +757,16 @@ impl AppState {
             config,
             model,
             output_format,
+            // Before `engines` moves in: one slot per engine.
+            engine_versions: std::iter::repeat_with(|| AtomicU64::new(0))
+                .take(engines.len())
+                .collect(),
             engines,
             stop_token_ids,
             sink,
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(next_execution),
             next_engine: AtomicU64::new(0),
-            engine_versions: (0..engines_count_for_versions)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
             preparing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |cores| cores.get()),
             ),

@@ -60,6 +60,21 @@ pub struct SpecialTokens {
     pub additional_special_tokens: Vec<String>,
 }
 
+impl SpecialTokens {
+    /// ChatML's, as SmolLM2's `tokenizer_config.json` names them: `<|im_start|>` begins a
+    /// turn, `<|im_end|>` ends one (and pads), `<|endoftext|>` is the unknown token. A GGUF
+    /// carries the template but not these names.
+    pub fn chatml() -> Self {
+        SpecialTokens {
+            bos_token: Some("<|im_start|>".into()),
+            eos_token: Some("<|im_end|>".into()),
+            unk_token: Some("<|endoftext|>".into()),
+            pad_token: Some("<|im_end|>".into()),
+            ..SpecialTokens::default()
+        }
+    }
+}
+
 /// Everything one rendering needs besides the template itself.
 #[derive(Clone, Copy, Debug)]
 pub struct RenderInput<'a> {

