@@ -494,7 +494,7 @@ pub async fn run(
         };
         let rid = {
             let session = execution.lock();
-            format!("{}-{}-{attempts}", session.execution, session.calls())
+            app.request_id(session.execution, session.calls(), attempts)
         };
         let constrained = json_constraint.is_some()
             && sampled.output_ids.is_empty()

@@ -510,6 +510,13 @@ pub struct AppState {
     executions: Mutex<HashMap<String, ExecutionHandle>>,
     next_execution: AtomicU64,
     next_engine: AtomicU64,
+    /// Numbers every engine request this process sends: calls of one execution can be in
+    /// flight together (parallel sub-agents), so the call count alone does not tell their
+    /// requests apart, and engines refuse a request id that is already in flight.
+    next_request: AtomicU64,
+    /// Tells this process's request ids from an earlier process's (whose requests an engine
+    /// may still be running after a restart): the start time, in base 36.
+    request_tag: String,
     /// Engines the log says are down.
     down: Mutex<std::collections::BTreeSet<usize>>,
     /// The policy version each engine last reported (at the end of an answer or an abort):
@@ -767,6 +774,12 @@ impl AppState {
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(next_execution),
             next_engine: AtomicU64::new(0),
+            next_request: AtomicU64::new(0),
+            request_tag: base36(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |since| since.as_millis() as u64),
+            ),
             preparing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |cores| cores.get()),
             ),
@@ -907,6 +920,14 @@ impl AppState {
             Some(file) => file.record_close(&credentials::token_hash(token)),
             None => Ok(()),
         }
+    }
+
+    /// A request id no other request of this process (nor, by its start time, of an earlier
+    /// one) carries: `e<execution>-c<call>-<attempt>-<tag>.<n>`, so an engine's logs still
+    /// name the execution and call.
+    pub(crate) fn request_id(&self, execution: ExecutionId, call: u64, attempt: usize) -> String {
+        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("{execution}-{call}-{attempt}-{}.{n}", self.request_tag)
     }
 
     /// The execution under `token`, opened as `id` on `engine` if there is none yet (two
@@ -2330,4 +2351,18 @@ mod tests {
             None
         );
     }
+}
+
+/// `value` in base 36 (digits, then lower-case letters).
+fn base36(mut value: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(value % 36) as usize]);
+        value /= 36;
+        if value == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("ascii digits")
 }
