@@ -2243,6 +2243,20 @@ pub async fn follow_routes(
     }
 }
 
+/// `value` in base 36 (digits, then lower-case letters).
+fn base36(mut value: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(value % 36) as usize]);
+        value /= 36;
+        if value == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    String::from_utf8(digits).expect("ascii digits")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2351,18 +2365,4 @@ mod tests {
             None
         );
     }
-}
-
-/// `value` in base 36 (digits, then lower-case letters).
-fn base36(mut value: u64) -> String {
-    let mut digits = Vec::new();
-    loop {
-        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(value % 36) as usize]);
-        value /= 36;
-        if value == 0 {
-            break;
-        }
-    }
-    digits.reverse();
-    String::from_utf8(digits).expect("ascii digits")
 }
