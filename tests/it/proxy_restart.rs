@@ -266,6 +266,28 @@ fn restart_scenario(
         opened["execution"], 3,
         "a new execution after every id issued: {opened}"
     );
+    // An id is opened once, whoever names it: one issued before the restart, one opened now.
+    for taken in [1, 3] {
+        let (status, refused) = proxy.post("/admin/executions", "", &json!({ "execution": taken }));
+        assert_eq!(status, 409, "execution {taken} again: {refused}");
+        assert!(
+            refused["error"]
+                .as_str()
+                .is_some_and(|message| message.contains(&format!("execution {taken} "))),
+            "{refused}"
+        );
+    }
+    // The numbering steps over an id opened by name.
+    let (status, named) = proxy.post("/admin/executions", "", &json!({"execution": 5}));
+    assert_eq!(
+        (status, named["execution"].as_u64()),
+        (200, Some(5)),
+        "{named}"
+    );
+    let numbered: Vec<_> = (0..2)
+        .map(|_| proxy.post("/admin/executions", "", &json!({})).1["execution"].as_u64())
+        .collect();
+    assert_eq!(numbered, [Some(4), Some(6)]);
 
     let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
     assert_eq!(status, 200, "{closing}");

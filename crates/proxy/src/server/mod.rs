@@ -22,7 +22,7 @@ pub mod session;
 pub mod sink;
 mod websocket;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -509,6 +509,10 @@ pub struct AppState {
     pub sink: Arc<dyn RecordSink>,
     executions: Mutex<HashMap<String, ExecutionHandle>>,
     next_execution: AtomicU64,
+    /// Execution ids this proxy opened, was issued credentials for before a restart, or found
+    /// records of in its log: an id is opened once, whoever names it (two sessions under one
+    /// id would record the same call ids twice).
+    taken: Mutex<HashSet<u64>>,
     next_engine: AtomicU64,
     /// Numbers every engine request this process sends: calls of one execution can be in
     /// flight together (parallel sub-agents), so the call count alone does not tell their
@@ -539,6 +543,36 @@ pub struct AppState {
     sockets_stop: tokio::sync::watch::Sender<bool>,
 }
 
+/// Why an execution could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The id was opened before (by this process, under a credential issued before a restart,
+    /// or its records are in the log).
+    Taken(u64),
+    /// The proxy's numbering is used up.
+    Numbering(String),
+    /// The credential file could not record the new credential.
+    Credential(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Taken(id) => write!(
+                f,
+                "execution {id} was already opened on this proxy (an id is opened once: a \
+                 second session under it would record its call ids again)"
+            ),
+            OpenError::Numbering(message) => f.write_str(message),
+            OpenError::Credential(message) => {
+                write!(f, "the credential could not be kept: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
 /// What a restarted proxy knows of the credentials and executions it had before.
 #[derive(Default)]
 struct Issued {
@@ -560,6 +594,8 @@ pub struct Recovering<'a> {
     /// Executions with an open credential, and their engines.
     open: std::collections::BTreeMap<u64, usize>,
     max_execution: u64,
+    /// The execution of the last record fed (consecutive records mostly share one).
+    last_taken: Option<u64>,
     sessions: HashMap<u64, Session>,
     lost: HashMap<u64, String>,
     calls: u64,
@@ -596,6 +632,10 @@ impl Recovering<'_> {
         };
         let id = record.execution.get();
         self.max_execution = self.max_execution.max(id);
+        if self.last_taken != Some(id) {
+            self.last_taken = Some(id);
+            self.state.taken().insert(id);
+        }
         let Some(engine) = self.open.get(&id) else {
             return;
         };
@@ -752,6 +792,11 @@ impl AppState {
         let next_execution = config
             .numbering
             .first_from(issued.max_execution.saturating_add(1));
+        let taken: HashSet<u64> = issued
+            .by_hash
+            .values()
+            .map(|entry| entry.execution)
+            .collect();
         Ok(Arc::new(AppState {
             bodies,
             responses,
@@ -773,6 +818,7 @@ impl AppState {
             sink,
             executions: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(next_execution),
+            taken: Mutex::new(taken),
             next_engine: AtomicU64::new(0),
             next_request: AtomicU64::new(0),
             request_tag: base36(
@@ -804,6 +850,12 @@ impl AppState {
 
     fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
         self.executions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn taken(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.taken
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -843,6 +895,7 @@ impl AppState {
             state: self,
             open,
             max_execution,
+            last_taken: None,
             sessions: HashMap::new(),
             lost: HashMap::new(),
             calls: 0,
@@ -856,10 +909,15 @@ impl AppState {
         &self,
         execution: Option<u64>,
         engine: Option<usize>,
-    ) -> Result<(u64, String), String> {
+    ) -> Result<(u64, String), OpenError> {
         let id = match execution {
-            Some(id) => id,
-            None => self.number_execution()?,
+            Some(id) => {
+                if !self.taken().insert(id) {
+                    return Err(OpenError::Taken(id));
+                }
+                id
+            }
+            None => self.number_execution().map_err(OpenError::Numbering)?,
         };
         let engine = engine.unwrap_or_else(|| {
             let start = self.next_engine.fetch_add(1, Ordering::Relaxed) as usize;
@@ -872,20 +930,27 @@ impl AppState {
         }) % self.engines.len();
         let token = generate::random_token();
         if let Some(file) = &self.credentials {
-            file.record_open(&credentials::token_hash(&token), id, engine)?;
+            file.record_open(&credentials::token_hash(&token), id, engine)
+                .map_err(OpenError::Credential)?;
         }
         self.open_execution_as(id, engine, &token);
         Ok((id, token))
     }
 
-    /// The next id of this proxy's numbering.
+    /// The next id of this proxy's numbering that is not taken (claimed for the caller).
     fn number_execution(&self) -> Result<u64, String> {
         let stride = self.config.numbering.stride;
-        self.next_execution
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-                next.checked_add(stride)
-            })
-            .map_err(|_| "this proxy has numbered every execution id it owns".to_string())
+        loop {
+            let id = self
+                .next_execution
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                    next.checked_add(stride)
+                })
+                .map_err(|_| "this proxy has numbered every execution id it owns".to_string())?;
+            if self.taken().insert(id) {
+                return Ok(id);
+            }
+        }
     }
 
     /// Records `token` as opening `id` (auto-open) in the credential file, if there is one.
@@ -2108,12 +2173,10 @@ async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     let (execution, token) = match app.open_execution(request.execution, request.engine) {
         Ok(opened) => opened,
-        Err(error) => {
-            return admin_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the credential could not be kept: {error}"),
-            )
+        Err(error @ OpenError::Taken(_)) => {
+            return admin_error(StatusCode::CONFLICT, format!("execution: {error}"))
         }
+        Err(error) => return admin_error(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
     };
     let base = &app.config.public_url;
     axum::Json(json!({
