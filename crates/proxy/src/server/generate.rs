@@ -223,6 +223,8 @@ struct Answer<'m> {
     stop: StopStrings,
     parser: OutputParser,
     reasoning_text: String,
+    /// The answer's text before its first tool call.
+    text_before_calls: String,
     reasoning_tokens: u64,
     tool_calls: usize,
     /// The answer calls a tool that starts a sub-agent (see [`is_spawn_tool`]).
@@ -246,6 +248,7 @@ impl<'m> Answer<'m> {
             stop: StopStrings::new(stops),
             parser: OutputParser::new(app.output_format.clone()),
             reasoning_text: String::new(),
+            text_before_calls: String::new(),
             reasoning_tokens: 0,
             tool_calls: 0,
             spawns_agent: false,
@@ -340,6 +343,7 @@ impl<'m> Answer<'m> {
             builder,
             events,
             &mut self.reasoning_text,
+            &mut self.text_before_calls,
             &mut self.tool_calls,
             &mut self.spawns_agent,
             &mut self.output_ids,
@@ -932,6 +936,7 @@ fn emit(
     builder: &mut Builder,
     events: Vec<OutputEvent>,
     reasoning_text: &mut String,
+    text_before_calls: &mut String,
     tool_calls: &mut usize,
     spawns_agent: &mut bool,
     output_ids: &mut OutputIds,
@@ -951,11 +956,21 @@ fn emit(
                 frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
             }
             OutputEvent::TextDelta(text) => {
+                if *tool_calls == 0 {
+                    text_before_calls.push_str(&text);
+                }
                 frames.extend(builder.push(StreamItem::TextDelta(&text)));
             }
             OutputEvent::ToolCall { name, arguments } => {
                 let id = output_ids.next_tool_call(api, sampled_so_far);
-                execution.lock().remember_tool_call(&id, &arguments);
+                let mut session = execution.lock();
+                session.remember_tool_call(&id, &arguments);
+                if *tool_calls == 0 && text_before_calls.trim().is_empty() {
+                    // Claude Code drops a whitespace-only text block from the history it
+                    // sends back; the session puts it back before rendering.
+                    session.remember_blank_text_before(&id, text_before_calls);
+                }
+                drop(session);
                 *tool_calls += 1;
                 *spawns_agent |= is_spawn_tool(&name);
                 frames.extend(builder.push(StreamItem::ToolCall {

@@ -198,6 +198,11 @@ pub struct Session {
     /// for a short while only.
     side: BTreeMap<String, Vec<(AgentContext, u32)>>,
     tool_calls: HashMap<String, String>,
+    /// Whitespace-only text an answer sampled before its first tool call, by that call's id.
+    /// Claude Code leaves such a text block out of the history it sends back; rendered without
+    /// it, the answer would no longer match its sampled tokens and the next call would encode
+    /// it again instead of extending it.
+    blank_text_before: HashMap<String, String>,
     reasoning: HashMap<String, String>,
     special: HashSet<u32>,
     next_call: u64,
@@ -270,6 +275,7 @@ impl Session {
             agents: BTreeMap::new(),
             side: BTreeMap::new(),
             tool_calls: HashMap::new(),
+            blank_text_before: HashMap::new(),
             reasoning: HashMap::new(),
             special,
             next_call: 0,
@@ -291,6 +297,15 @@ impl Session {
             .insert(id.to_string(), arguments.to_string());
     }
 
+    /// Remembers `text` (whitespace only, possibly empty: nothing to restore) as what the
+    /// answer sampled before its first tool call `id`.
+    pub fn remember_blank_text_before(&mut self, id: &str, text: &str) {
+        if !text.is_empty() {
+            self.blank_text_before
+                .insert(id.to_string(), text.to_string());
+        }
+    }
+
     pub fn remember_reasoning(&mut self, handle: &str, text: &str) {
         self.reasoning.insert(handle.to_string(), text.to_string());
     }
@@ -302,6 +317,16 @@ impl Session {
         for message in &mut request.messages {
             if message.role != Role::Assistant {
                 continue;
+            }
+            if message.content.is_empty() {
+                if let Some(blank) = message
+                    .tool_calls
+                    .first()
+                    .and_then(|call| self.blank_text_before.get(&call.id))
+                {
+                    message.content = blank.clone();
+                    restored += 1;
+                }
             }
             for call in &mut message.tool_calls {
                 if let Some(exact) = self.tool_calls.get(&call.id) {
@@ -881,6 +906,7 @@ impl Session {
         }
         let mut parser = OutputParser::new(format.clone());
         let mut reasoning = String::new();
+        let (mut text_before_calls, mut calls) = (String::new(), 0usize);
         let output = &record.output_ids;
         for at in 0..=output.len() {
             let events = if at < output.len() {
@@ -910,16 +936,22 @@ impl Session {
                         self.reasoning
                             .insert(handle, std::mem::take(&mut reasoning));
                     }
-                    OutputEvent::TextDelta(_) => {}
+                    OutputEvent::TextDelta(delta) => {
+                        if calls == 0 {
+                            text_before_calls.push_str(&delta);
+                        }
+                    }
                     OutputEvent::ToolCall { arguments, .. } => {
                         // The record does not say which API answered: both forms are kept.
                         let suffix = ids.next_tool_call_suffix(so_far);
                         for api in [Api::Anthropic, Api::OpenAiChat] {
-                            self.tool_calls.insert(
-                                format!("{}{suffix}", tool_call_prefix(api)),
-                                arguments.clone(),
-                            );
+                            let id = format!("{}{suffix}", tool_call_prefix(api));
+                            if calls == 0 && text_before_calls.trim().is_empty() {
+                                self.remember_blank_text_before(&id, &text_before_calls);
+                            }
+                            self.tool_calls.insert(id, arguments.clone());
                         }
+                        calls += 1;
                     }
                 }
             }

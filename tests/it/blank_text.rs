@@ -1,0 +1,79 @@
+//! Whitespace an answer sampled before its tool call. Claude Code leaves a whitespace-only
+//! text block out of the history it sends back, so the proxy puts it back before rendering:
+//! otherwise the re-rendered answer would differ from its sampled tokens right after the
+//! assistant header, and the next call would encode the whole answer again as input instead
+//! of extending it.
+
+use std::sync::Arc;
+
+use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions, TokenEngine};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::ServerConfig;
+use serde_json::json;
+
+use crate::in_process::{model, proxy_with};
+
+#[test]
+fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let script = Script::parse(
+        concat!(
+            r#"{"agent": "main", "blocks": [{"type": "text", "text": "\n\n"}, "#,
+            r#"{"type": "tool_use", "name": "Bash", "input": {"command": "echo a"}}]}"#,
+            "\n",
+            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}"#,
+        ),
+        None,
+    )
+    .expect("script");
+    let engine: Arc<dyn TokenEngine> = Arc::new(
+        ScriptedEngine::new(
+            &script,
+            &model(),
+            &OutputFormat::test_model(),
+            ScriptedOptions::default(),
+        )
+        .expect("engine"),
+    );
+    let proxy = proxy_with(&runtime, engine, ServerConfig::default());
+    let tools = json!([{"name": "Bash", "description": "Runs a command.",
+                        "input_schema": {"type": "object",
+                                         "properties": {"command": {"type": "string"}}}}]);
+    let ask = json!({"role": "user", "content": "Run it."});
+    let (status, first) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 256, "tools": tools, "messages": [ask]}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let blocks = first["content"].as_array().expect("content");
+    assert_eq!(blocks[0]["text"], "\n\n", "{first}");
+    let call = blocks[1].clone();
+    assert_eq!(call["type"], "tool_use", "{first}");
+
+    // As Claude Code re-sends it: the tool call without the blank text before it.
+    let history = json!([
+        ask,
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                      "content": "a"}]},
+    ]);
+    let (status, second) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 256, "tools": tools, "messages": history}),
+    );
+    assert_eq!(status, 200, "{second}");
+
+    let records = proxy.sink.records();
+    assert_eq!(records.len(), 2);
+    let (c0, c1) = (&records[0], &records[1]);
+    assert_eq!(c1.parent_call, Some(c0.call));
+    assert_eq!(
+        c1.reused_prefix_tokens_count,
+        (c0.input_ids.len() + c0.output_ids.len()) as u64,
+        "the second call extends the first's prompt and its whole sampled answer"
+    );
+}
