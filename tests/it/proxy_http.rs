@@ -261,6 +261,27 @@ fn unknown_routes_answer_in_the_clients_error_shape() {
         error["error"].get("param").is_some(),
         "OpenAI's shape: {body}"
     );
+    // A served route called with another method: 405 in the API's shape, not an empty body.
+    let (status, body) = http(
+        &proxy.address,
+        "GET",
+        "/v1/messages",
+        &[("anthropic-version", "2023-06-01")],
+        "",
+    );
+    assert_eq!(status, 405, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(error["type"], "error", "Anthropic's shape: {body}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("/v1/messages does not take GET")),
+        "{body}"
+    );
+    let (status, body) = http(&proxy.address, "DELETE", "/v1/chat/completions", &[], "");
+    assert_eq!(status, 405, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(error["error"]["code"], "method_not_allowed", "{body}");
 }
 
 /// A client that opens a connection and stops inside its request headers is disconnected after

@@ -18,6 +18,8 @@ pub enum ApiErrorKind {
     Authentication,
     PermissionDenied,
     NotFound,
+    /// A route called with a method it does not serve: 405.
+    MethodNotAllowed,
     /// Body over the configured limit: 413.
     RequestTooLarge,
     /// The client stopped sending its body: 408.
@@ -87,6 +89,7 @@ impl ApiError {
             (ApiErrorKind::Authentication, _) => 401,
             (ApiErrorKind::PermissionDenied, _) => 403,
             (ApiErrorKind::NotFound, _) => 404,
+            (ApiErrorKind::MethodNotAllowed, _) => 405,
             (ApiErrorKind::RequestTooLarge, _) => 413,
             (ApiErrorKind::RequestTimeout, _) => 408,
             (ApiErrorKind::UnsupportedMediaType, _) => 415,
@@ -105,6 +108,7 @@ impl ApiError {
                 ApiErrorKind::Authentication => "authentication_error",
                 ApiErrorKind::PermissionDenied => "permission_error",
                 ApiErrorKind::NotFound => "not_found_error",
+                ApiErrorKind::MethodNotAllowed => "invalid_request_error",
                 ApiErrorKind::RequestTooLarge => "request_too_large",
                 ApiErrorKind::RequestTimeout => "timeout_error",
                 ApiErrorKind::UnsupportedMediaType => "invalid_request_error",
@@ -116,6 +120,7 @@ impl ApiError {
                 ApiErrorKind::InvalidRequest
                 | ApiErrorKind::Authentication
                 | ApiErrorKind::NotFound
+                | ApiErrorKind::MethodNotAllowed
                 | ApiErrorKind::RequestTooLarge
                 | ApiErrorKind::RequestTimeout
                 | ApiErrorKind::UnsupportedMediaType => "invalid_request_error",
@@ -136,6 +141,7 @@ impl ApiError {
             ApiErrorKind::Authentication => Some("invalid_api_key"),
             ApiErrorKind::PermissionDenied => Some("permission_denied"),
             ApiErrorKind::NotFound => Some("not_found"),
+            ApiErrorKind::MethodNotAllowed => Some("method_not_allowed"),
             ApiErrorKind::RequestTooLarge => Some("request_too_large"),
             ApiErrorKind::RequestTimeout => Some("request_timeout"),
             ApiErrorKind::UnsupportedMediaType => Some("unsupported_content_encoding"),

@@ -1195,6 +1195,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/executions/{token}/close", post(admin_close))
         .route("/admin/executions/{token}/route", post(admin_route))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(with_request_id))
         .with_state(state)
 }
@@ -2136,6 +2137,23 @@ async fn not_found(
         api,
         ApiErrorKind::NotFound,
         format!("no such route: {method} {shown}"),
+    );
+    error_response(&error)
+}
+
+/// 405 in the error shape of the API the client speaks (see [`not_found`]).
+async fn method_not_allowed(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let path = uri.path();
+    let api = api_of_request(path, &headers);
+    let shown: String = path.chars().take(200).collect();
+    let error = ApiError::new(
+        api,
+        ApiErrorKind::MethodNotAllowed,
+        format!("{shown} does not take {method} requests"),
     );
     error_response(&error)
 }
