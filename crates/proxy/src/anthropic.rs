@@ -600,7 +600,7 @@ impl MessagesRequest {
                 .push(Message::new(Role::System, join_text(&self.system)));
         }
         // Tool-use ids seen so far, with their tool names.
-        let mut calls: Vec<(String, String)> = Vec::new();
+        let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         for (message_index, message) in self.messages.iter().enumerate() {
             match message.role {
                 InputRole::System => {
@@ -637,7 +637,7 @@ impl MessagesRequest {
                                 })
                             }
                             ContentBlock::ToolUse { id, name, input } => {
-                                calls.push((id.clone(), name.clone()));
+                                calls.entry(id.clone()).or_insert(name.clone());
                                 assistant.tool_calls.push(ToolCall {
                                     id: id.clone(),
                                     name: name.clone(),
@@ -671,9 +671,7 @@ impl MessagesRequest {
                                     ));
                                     pending.clear();
                                 }
-                                let Some((_, name)) =
-                                    calls.iter().find(|(id, _)| id == tool_use_id)
-                                else {
+                                let Some(name) = calls.get(tool_use_id.as_str()) else {
                                     return Err(ApiError::invalid_field(
                                         API,
                                         format!(

@@ -346,7 +346,7 @@ impl ChatCompletionRequest {
     /// tool call of an earlier assistant message.
     pub fn to_chat(&self) -> Result<ChatRequest, ApiError> {
         let mut chat = ChatRequest::new(API, self.model.clone());
-        let mut calls: Vec<(String, String)> = Vec::new();
+        let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         for (index, message) in self.messages.iter().enumerate() {
             let text = message.content.join(TEXT_PART_SEPARATOR);
             let converted = match message.role {
@@ -362,7 +362,7 @@ impl ChatCompletionRequest {
                         });
                     }
                     for call in &message.tool_calls {
-                        calls.push((call.id.clone(), call.name.clone()));
+                        calls.entry(call.id.clone()).or_insert(call.name.clone());
                         assistant.tool_calls.push(ToolCall {
                             id: call.id.clone(),
                             name: call.name.clone(),
@@ -373,7 +373,7 @@ impl ChatCompletionRequest {
                 }
                 ChatRole::Tool => {
                     let id = message.tool_call_id.clone().unwrap_or_default();
-                    let Some((_, name)) = calls.iter().find(|(call_id, _)| *call_id == id) else {
+                    let Some(name) = calls.get(id.as_str()) else {
                         return Err(ApiError::invalid_field(
                             API,
                             format!("messages[{index}].tool_call_id"),

@@ -675,7 +675,7 @@ impl ResponsesRequest {
             chat.messages
                 .push(Message::new(Role::System, instructions.clone()));
         }
-        let mut calls: Vec<(String, String)> = Vec::new();
+        let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         let mut loaded_freeform: Vec<String> = Vec::new();
         for (index, item) in self.input.iter().enumerate() {
             match item {
@@ -741,7 +741,7 @@ impl ResponsesRequest {
                     name,
                     arguments,
                 } => {
-                    calls.push((call_id.clone(), name.clone()));
+                    calls.entry(call_id.clone()).or_insert(name.clone());
                     push_call(&mut chat.messages, call_id, name, arguments.clone());
                 }
                 InputItem::CustomToolCall {
@@ -749,7 +749,7 @@ impl ResponsesRequest {
                     name,
                     input,
                 } => {
-                    calls.push((call_id.clone(), name.clone()));
+                    calls.entry(call_id.clone()).or_insert(name.clone());
                     push_call(&mut chat.messages, call_id, name, freeform_arguments(input));
                 }
                 InputItem::ToolSearchCall { call_id, arguments } => {
@@ -757,7 +757,7 @@ impl ResponsesRequest {
                         .search_tools
                         .first()
                         .map_or("tool_search", String::as_str);
-                    calls.push((call_id.clone(), name.to_string()));
+                    calls.entry(call_id.clone()).or_insert(name.to_string());
                     push_call(&mut chat.messages, call_id, name, arguments.clone());
                 }
                 InputItem::FunctionCallOutput { call_id, output }
@@ -768,7 +768,7 @@ impl ResponsesRequest {
                     if let InputItem::ToolSearchOutput { freeform, .. } = item {
                         loaded_freeform.extend(freeform.iter().cloned());
                     }
-                    let Some((_, name)) = calls.iter().find(|(id, _)| id == call_id) else {
+                    let Some(name) = calls.get(call_id.as_str()) else {
                         return Err(ApiError::invalid_field(
                             API,
                             format!("input[{index}].call_id"),
