@@ -201,9 +201,9 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
             ));
         }
     }
-    let max_tokens = match root.optional_u32("max_completion_tokens")? {
+    let max_tokens = match root.optional_token_limit("max_completion_tokens")? {
         Some(max_tokens) => Some(max_tokens),
-        None => root.optional_u32("max_tokens")?,
+        None => root.optional_token_limit("max_tokens")?,
     };
     Ok(ChatCompletionRequest {
         model,

@@ -276,7 +276,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         search_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
-        max_output_tokens: root.optional_u32("max_output_tokens")?,
+        max_output_tokens: root.optional_token_limit("max_output_tokens")?,
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_u32("top_k")?,

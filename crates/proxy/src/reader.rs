@@ -224,6 +224,18 @@ impl<'a> Node<'a> {
         self.get(key)?.map(|child| child.node().u32()).transpose()
     }
 
+    /// An optional token limit: an integer, at least 1 (a limit of 0 cannot be sampled
+    /// under; the APIs refuse it).
+    pub fn optional_token_limit(&self, key: &str) -> Read<Option<u32>> {
+        let Some(child) = self.get(key)? else {
+            return Ok(None);
+        };
+        match child.node().u32()? {
+            0 => Err(child.node().error("must be at least 1")),
+            limit => Ok(Some(limit)),
+        }
+    }
+
     /// The `type` member of a tagged object.
     pub fn type_tag(&self) -> Read<&'a str> {
         self.required_str("type")

@@ -96,6 +96,7 @@ fn bad_requests_name_the_field() {
     let cases = [
         (json!({"model": "m"}), "input: field required"),
         (json!({"model": "m", "input": 3}), "input: expected an array, got a number"),
+        (json!({"model": "m", "input": "x", "max_output_tokens": 0}), "max_output_tokens: must be at least 1"),
         (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id: is resolved by the server before this parser; send the whole conversation in `input` here"),
         (json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_z", "output": "o"}]}), "input[0].call_id: no function_call with call_id `call_z` earlier in the input"),
         (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_video", "video_url": "u"}]}]}), "input[0].content[0]: unsupported content part type `input_video`"),
