@@ -2043,24 +2043,38 @@ async fn count_tokens_inner(
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
     };
-    let parsed = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media);
-    let request = match parsed.and_then(|r| r.to_chat()) {
-        Ok(request) => request,
-        Err(error) => return rejected(&app, &error),
-    };
-    let rendered = app.model.render(&crate::template::RenderInput {
-        messages: &request.messages,
-        tools: &request.tools,
-        add_generation_prompt: true,
-        now: now_civil(),
-        extra: None,
+    // Parsing, rendering and tokenizing a whole conversation is CPU work proportional to the
+    // body: on the blocking pool, within the calls' preparing slots, as a call's is (the async
+    // workers keep serving `/health`, `/metrics` and other executions' answers meanwhile).
+    let _permit = app.preparing.acquire().await;
+    let counting = app.clone();
+    let counted = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
+        let app = counting;
+        let request = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media)
+            .and_then(|r| r.to_chat())?;
+        let rendered = app.model.render(&crate::template::RenderInput {
+            messages: &request.messages,
+            tools: &request.tools,
+            add_generation_prompt: true,
+            now: now_civil(),
+            extra: None,
+        });
+        rendered
+            .and_then(|text| app.model.encode(&text))
+            .map(|ids| ids.len())
+            .map_err(|error| ApiError::new(api, ApiErrorKind::InvalidRequest, error.to_string()))
+    })
+    .await
+    .unwrap_or_else(|join| {
+        Err(ApiError::new(
+            api,
+            ApiErrorKind::Internal,
+            format!("counting tokens failed: {join}"),
+        ))
     });
-    match rendered.and_then(|text| app.model.encode(&text)) {
-        Ok(ids) => axum::Json(json!({ "input_tokens": ids.len() })).into_response(),
-        Err(error) => rejected(
-            &app,
-            &ApiError::new(api, ApiErrorKind::InvalidRequest, error.to_string()),
-        ),
+    match counted {
+        Ok(tokens) => axum::Json(json!({ "input_tokens": tokens })).into_response(),
+        Err(error) => rejected(&app, &error),
     }
 }
 
