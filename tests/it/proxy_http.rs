@@ -532,6 +532,8 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
         "1",
         "--log",
         log.to_str().expect("utf-8"),
+        "--body-limit",
+        "65536",
     ]);
     let token = proxy.next_json()["token"]
         .as_str()
@@ -699,7 +701,39 @@ fn the_responses_websocket_serves_messages_in_order_and_refuses_bad_ones_on_the_
             .is_some_and(|m| m.contains("must be the last input item")),
         "{error}"
     );
+    // A close is answered with a close (the handshake completes; nothing is dropped).
     socket.close(None).expect("closed");
+    let answered = loop {
+        match socket.read() {
+            Ok(Message::Close(_)) => break true,
+            Ok(_) => continue,
+            Err(tungstenite::Error::ConnectionClosed) => break true,
+            Err(error) => panic!("the proxy dropped the socket without a close frame: {error}"),
+        }
+    };
+    assert!(answered);
+    // A message over --body-limit closes the socket with 1009 (message too big).
+    let mut request = format!("ws://{}/v1/responses", proxy.address)
+        .into_client_request()
+        .expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    let (mut socket, _) = tungstenite::connect(request).expect("the socket opens");
+    socket
+        .send(Message::text("x".repeat(100_000)))
+        .expect("sent");
+    let frame = loop {
+        match socket
+            .read()
+            .expect("a close frame, not a dropped connection")
+        {
+            Message::Close(frame) => break frame.expect("a close code"),
+            _ => continue,
+        }
+    };
+    assert_eq!(u16::from(frame.code), 1009, "closed as too big: {frame:?}");
     drop(proxy);
 
     // Recorded: the two turns, the one with an item_reference, the compaction (a summary) and

@@ -181,7 +181,13 @@ async fn serve(
                 continue;
             }
             Ok(Message::Ping(_) | Message::Pong(_)) => continue,
-            Ok(Message::Close(_)) | Err(_) => break,
+            // The socket has queued its answer to the client's close frame; the next read
+            // sends it and then ends.
+            Ok(Message::Close(_)) => continue,
+            Err(error) => {
+                refuse_and_close(&mut socket, &error.to_string()).await;
+                break;
+            }
         };
         let Create { body, stream_id } = match create_body(text.as_bytes()) {
             Ok(create) => create,
@@ -239,6 +245,27 @@ async fn going_away(socket: &mut WebSocket) {
         }
     })
     .await;
+}
+
+/// After a read failed: closes with the code that names why (1009 for a message over
+/// `--body-limit`, 1007 for text that is not UTF-8, 1002 for a frame that breaks the protocol)
+/// rather than dropping the connection without a word. Sending may fail on a broken
+/// connection; there is nothing more to tell then.
+async fn refuse_and_close(socket: &mut WebSocket, error: &str) {
+    use axum::extract::ws::close_code;
+    let code = if error.contains("Space limit exceeded") || error.contains("too long") {
+        close_code::SIZE
+    } else if error.contains("UTF-8") || error.contains("utf-8") {
+        close_code::INVALID
+    } else {
+        close_code::PROTOCOL
+    };
+    let reason: String = error.chars().take(120).collect();
+    let frame = axum::extract::ws::CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, socket.send(Message::Close(Some(frame)))).await;
 }
 
 /// A client event as the body of `POST /v1/responses` with `stream: true` (`stream` is
