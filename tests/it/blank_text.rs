@@ -76,4 +76,42 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
         (c0.input_ids.len() + c0.output_ids.len()) as u64,
         "the second call extends the first's prompt and its whole sampled answer"
     );
+
+    // `gyre replay` counts answers the next call did not reuse whole: none here, one when the
+    // second call re-encodes the first's answer (as before the blank text was restored).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let replayed = |records: &[gyre_event::ModelCallRecord], name: &str| {
+        let path = dir.path().join(name);
+        let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
+        for record in records {
+            let event = gyre_event::Event::new(
+                record.requested_at,
+                gyre_event::EventBody::ModelCall(Box::new(record.clone())),
+            );
+            writer.append_batch(&[event]).expect("appended");
+        }
+        writer.sync().expect("synced");
+        let (code, stdout, stderr) =
+            crate::support::gyre(&["replay", path.to_str().expect("utf-8"), "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+        report["model_calls"].clone()
+    };
+    let calls = replayed(&records, "extended.log");
+    assert_eq!(calls["answers_not_reused_whole"], 0, "{calls}");
+    let mut re_encoded = records.clone();
+    let answer = c0.output_ids.len();
+    let moved: Vec<u32> = c0.output_ids.clone();
+    re_encoded[1].reused_prefix_tokens_count -= answer as u64;
+    re_encoded[1].input_ids.splice(0..0, moved);
+    re_encoded[1].input_provenance.insert(
+        0,
+        gyre_event::ProvenanceSpan {
+            provenance: gyre_event::Provenance::HarnessAssistant,
+            tokens_count: answer as u32,
+        },
+    );
+    let calls = replayed(&re_encoded, "re-encoded.log");
+    assert_eq!(calls["answers_not_reused_whole"], 1, "{calls}");
+    assert_eq!(calls["answer_tokens_re_encoded"], answer, "{calls}");
 }

@@ -94,6 +94,14 @@ struct ModelCalls {
     /// anew (a proxy now answers a re-sent call from its record), or a question asked again on
     /// purpose; each extra sample is a sibling that may be a leaf no harness continued.
     resampled_prompts: u64,
+    /// Calls hanging from an answered call that reuse less than its prompt and its whole
+    /// sampled answer (a resampled prompt aside): the harness re-sent that answer otherwise
+    /// than it was sampled (edited it, rewound it, or re-serialised it in a way the proxy
+    /// could not restore), so the rest of the answer was encoded again as input. A run whose
+    /// harness only appends to its conversation should have none.
+    answers_not_reused_whole: u64,
+    /// Output tokens of those parents' answers that their children did not reuse.
+    answer_tokens_re_encoded: u64,
     /// Calls whose request asked for a JSON answer format (structured outputs).
     formatted: u64,
     /// Of those, calls the engine's grammar held to it (their behaviour log-probs are of the
@@ -120,9 +128,10 @@ struct ModelCalls {
     seen_agents: BTreeMap<u64, BTreeSet<String>>,
     #[serde(skip)]
     parents: BTreeSet<(u64, u64)>,
-    /// (execution, call) → where that call's prompt ends on its path (reused + new input).
+    /// (execution, call) → where that call's prompt ends on its path (reused + new input),
+    /// and where its answer ends (the prompt and every sampled token).
     #[serde(skip)]
-    prompt_ends: BTreeMap<(u64, u64), u64>,
+    prompt_ends: BTreeMap<(u64, u64), (u64, u64)>,
     /// (execution, hash of a root's input tokens).
     #[serde(skip)]
     root_prompts: BTreeSet<(u64, u64)>,
@@ -165,8 +174,16 @@ impl ModelCalls {
             let reused = record.reused_prefix_tokens_count;
             let again = match record.parent_call {
                 Some(parent) => {
-                    record.input_ids.is_empty()
-                        && self.prompt_ends.get(&(execution, parent.get())) == Some(&reused)
+                    let ends = self.prompt_ends.get(&(execution, parent.get())).copied();
+                    let again = record.input_ids.is_empty()
+                        && ends.is_some_and(|(prompt_end, _)| prompt_end == reused);
+                    if let Some((_, answer_end)) = ends.filter(|_| !again) {
+                        if reused < answer_end {
+                            self.answers_not_reused_whole += 1;
+                            self.answer_tokens_re_encoded += answer_end - reused;
+                        }
+                    }
+                    again
                 }
                 None => {
                     use std::hash::{Hash, Hasher};
@@ -176,9 +193,10 @@ impl ModelCalls {
                 }
             };
             self.resampled_prompts += u64::from(again);
+            let prompt_end = reused + record.input_ids.len() as u64;
             self.prompt_ends.insert(
                 (execution, record.call.get()),
-                reused + record.input_ids.len() as u64,
+                (prompt_end, prompt_end + record.output_ids.len() as u64),
             );
         }
         if let Some(constraint) = &record.output_constraint {
@@ -879,6 +897,10 @@ fn print_text(report: &PostMortem) {
         println!(
             "  prompts sampled more than once: {} (a retry answered anew, or the same question asked again)",
             calls.resampled_prompts
+        );
+        println!(
+            "  answers not reused whole by the call after them: {} ({} sampled tokens encoded again as input; an edited or rewound answer, or one the harness re-sent in a form the proxy could not restore)",
+            calls.answers_not_reused_whole, calls.answer_tokens_re_encoded
         );
         if calls.formatted > 0 {
             println!(
