@@ -2144,15 +2144,9 @@ async fn not_found(
     uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
-    let path = uri.path();
-    let api = api_of_request(path, &headers);
-    let shown: String = path.chars().take(200).collect();
-    let error = ApiError::new(
-        api,
-        ApiErrorKind::NotFound,
-        format!("no such route: {method} {shown}"),
-    );
-    error_response(&error)
+    route_error(ApiErrorKind::NotFound, &uri, &headers, |path| {
+        format!("no such route: {method} {path}")
+    })
 }
 
 /// 405 in the error shape of the API the client speaks (see [`not_found`]).
@@ -2161,15 +2155,23 @@ async fn method_not_allowed(
     uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Response {
+    route_error(ApiErrorKind::MethodNotAllowed, &uri, &headers, |path| {
+        format!("{path} does not take {method} requests")
+    })
+}
+
+/// An error about the route itself, in its client's API shape; `message` gets the path (at
+/// most 200 characters of it).
+fn route_error(
+    kind: ApiErrorKind,
+    uri: &axum::http::Uri,
+    headers: &HeaderMap,
+    message: impl FnOnce(&str) -> String,
+) -> Response {
     let path = uri.path();
-    let api = api_of_request(path, &headers);
+    let api = api_of_request(path, headers);
     let shown: String = path.chars().take(200).collect();
-    let error = ApiError::new(
-        api,
-        ApiErrorKind::MethodNotAllowed,
-        format!("{shown} does not take {method} requests"),
-    );
-    error_response(&error)
+    error_response(&ApiError::new(api, kind, message(&shown)))
 }
 
 #[derive(Deserialize, Default)]
