@@ -11,10 +11,21 @@ use gyre_proxy::output::OutputFormat;
 use gyre_proxy::server::ServerConfig;
 use serde_json::json;
 
-use crate::in_process::{model, proxy_with};
+use crate::in_process::{model, proxy_with, serve_state, Proxy};
 
 #[test]
 fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
+    blank_text_scenario(false);
+}
+
+/// The same, with the proxy restarted between the two calls: the session rebuilt from the
+/// records knows the blank text the answer began with.
+#[test]
+fn a_dropped_blank_text_block_is_restored_after_a_restart() {
+    blank_text_scenario(true);
+}
+
+fn blank_text_scenario(restart: bool) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -39,7 +50,12 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
         )
         .expect("engine"),
     );
-    let proxy = proxy_with(&runtime, engine, ServerConfig::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServerConfig {
+        credentials: Some(dir.path().join("credentials")),
+        ..ServerConfig::default()
+    };
+    let mut proxy = proxy_with(&runtime, engine.clone(), config.clone());
     let tools = json!([{"name": "Bash", "description": "Runs a command.",
                         "input_schema": {"type": "object",
                                          "properties": {"command": {"type": "string"}}}}]);
@@ -54,6 +70,22 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
     let call = blocks[1].clone();
     assert_eq!(call["type"], "tool_use", "{first}");
 
+    let mut records = proxy.sink.records();
+    if restart {
+        let history: Vec<gyre_event::Event> = records
+            .iter()
+            .map(|record| {
+                gyre_event::Event::new(
+                    record.requested_at,
+                    gyre_event::EventBody::ModelCall(Box::new(record.clone())),
+                )
+            })
+            .collect();
+        let token = proxy.token.clone();
+        drop(proxy);
+        proxy = restarted(&runtime, engine, config, history, token);
+    }
+
     // As Claude Code re-sends it: the tool call without the blank text before it.
     let history = json!([
         ask,
@@ -67,7 +99,12 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
     );
     assert_eq!(status, 200, "{second}");
 
-    let records = proxy.sink.records();
+    // The restarted proxy's sink holds only the second call; the first proxy's holds both.
+    if restart {
+        records.extend(proxy.sink.records());
+    } else {
+        records = proxy.sink.records();
+    }
     assert_eq!(records.len(), 2);
     let (c0, c1) = (&records[0], &records[1]);
     assert_eq!(c1.parent_call, Some(c0.call));
@@ -79,7 +116,6 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
 
     // `gyre replay` counts answers the next call did not reuse whole: none here, one when the
     // second call re-encodes the first's answer (as before the blank text was restored).
-    let dir = tempfile::tempdir().expect("tempdir");
     let replayed = |records: &[gyre_event::ModelCallRecord], name: &str| {
         let path = dir.path().join(name);
         let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
@@ -114,4 +150,27 @@ fn a_dropped_blank_text_block_before_a_tool_call_is_restored() {
     let calls = replayed(&re_encoded, "re-encoded.log");
     assert_eq!(calls["answers_not_reused_whole"], 1, "{calls}");
     assert_eq!(calls["answer_tokens_re_encoded"], answer, "{calls}");
+}
+
+/// A second proxy on `config`'s credential file that rebuilt its sessions from `history`
+/// (what the first one recorded), serving `token`'s execution.
+fn restarted(
+    runtime: &tokio::runtime::Runtime,
+    engine: Arc<dyn TokenEngine>,
+    config: ServerConfig,
+    history: Vec<gyre_event::Event>,
+    token: String,
+) -> Proxy {
+    let sink = Arc::new(crate::support::MemorySink::default());
+    let state = gyre_proxy::server::AppState::new(
+        config,
+        model(),
+        OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let recovery = state.recover(history);
+    assert_eq!(recovery.executions_resumed, 1, "{recovery:?}");
+    serve_state(runtime, state, token, sink)
 }

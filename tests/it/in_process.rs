@@ -159,6 +159,16 @@ pub fn proxy_with(
     )
     .expect("state");
     let (_, token) = state.open_execution(None, None).expect("open");
+    serve_state(runtime, state, token, sink)
+}
+
+/// Serves `state` (recording into `sink`) as a [`Proxy`] calling with `token`.
+pub fn serve_state(
+    runtime: &tokio::runtime::Runtime,
+    state: Arc<AppState>,
+    token: String,
+    sink: Arc<MemorySink>,
+) -> Proxy {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (address, _server) = runtime
         .block_on(gyre_proxy::server::serve(

@@ -94,7 +94,7 @@ struct ModelCalls {
     /// anew (a proxy now answers a re-sent call from its record), or a question asked again on
     /// purpose; each extra sample is a sibling that may be a leaf no harness continued.
     resampled_prompts: u64,
-    /// Calls hanging from an answered call that reuse less than its prompt and its whole
+    /// Calls hanging from an answered call that reuse its whole prompt but not its whole
     /// sampled answer (a resampled prompt aside): the harness re-sent that answer otherwise
     /// than it was sampled (edited it, rewound it, or re-serialised it in a way the proxy
     /// could not restore), so the rest of the answer was encoded again as input. A run whose
@@ -177,8 +177,11 @@ impl ModelCalls {
                     let ends = self.prompt_ends.get(&(execution, parent.get())).copied();
                     let again = record.input_ids.is_empty()
                         && ends.is_some_and(|(prompt_end, _)| prompt_end == reused);
-                    if let Some((_, answer_end)) = ends.filter(|_| !again) {
-                        if reused < answer_end {
+                    if let Some((prompt_end, answer_end)) = ends.filter(|_| !again) {
+                        // Only a child that carries its parent's whole prompt and diverges in
+                        // the answer: one that branches inside the prompt rewound the
+                        // conversation, it did not re-send the answer.
+                        if (prompt_end..answer_end).contains(&reused) {
                             self.answers_not_reused_whole += 1;
                             self.answer_tokens_re_encoded += answer_end - reused;
                         }

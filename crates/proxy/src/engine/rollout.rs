@@ -64,14 +64,21 @@ impl RolloutTokenEngine {
             top_p: f64::from(request.top_p),
             new_tokens_max: request.max_new_tokens,
             stop_tokens: request.stop_token_ids.clone(),
-            // Without a seed of its own a request draws from a stream named by its rid, so two
-            // requests never share one.
-            seed: request
-                .seed
-                .unwrap_or_else(|| gyre_trajectory::fnv1a64(&request.rid)),
+            seed: request.seed.unwrap_or_else(|| default_seed(request)),
             greedy,
         })
     }
+}
+
+/// The stream a request without a seed of its own draws from: named by the execution, call
+/// and attempt its rid starts with (`e<execution>-<call>-<attempt>-<tag>.<n>`, the tag and
+/// counter unique to the proxy process and so left out) and its prompt's length, so a run
+/// replayed against the embedded engine samples the same tokens, and two requests in flight
+/// at once (a sub-agent's beside the main agent's) do not share a stream.
+fn default_seed(request: &EngineRequest) -> u64 {
+    let rid = request.rid.as_str();
+    let stable = rid.rsplit_once('-').map_or(rid, |(stable, _)| stable);
+    gyre_trajectory::fnv1a64(&format!("{stable}/{}", request.input_ids.len()))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -190,5 +197,45 @@ impl TokenEngine for RolloutTokenEngine {
             Ok(())
         };
         async move { result }.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(rid: &str, prompt: usize) -> EngineRequest {
+        EngineRequest {
+            rid: rid.to_string(),
+            agent: None,
+            input_ids: Arc::new(vec![1; prompt]),
+            input_ids_json: None,
+            max_new_tokens: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            stop_token_ids: Vec::new(),
+            seed: None,
+            json: None,
+            reasoning_first: false,
+        }
+    }
+
+    #[test]
+    fn the_default_seed_is_the_same_for_a_replayed_call_and_differs_between_calls() {
+        let first = default_seed(&request("e7-3-0-m1x2k9.41", 100));
+        assert_eq!(
+            first,
+            default_seed(&request("e7-3-0-n0q1z2.5", 100)),
+            "another proxy process replaying the call draws the same stream"
+        );
+        assert_ne!(first, default_seed(&request("e7-4-0-m1x2k9.42", 100)));
+        assert_ne!(first, default_seed(&request("e7-3-1-m1x2k9.43", 100)));
+        assert_ne!(first, default_seed(&request("e8-3-0-m1x2k9.44", 100)));
+        assert_ne!(
+            first,
+            default_seed(&request("e7-3-0-m1x2k9.45", 120)),
+            "a sub-agent's call in flight beside it"
+        );
     }
 }

@@ -18,8 +18,10 @@
 //! The file grows by two lines per execution. When a start finds more than
 //! [`COMPACT_AFTER_CLOSED`] closed credentials, and more closed than open ones, it rewrites the
 //! file (temporary file, fsync, rename, fsync of the directory) as the open credentials and a
-//! `{"next":{"execution":N}}` line that keeps the numbering; a closed credential is then
-//! unknown, which also gets 401.
+//! `{"next":{"execution":N}}` line that keeps the numbering and a `{"closed":{"executions":
+//! [..]}}` line that keeps the ids of the closed executions (an id is opened once, even by
+//! name, and on a control quorum the proxy does not read closed executions' records back); a
+//! closed credential is then unknown, which also gets 401.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -52,6 +54,18 @@ pub struct IssuedCredentials {
     pub by_hash: HashMap<TokenHash, Issued>,
     /// The highest execution id any credential opened (0 if none).
     pub max_execution: u64,
+    /// Executions whose credentials a compaction dropped (closed): their ids stay taken.
+    pub closed_executions: Vec<u64>,
+}
+
+impl IssuedCredentials {
+    /// Every execution id a credential of the file opened, closed or not.
+    pub fn executions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_hash
+            .values()
+            .map(|entry| entry.execution)
+            .chain(self.closed_executions.iter().copied())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -76,11 +90,19 @@ struct NextLine {
 }
 
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClosedLine {
+    /// Executions a compaction dropped the (closed) credentials of.
+    executions: Vec<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "lowercase")]
 enum Line {
     Open(OpenLine),
     Close(CloseLine),
     Next(NextLine),
+    Closed(ClosedLine),
 }
 
 /// Closed credentials a start tolerates in the file before it compacts it.
@@ -142,13 +164,19 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<(IssuedCredentials, usize), St
             Line::Next(next) => {
                 issued.max_execution = issued.max_execution.max(next.execution);
             }
+            Line::Closed(closed) => {
+                if let Some(max) = closed.executions.iter().max() {
+                    issued.max_execution = issued.max_execution.max(*max);
+                }
+                issued.closed_executions.extend(closed.executions);
+            }
         }
     }
     Ok((issued, whole))
 }
 
-/// Rewrites `path` as `issued` (open credentials only, and the numbering) through a temporary
-/// file, crash-safely; returns the new file opened for appending.
+/// Rewrites `path` as `issued` (open credentials, the numbering and the closed executions'
+/// ids) through a temporary file, crash-safely; returns the new file opened for appending.
 fn compact(path: &Path, issued: &IssuedCredentials) -> Result<File, String> {
     let shown = |error: std::io::Error| format!("{}: {error}", path.display());
     let mut name = path.as_os_str().to_owned();
@@ -159,6 +187,16 @@ fn compact(path: &Path, issued: &IssuedCredentials) -> Result<File, String> {
     }))
     .map_err(|error| error.to_string())?;
     text.push('\n');
+    if !issued.closed_executions.is_empty() {
+        let mut executions = issued.closed_executions.clone();
+        executions.sort_unstable();
+        executions.dedup();
+        text.push_str(
+            &serde_json::to_string(&Line::Closed(ClosedLine { executions }))
+                .map_err(|error| error.to_string())?,
+        );
+        text.push('\n');
+    }
     let mut open: Vec<(&TokenHash, &Issued)> = issued.by_hash.iter().collect();
     open.sort_by_key(|(hash, entry)| (entry.execution, **hash));
     for (hash, entry) in open {
@@ -231,6 +269,13 @@ impl CredentialFile {
         let mut issued = issued;
         let closed = issued.by_hash.values().filter(|entry| entry.closed).count();
         if closed > compact_after_closed && closed * 2 > issued.by_hash.len() {
+            let dropped: Vec<u64> = issued
+                .by_hash
+                .values()
+                .filter(|entry| entry.closed)
+                .map(|entry| entry.execution)
+                .collect();
+            issued.closed_executions.extend(dropped);
             issued.by_hash.retain(|_, entry| !entry.closed);
             file = compact(path, &issued)?;
             tracing::info!(path = %path.display(), closed, open = issued.by_hash.len(), "compacted the credential file");
@@ -332,13 +377,16 @@ mod tests {
         assert_eq!(issued.max_execution, 10);
         assert_eq!(issued.by_hash.len(), 1, "only the open credential is kept");
         assert_eq!(issued.by_hash[&token_hash("gx-4")].execution, 4);
+        let mut closed = issued.closed_executions.clone();
+        closed.sort_unstable();
+        assert_eq!(closed, vec![1, 2, 3, 5, 6, 7, 8, 9, 10]);
         assert_eq!(
             std::fs::read_to_string(&path)
                 .expect("read")
                 .lines()
                 .count(),
-            2,
-            "the numbering and the open credential"
+            3,
+            "the numbering, the closed executions and the open credential"
         );
         file.record_close(&token_hash("gx-4"))
             .expect("appends after compacting");
@@ -348,6 +396,13 @@ mod tests {
             "new executions still come after 10"
         );
         assert!(issued.by_hash[&token_hash("gx-4")].closed);
+        let mut taken: Vec<u64> = issued.executions().collect();
+        taken.sort_unstable();
+        assert_eq!(
+            taken,
+            (1..=10).collect::<Vec<_>>(),
+            "a closed execution's id stays taken through a compaction"
+        );
     }
 
     #[test]

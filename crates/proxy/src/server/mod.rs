@@ -792,11 +792,7 @@ impl AppState {
         let next_execution = config
             .numbering
             .first_from(issued.max_execution.saturating_add(1));
-        let taken: HashSet<u64> = issued
-            .by_hash
-            .values()
-            .map(|entry| entry.execution)
-            .collect();
+        let taken: HashSet<u64> = issued.executions().collect();
         Ok(Arc::new(AppState {
             bodies,
             responses,
@@ -930,8 +926,11 @@ impl AppState {
         }) % self.engines.len();
         let token = generate::random_token();
         if let Some(file) = &self.credentials {
-            file.record_open(&credentials::token_hash(&token), id, engine)
-                .map_err(OpenError::Credential)?;
+            if let Err(message) = file.record_open(&credentials::token_hash(&token), id, engine) {
+                // Nothing was opened: a retry with the same id must not be told it is taken.
+                self.taken().remove(&id);
+                return Err(OpenError::Credential(message));
+            }
         }
         self.open_execution_as(id, engine, &token);
         Ok((id, token))
