@@ -771,6 +771,7 @@ impl MessagesRequest {
         chat.user = self.user_id.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();
+        crate::messages::check_tools(&chat, "tool_choice.name", "messages")?;
         Ok(chat)
     }
 }

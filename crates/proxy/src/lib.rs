@@ -24,6 +24,7 @@ pub mod content_encoding;
 pub mod engine;
 mod error;
 pub mod fast_bpe;
+pub mod long_runs;
 pub mod media;
 pub mod messages;
 pub mod model_dir;

@@ -215,6 +215,61 @@ pub enum ToolChoice {
     Tool(String),
 }
 
+/// Why a request's tools or tool calls cannot be served ([`ChatRequest::tool_problem`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolProblem {
+    /// `tool_choice` names a tool the request does not list: the model would be made to call
+    /// a tool the harness cannot run.
+    UnknownChoice(String),
+    /// `tool_choice` requires a tool call, but the request lists no tool.
+    RequiredWithoutTools,
+    /// Two tool calls of the history share an id: results cannot be paired with their calls,
+    /// and the proxy's payload cache (keyed by call id) would give the second call the
+    /// first one's arguments.
+    DuplicateCallId(String),
+}
+
+impl ToolProblem {
+    /// The problem in words, for an error whose `param` names the field (`choice_field` is
+    /// where the API keeps the chosen tool's name).
+    pub fn message(&self) -> String {
+        match self {
+            ToolProblem::UnknownChoice(name) => {
+                format!("names tool `{name}`, which is not among the request's tools")
+            }
+            ToolProblem::RequiredWithoutTools => {
+                "requires a tool call, but the request lists no tools".to_string()
+            }
+            ToolProblem::DuplicateCallId(id) => format!(
+                "tool call id `{id}` appears on more than one tool call; tool call ids must be unique"
+            ),
+        }
+    }
+}
+
+/// Fails with the request's [`ToolProblem`], if any, as an invalid-request error of its API:
+/// `choice_field` is where the API names the chosen tool (`tool_choice.name`), `history_field`
+/// where it keeps the conversation (`messages`, `input`).
+pub(crate) fn check_tools(
+    chat: &ChatRequest,
+    choice_field: &str,
+    history_field: &str,
+) -> Result<(), crate::ApiError> {
+    let Some(problem) = chat.tool_problem() else {
+        return Ok(());
+    };
+    let field = match problem {
+        ToolProblem::UnknownChoice(_) => choice_field,
+        ToolProblem::RequiredWithoutTools => "tool_choice",
+        ToolProblem::DuplicateCallId(_) => history_field,
+    };
+    Err(crate::ApiError::invalid_field(
+        chat.api,
+        field,
+        problem.message(),
+    ))
+}
+
 /// The harness's reasoning request (Anthropic `thinking`, OpenAI `reasoning`/`reasoning_effort`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum ReasoningRequest {
@@ -317,6 +372,31 @@ impl ChatRequest {
             logprobs: false,
             answer_format: None,
         }
+    }
+
+    /// What no API accepts in a request's tools and tool calls, whatever its parser read:
+    /// the caller reports it in its API's error format, naming its own field.
+    pub fn tool_problem(&self) -> Option<ToolProblem> {
+        let listed = |name: &str| {
+            self.tools.iter().any(|tool| tool.name == name)
+                || self.omitted_tools.iter().any(|tool| tool == name)
+        };
+        match &self.tool_choice {
+            ToolChoice::Tool(name) if !listed(name) => {
+                return Some(ToolProblem::UnknownChoice(name.clone()))
+            }
+            ToolChoice::Required if self.tools.is_empty() && self.omitted_tools.is_empty() => {
+                return Some(ToolProblem::RequiredWithoutTools)
+            }
+            _ => {}
+        }
+        let mut seen = std::collections::HashSet::new();
+        self.messages
+            .iter()
+            .flat_map(|message| &message.tool_calls)
+            .filter(|call| !call.id.is_empty())
+            .find(|call| !seen.insert(call.id.as_str()))
+            .map(|call| ToolProblem::DuplicateCallId(call.id.clone()))
     }
 
     /// Whether the harness pre-filled the start of the answer (the last message is an

@@ -274,7 +274,17 @@ impl ChatModel {
     /// Token ids and their (start, end) byte offsets in `text`, exactly as
     /// `tokenizer().encode(text, false)` gives them; through the fast path when the tokenizer
     /// and the text allow it.
+    ///
+    /// A text with a run of one class of characters longer than
+    /// [`crate::long_runs::RUN_BYTES_MAX`] is encoded in pieces cut inside that run, which
+    /// bounds the tokenizer's memory (see [`crate::long_runs`]).
     pub fn encode_with_offsets(&self, text: &str) -> Result<IdsAndOffsets, ProxyError> {
+        crate::long_runs::encode_in_pieces(text, crate::long_runs::RUN_BYTES_MAX, |piece| {
+            self.encode_whole(piece)
+        })
+    }
+
+    fn encode_whole(&self, text: &str) -> Result<IdsAndOffsets, ProxyError> {
         let tokenizer_error = |message: String| ProxyError::Tokenizer { message };
         if let Some(fast) = &self.fast {
             return fast
@@ -295,6 +305,11 @@ impl ChatModel {
 
     /// Token ids of `text`; special-token text becomes the special token, nothing is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ProxyError> {
+        if text.len() > crate::long_runs::RUN_BYTES_MAX
+            && !crate::long_runs::cuts(text, crate::long_runs::RUN_BYTES_MAX).is_empty()
+        {
+            return self.encode_with_offsets(text).map(|(ids, _)| ids);
+        }
         if let Some(fast) = &self.fast {
             return fast
                 .encode_by_lines(&self.tokenizer, text)

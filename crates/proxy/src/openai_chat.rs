@@ -424,6 +424,7 @@ impl ChatCompletionRequest {
         chat.user = self.user.clone();
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();
+        crate::messages::check_tools(&chat, "tool_choice.function.name", "messages")?;
         Ok(chat)
     }
 }

@@ -56,6 +56,9 @@ const IGNORED_FIELDS: &[&str] = &[
     "client_metadata",
 ];
 
+/// Why `background: true` is refused, over HTTP and the WebSocket alike.
+pub(crate) const BACKGROUND_REFUSED: &str = "background responses are not served: this proxy answers a request while its connection is open (leave `background` out or false)";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ItemRole {
@@ -216,6 +219,10 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
             "is resolved by the server before this parser; send the whole conversation in `input` here",
         ));
     }
+    if root.optional_bool("background")? == Some(true) {
+        let child = root.required("background")?;
+        return Err(child.node().error(BACKGROUND_REFUSED));
+    }
     let model = root.required_str("model")?.to_string();
     let input_child = root.required("input")?;
     let input_node = input_child.node();
@@ -244,6 +251,9 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
                     continue;
                 }
                 items.push(read_item(node)?);
+            }
+            if items.is_empty() {
+                return Err(input_node.error("at least one input item is required"));
             }
             items
         }
@@ -814,6 +824,7 @@ impl ResponsesRequest {
         chat.ignored_fields = self.ignored_fields.clone();
         chat.unknown_fields = self.unknown_fields.clone();
         chat.response_settings = Some(self.settings.clone());
+        crate::messages::check_tools(&chat, "tool_choice.name", "input")?;
         Ok(chat)
     }
 }

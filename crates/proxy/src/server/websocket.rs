@@ -312,7 +312,7 @@ pub(crate) fn create_body(message: &[u8]) -> Result<Create, (Box<ApiError>, Opti
         return refuse(ApiError::invalid_field(
             API,
             "background",
-            "background responses are not served over the WebSocket; use POST /v1/responses",
+            crate::openai_responses::BACKGROUND_REFUSED,
         ));
     }
     for field in ["type", "stream", "background"] {

@@ -177,6 +177,8 @@ fn parallel_tool_results_keep_request_order_and_error_flags() {
             ]},
             {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": "done"}]},
         ],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}},
+                  {"name": "Read", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
         "stop_sequences": ["END"], "temperature": 0.5, "top_k": 5,
     });
@@ -279,6 +281,14 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "max_tokens": 1, "tool_choice": {"type": "sometimes"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tool_choice.type: unknown tool_choice type `sometimes`"),
         (json!({"model": "m", "max_tokens": 1, "thinking": {"type": "enabled", "budget_tokens": "lots"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "thinking.budget_tokens: expected an integer, got a string"),
         (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "n", "input": [1]}]}]}).to_string().into_bytes(), "messages[0].content[0].input: expected an object, got an array"),
+        (json!({"model": "m", "max_tokens": 1, "tools": [{"name": "Bash", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "Edit"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tool_choice.name: names tool `Edit`, which is not among the request's tools"),
+        (json!({"model": "m", "max_tokens": 1, "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tool_choice: requires a tool call, but the request lists no tools"),
+        (json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "n", "input": {"a": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "n", "input": {"a": 2}}]},
+        ]}).to_string().into_bytes(), "messages: tool call id `toolu_1` appears on more than one tool call; tool call ids must be unique"),
     ];
     for (body, wanted) in cases {
         let error = rejection(&body);

@@ -168,3 +168,71 @@ fn the_server_can_share_models_and_move_builders_across_tasks() {
     movable::<gyre_proxy::output::openai_responses::ResponsesResponse>();
     movable::<gyre_proxy::TextStream<'static>>();
 }
+
+/// An over-long word (a tool printed megabytes of one letter) is encoded in pieces: every
+/// token still decodes to the text, offsets tile it, and the text around the run encodes as
+/// it does alone.
+#[test]
+fn an_over_long_word_is_encoded_in_pieces_that_still_spell_the_text() {
+    let model = crate::support::test_model();
+    let run = "é".repeat(gyre_proxy::long_runs::RUN_BYTES_MAX); // twice the limit in bytes
+    let text = format!("before the run {run} after the run\n");
+    assert!(!gyre_proxy::long_runs::cuts(&text, gyre_proxy::long_runs::RUN_BYTES_MAX).is_empty());
+    let (ids, offsets) = model.encode_with_offsets(&text).expect("encodes");
+    assert_eq!(model.encode(&text).expect("encodes"), ids);
+    assert_eq!(model.decode(&ids).expect("decodes"), text);
+    assert_eq!(offsets.first().map(|o| o.0), Some(0));
+    assert_eq!(offsets.last().map(|o| o.1), Some(text.len()));
+    assert!(offsets.windows(2).all(|pair| pair[0].0 <= pair[1].0));
+    let head = model.encode("before the").expect("encodes");
+    assert_eq!(ids[..head.len()], head[..]);
+    // Ordinary text of the same size is encoded whole, exactly as `tokenizers` does.
+    let prose = "une phrase déjà écrite, ".repeat(6_000);
+    let whole = model
+        .tokenizer()
+        .encode(prose.as_str(), false)
+        .expect("encodes");
+    assert_eq!(model.encode(&prose).expect("encodes"), whole.get_ids());
+}
+
+/// What the cut saves: peak memory encoding one 30 MB word through `tokenizers` whole and
+/// through the proxy. A measurement (run it alone, it reads the process's peak RSS):
+/// `cargo test -p gyre-proxy --release --test it -- --ignored --exact model_dir::long_word_memory`
+/// with `GYRE_LONG_WORD=whole` or `pieces`.
+#[test]
+#[ignore = "a measurement of peak memory: run alone, see the doc comment"]
+fn long_word_memory() {
+    let model = crate::support::test_model();
+    let text = "é".repeat(15 << 20);
+    let whole = std::env::var("GYRE_LONG_WORD").as_deref() == Ok("whole");
+    let started = std::time::Instant::now();
+    let tokens = if whole {
+        model
+            .tokenizer()
+            .encode(text.as_str(), false)
+            .expect("encodes")
+            .len()
+    } else {
+        model.encode(&text).expect("encodes").len()
+    };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    println!(
+        "{} bytes, {tokens} tokens, {:.2} s, peak RSS {} MiB ({})",
+        text.len(),
+        started.elapsed().as_secs_f64(),
+        peak_kib >> 10,
+        if whole {
+            "tokenizers whole"
+        } else {
+            "proxy, in pieces"
+        }
+    );
+    if !whole {
+        assert!(peak_kib < 1 << 20, "peak RSS {peak_kib} KiB");
+    }
+}

@@ -93,6 +93,12 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "messages": [user], "tool_choice": "sometimes"}), "tool_choice: unknown tool_choice `sometimes`, expected auto, none or required", "tool_choice"),
         (json!({"model": "m", "messages": [user], "stop": [1]}), "stop[0]: expected a string, got a number", "stop[0]"),
         (json!({"model": "m", "messages": [user], "temperature": "hot"}), "temperature: expected a number, got a string", "temperature"),
+        (json!({"model": "m", "messages": [user], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), "tool_choice.function.name: names tool `g`, which is not among the request's tools", "tool_choice.function.name"),
+        (json!({"model": "m", "messages": [user], "tool_choice": "required"}), "tool_choice: requires a tool call, but the request lists no tools", "tool_choice"),
+        (json!({"model": "m", "messages": [user, {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+        ]}]}), "messages: tool call id `c` appears on more than one tool call; tool call ids must be unique", "messages"),
     ];
     for (body, message, param) in cases {
         let error = rejection(&body);

@@ -106,6 +106,16 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}), "input[0].arguments: expected a string, got an object"),
         (json!({"model": "m", "input": [{"type": "image_generation_call"}]}), "input[0]: unsupported input item type `image_generation_call`"),
         (json!({"model": "m", "input": [{"type": "local_shell_call"}]}), "input[0].call_id: field required"),
+        (json!({"model": "m", "input": []}), "input: at least one input item is required"),
+        (json!({"model": "m", "input": "x", "background": true}), "background: background responses are not served: this proxy answers a request while its connection is open (leave `background` out or false)"),
+        (json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}], "tool_choice": {"type": "function", "name": "g"}}), "tool_choice.name: names tool `g`, which is not among the request's tools"),
+        (json!({"model": "m", "input": "x", "tool_choice": "required"}), "tool_choice: requires a tool call, but the request lists no tools"),
+        (json!({"model": "m", "input": [
+            {"role": "user", "content": "x"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "o"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{\"b\":2}"},
+        ]}), "input: tool call id `call_1` appears on more than one tool call; tool call ids must be unique"),
     ];
     for (body, message) in cases {
         let error = rejection(&body);
