@@ -30,6 +30,8 @@ pub struct Recording {
     /// `reasoning_first` of each request (SGLang's `require_reasoning` on the wire).
     pub reasoning_first: Mutex<Vec<bool>>,
     pub sampling: Mutex<Vec<AskedSampling>>,
+    /// `max_new_tokens` of each request.
+    pub max_new_tokens: Mutex<Vec<u32>>,
 }
 
 impl TokenEngine for Recording {
@@ -57,6 +59,10 @@ impl TokenEngine for Recording {
                 top_p: request.top_p,
                 top_k: request.top_k,
             });
+        self.max_new_tokens
+            .lock()
+            .expect("max_new_tokens lock")
+            .push(request.max_new_tokens);
         self.inner.generate(request)
     }
 
@@ -84,6 +90,7 @@ pub fn recording() -> Arc<Recording> {
         constraints: Mutex::new(Vec::new()),
         reasoning_first: Mutex::new(Vec::new()),
         sampling: Mutex::new(Vec::new()),
+        max_new_tokens: Mutex::new(Vec::new()),
     })
 }
 

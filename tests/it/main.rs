@@ -3,9 +3,11 @@
 
 mod blank_text;
 mod concurrent_calls;
+mod context_window;
 mod control;
 mod deploy;
 mod embedded_engine;
+mod engine_output;
 mod forwarding;
 mod harness;
 mod in_process;

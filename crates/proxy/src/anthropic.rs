@@ -87,6 +87,15 @@ pub enum ContentBlock {
         content: Vec<ResultPart>,
         is_error: bool,
     },
+    /// A system message's `tool_addition` / `tool_removal` (Claude Code's
+    /// `mid-conversation-tool-changes` beta): the tool by name (`tool_reference`) or, for an
+    /// addition, by its whole definition (`tool_definition`).
+    ToolChange {
+        removed: bool,
+        name: String,
+        /// The `tool_definition`'s `definition` object, when given in full.
+        definition: Option<Value>,
+    },
 }
 
 /// One block of a `tool_result`'s content.
@@ -332,6 +341,41 @@ fn read_text_blocks(node: Node<'_>) -> Read<Vec<TextBlock>> {
 }
 
 /// A `tool_result`'s `content`: a string, or text and `tool_reference` blocks.
+fn read_tool_change(node: Node<'_>, removed: bool) -> Read<ContentBlock> {
+    let tool_child = node.required("tool")?;
+    let tool = tool_child.node();
+    match tool.type_tag()? {
+        "tool_reference" => Ok(ContentBlock::ToolChange {
+            removed,
+            name: tool.required_str("name")?.to_string(),
+            definition: None,
+        }),
+        "tool_definition" if !removed => {
+            let definition_child = tool.required("definition")?;
+            let definition = definition_child.node();
+            definition.object()?;
+            Ok(ContentBlock::ToolChange {
+                removed,
+                name: definition.required_str("name")?.to_string(),
+                definition: Some(definition.value.clone()),
+            })
+        }
+        other => Err(tool.error(format!(
+            "unsupported tool type `{other}` in a `{}` block, expected {}",
+            if removed {
+                "tool_removal"
+            } else {
+                "tool_addition"
+            },
+            if removed {
+                "tool_reference"
+            } else {
+                "tool_reference or tool_definition"
+            }
+        ))),
+    }
+}
+
 fn read_result_parts(node: Node<'_>) -> Read<Vec<ResultPart>> {
     if let Some(text) = node.value.as_str() {
         return Ok(vec![ResultPart::Text {
@@ -400,6 +444,9 @@ fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
     };
     if let Some(text) = as_text {
         return Ok(ContentBlock::Text { text });
+    }
+    if role == InputRole::System && matches!(kind, "tool_addition" | "tool_removal") {
+        return read_tool_change(node, kind == "tool_removal");
     }
     let allowed = match role {
         InputRole::User => matches!(kind, "text" | "tool_result"),
@@ -520,16 +567,12 @@ fn read_thinking(node: Node<'_>) -> Read<ThinkingConfig> {
             budget_tokens: node.optional_u32("budget_tokens")?,
         },
         "disabled" => ThinkingConfig::Disabled,
-        "adaptive" => ThinkingConfig::Adaptive {
+        // Newer modes (`between_tools`, …) leave when and how much to think to the model, as
+        // adaptive does: refusing one would end the harness's run over a setting the policy
+        // does not read anyway.
+        _ => ThinkingConfig::Adaptive {
             display: node.optional_str("display")?.map(str::to_string),
         },
-        other => {
-            return Err(ApiError::invalid_field(
-                API,
-                format!("{}.type", node.path),
-                format!("unknown thinking type `{other}`"),
-            ))
-        }
     })
 }
 
@@ -550,42 +593,119 @@ fn join_text(blocks: &[TextBlock]) -> String {
         .join(TEXT_PART_SEPARATOR)
 }
 
-/// A `tool_result`'s content as one text: text blocks as they are, each `tool_reference` as
-/// the referenced tool's definition (`{"type": "function", "function": {"name",
-/// "description", "parameters"}}`, compact JSON, keys in that order). `at` names the content
-/// for errors; a reference to a tool the request does not define is refused.
-fn join_result(parts: &[ResultPart], tools: &[ToolDefinition], at: &str) -> Read<String> {
-    let mut texts = Vec::with_capacity(parts.len());
-    for (index, part) in parts.iter().enumerate() {
-        match part {
-            ResultPart::Text { text } => texts.push(text.clone()),
-            ResultPart::ToolReference { tool_name } => {
-                let tool = tools
-                    .iter()
-                    .find(|tool| tool.name == *tool_name && tool.input_schema.is_some())
-                    .ok_or_else(|| {
-                        ApiError::invalid_field(
+/// Shows the tool definitions a history references (a `tool_reference` in a `tool_result`, a
+/// `tool_addition` in a system message) as the function form the template shows tools in:
+/// `{"type": "function", "function": {"name", "description", "parameters"}}`, compact JSON,
+/// keys in that order. A tool is shown in full the first time the request references it and
+/// by name after that (`{"type": "function", "function": {"name"}}`), so a body of many
+/// references to one large schema cannot multiply it: the definitions shown add at most the
+/// size of the request's own tools. The rule depends only on the history before a reference,
+/// so a re-sent history renders as it did.
+struct ToolShower<'a> {
+    tools: &'a [ToolDefinition],
+    /// Tools a `tool_removal` names anywhere in the history: an older reference to one of
+    /// them may remain after the harness dropped it from `tools`.
+    removed: std::collections::HashSet<&'a str>,
+    shown: std::collections::HashSet<String>,
+}
+
+impl<'a> ToolShower<'a> {
+    fn new(tools: &'a [ToolDefinition], messages: &'a [InputMessage]) -> Self {
+        let removed = messages
+            .iter()
+            .filter(|message| message.role == InputRole::System)
+            .flat_map(|message| &message.content)
+            .filter_map(|block| match block {
+                ContentBlock::ToolChange {
+                    removed: true,
+                    name,
+                    ..
+                } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        ToolShower {
+            tools,
+            removed,
+            shown: std::collections::HashSet::new(),
+        }
+    }
+
+    /// `name`'s definition from the request's client tools, or `None` when it has none.
+    fn reference(&mut self, name: &str) -> Option<String> {
+        let tool = self
+            .tools
+            .iter()
+            .find(|tool| tool.name == name && tool.input_schema.is_some())?;
+        Some(self.show(
+            &tool.name,
+            tool.description.as_deref(),
+            tool.input_schema.as_ref(),
+        ))
+    }
+
+    fn show(&mut self, name: &str, description: Option<&str>, schema: Option<&Value>) -> String {
+        let mut function = serde_json::Map::new();
+        function.insert("name".into(), Value::String(name.to_string()));
+        if self.shown.insert(name.to_string()) {
+            if let Some(description) = description {
+                function.insert("description".into(), Value::String(description.to_string()));
+            }
+            if let Some(schema) = schema {
+                function.insert("parameters".into(), schema.clone());
+            }
+        }
+        let mut definition = serde_json::Map::new();
+        definition.insert("type".into(), Value::String("function".into()));
+        definition.insert("function".into(), Value::Object(function));
+        Value::Object(definition).to_string()
+    }
+
+    /// A `tool_result`'s content as one text: text blocks as they are, each `tool_reference`
+    /// as the referenced tool's definition. `at` names the content for errors; a reference to
+    /// a tool the request does not define is refused, unless the history removes that tool
+    /// (then it reads `[tool `name` is no longer available]`).
+    fn join_result(&mut self, parts: &[ResultPart], at: &str) -> Read<String> {
+        let mut texts = Vec::with_capacity(parts.len());
+        for (index, part) in parts.iter().enumerate() {
+            match part {
+                ResultPart::Text { text } => texts.push(text.clone()),
+                ResultPart::ToolReference { tool_name } => match self.reference(tool_name) {
+                    Some(shown) => texts.push(shown),
+                    None if self.removed.contains(tool_name.as_str()) => {
+                        texts.push(format!("[tool `{tool_name}` is no longer available]"))
+                    }
+                    None => {
+                        return Err(ApiError::invalid_field(
                             API,
                             format!("{at}[{index}].tool_name"),
                             format!("`{tool_name}` is not a client tool in this request's `tools`"),
-                        )
-                    })?;
-                let mut function = serde_json::Map::new();
-                function.insert("name".into(), Value::String(tool.name.clone()));
-                if let Some(description) = &tool.description {
-                    function.insert("description".into(), Value::String(description.clone()));
-                }
-                if let Some(schema) = &tool.input_schema {
-                    function.insert("parameters".into(), schema.clone());
-                }
-                let mut definition = serde_json::Map::new();
-                definition.insert("type".into(), Value::String("function".into()));
-                definition.insert("function".into(), Value::Object(function));
-                texts.push(Value::Object(definition).to_string());
+                        ))
+                    }
+                },
             }
         }
+        Ok(texts.join(TEXT_PART_SEPARATOR))
     }
-    Ok(texts.join(TEXT_PART_SEPARATOR))
+
+    /// A system message's `tool_addition` / `tool_removal` as text the model reads.
+    fn tool_change(&mut self, removed: bool, name: &str, definition: Option<&Value>) -> String {
+        if removed {
+            return format!("Tool removed: `{name}` is no longer available.");
+        }
+        let shown = match definition {
+            Some(definition) => Some(self.show(
+                name,
+                definition.get("description").and_then(Value::as_str),
+                definition.get("input_schema"),
+            )),
+            None => self.reference(name),
+        };
+        match shown {
+            Some(shown) => format!("Tool added: {shown}"),
+            None => format!("Tool added: `{name}`."),
+        }
+    }
 }
 
 impl MessagesRequest {
@@ -601,14 +721,20 @@ impl MessagesRequest {
         }
         // Tool-use ids seen so far, with their tool names.
         let mut calls: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        let mut shower = ToolShower::new(&self.tools, &self.messages);
         for (message_index, message) in self.messages.iter().enumerate() {
             match message.role {
                 InputRole::System => {
-                    let texts: Vec<&str> = message
+                    let texts: Vec<String> = message
                         .content
                         .iter()
                         .filter_map(|block| match block {
-                            ContentBlock::Text { text } => Some(text.as_str()),
+                            ContentBlock::Text { text } => Some(text.clone()),
+                            ContentBlock::ToolChange {
+                                removed,
+                                name,
+                                definition,
+                            } => Some(shower.tool_change(*removed, name, definition.as_ref())),
                             _ => None,
                         })
                         .collect();
@@ -647,6 +773,9 @@ impl MessagesRequest {
                             ContentBlock::ToolResult { .. } => {
                                 return Err(misplaced(message_index, "tool_result", "assistant"))
                             }
+                            ContentBlock::ToolChange { .. } => {
+                                return Err(misplaced(message_index, "tool_addition", "assistant"))
+                            }
                         }
                     }
                     assistant.content = texts.join(TEXT_PART_SEPARATOR);
@@ -682,9 +811,8 @@ impl MessagesRequest {
                                         ),
                                     ));
                                 };
-                                let text = join_result(
+                                let text = shower.join_result(
                                     content,
-                                    &self.tools,
                                     &format!(
                                         "messages[{message_index}].content[{block_index}].content"
                                     ),
@@ -705,6 +833,9 @@ impl MessagesRequest {
                             }
                             ContentBlock::ToolUse { .. } => {
                                 return Err(misplaced(message_index, "tool_use", "user"))
+                            }
+                            ContentBlock::ToolChange { .. } => {
+                                return Err(misplaced(message_index, "tool_addition", "user"))
                             }
                         }
                     }

@@ -57,6 +57,38 @@ impl ApiError {
         }
     }
 
+    /// A prompt longer than the model's context window leaves room for (`prompt_tokens_max`),
+    /// in the words each vendor uses, which the harnesses recognise and answer by compacting
+    /// their conversation: Anthropic's `prompt is too long: N tokens > M maximum`, OpenAI's
+    /// `context_length_exceeded` code.
+    pub fn context_too_long(api: Api, prompt_tokens: usize, prompt_tokens_max: usize) -> Self {
+        match api {
+            Api::Anthropic => Self::new(
+                api,
+                ApiErrorKind::InvalidRequest,
+                format!("prompt is too long: {prompt_tokens} tokens > {prompt_tokens_max} maximum"),
+            ),
+            Api::OpenAiChat | Api::OpenAiResponses => Self {
+                api,
+                kind: ApiErrorKind::InvalidRequest,
+                message: format!(
+                    "This model's maximum context length is {} tokens. However, your messages \
+                     resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+                    prompt_tokens_max + 1
+                ),
+                param: Some(
+                    if api == Api::OpenAiChat {
+                        "messages"
+                    } else {
+                        "input"
+                    }
+                    .into(),
+                ),
+                code: Some("context_length_exceeded"),
+            },
+        }
+    }
+
     /// A 400 about one field; the message starts with the field path.
     pub fn invalid_field(api: Api, path: impl Into<String>, problem: impl AsRef<str>) -> Self {
         let path = path.into();

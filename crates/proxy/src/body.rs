@@ -222,8 +222,16 @@ impl Reuse {
     }
 }
 
+/// A previous body with more top-level members than this is not reused: real bodies have a
+/// dozen or two, and the matching below is linear in them per member (a body of millions of
+/// empty members must not cost a quadratic search).
+const REUSED_MEMBERS_MAX: usize = 256;
+
 fn reuse_from(bytes: &[u8], key: &str, previous: ParsedBody) -> Option<Reuse> {
     let layout = previous.layout?;
+    if layout.prefix_keys.len() + layout.trailing.len() > REUSED_MEMBERS_MAX {
+        return None;
+    }
     let same = common_prefix(&previous.bytes, bytes);
     // The `[` and the byte after each reused element must be inside the common prefix.
     if layout.conversation_at >= same {

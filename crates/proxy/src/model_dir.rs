@@ -31,6 +31,18 @@ pub struct ChatModel {
     template: ChatTemplate,
     /// The `tool_use` named template, used when a request has tools.
     tool_use_template: Option<ChatTemplate>,
+    /// One past the largest id the tokenizer knows (added tokens included).
+    ids_end: u32,
+}
+
+/// One past the largest id `tokenizer` knows, added tokens included (computed once: the
+/// tokenizer builds its whole vocabulary map to answer).
+fn ids_end(tokenizer: &Tokenizer) -> u32 {
+    tokenizer
+        .get_vocab(true)
+        .values()
+        .max()
+        .map_or(0, |id| id.saturating_add(1))
 }
 
 impl std::fmt::Debug for ChatModel {
@@ -233,6 +245,7 @@ impl ChatModel {
             .transpose()?;
         Ok(Self {
             fast: FastBpe::for_tokenizer(&tokenizer),
+            ids_end: ids_end(&tokenizer),
             tokenizer,
             template,
             tool_use_template,
@@ -248,6 +261,7 @@ impl ChatModel {
     ) -> Result<Self, ProxyError> {
         Ok(Self {
             fast: FastBpe::for_tokenizer(&tokenizer),
+            ids_end: ids_end(&tokenizer),
             tokenizer,
             template: ChatTemplate::new(chat_template, special_tokens, tool_arguments)?,
             tool_use_template: None,
@@ -256,6 +270,12 @@ impl ChatModel {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// Whether `id` is a token of this model's tokenizer (an engine that answers another id
+    /// serves another model, or misbehaves).
+    pub fn knows_id(&self, id: u32) -> bool {
+        id < self.ids_end
     }
 
     /// The template a request uses: `tool_use` when it has tools and the model has one.

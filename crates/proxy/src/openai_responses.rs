@@ -244,6 +244,11 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
                 // Codex's "responses lite" models list their tools in an input item instead
                 // of `tools`; they are the request's tools all the same (the template shows
                 // every tool in one place).
+                // Codex's record of a settings change (reasoning effort, model) kept in its
+                // history: the request's own fields say what applies now.
+                if node.value.get("type").and_then(Value::as_str) == Some("configuration_update") {
+                    continue;
+                }
                 if node.value.get("type").and_then(Value::as_str) == Some("additional_tools") {
                     for tool in node.required("tools")?.node().array()? {
                         read_tool(tool.node(), None, &mut tools)?;
@@ -490,6 +495,12 @@ fn read_text_parts(node: Node<'_>) -> Read<Vec<String>> {
                     Ok(part.required_str("text")?.to_string())
                 }
                 "refusal" => Ok(part.required_str("refusal")?.to_string()),
+                // Codex's opaque tool output (a sub-agent's sealed result): nothing the model
+                // can read, shown as such.
+                "encrypted_content" => {
+                    part.object()?;
+                    Ok("[encrypted content omitted]".to_string())
+                }
                 kind @ ("input_image" | "input_file" | "input_audio") => {
                     part.object()?;
                     Ok(crate::media::placeholder(kind, part.value))
@@ -619,7 +630,20 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
             }
         }
         "compaction_trigger" => InputItem::CompactionTrigger,
-        "compaction" => {
+        // Codex's message between agents of one session (`multi_agent_v1`): what the other
+        // agent said, as a user turn naming its author.
+        "agent_message" => {
+            let mut content = Vec::new();
+            if let Some(author) = node.optional_str("author")? {
+                content.push(format!("[message from agent {author}]"));
+            }
+            content.extend(read_text_parts(node.required("content")?.node())?);
+            InputItem::Message {
+                role: ItemRole::User,
+                content,
+            }
+        }
+        "compaction" | "context_compaction" => {
             let handle = node.required("encrypted_content")?;
             let summary = crate::compaction::summary(handle.node().str()?)
                 .map_err(|problem| handle.node().error(problem))?;

@@ -217,8 +217,12 @@ impl StoredResponse {
 /// `body` with each `{"type": "item_reference", "id": …}` of its `input` replaced by the item
 /// `lookup` finds for that id (an item of a stored response, as the API resolves it), or
 /// `None` when the body has none. An id `lookup` does not find is a 400 naming the element.
+/// Each id is looked up once however often it is referenced, and a body that would grow past
+/// `bytes_max` resolved is a 413 as soon as it does (what a client sending those items itself
+/// would get), so a few bytes of references cannot expand into gigabytes.
 pub fn resolve_item_references(
     body: &[u8],
+    bytes_max: usize,
     lookup: impl Fn(&str) -> Option<Value>,
 ) -> Result<Option<Bytes>, ApiError> {
     if memchr::memmem::find(body, b"\"item_reference\"").is_none() {
@@ -234,6 +238,10 @@ pub fn resolve_item_references(
         return Ok(None);
     };
     let mut replaced = false;
+    // Found items by id, with how many bytes each adds to the body in place of its reference.
+    let mut found_by_id: std::collections::HashMap<String, (Value, usize)> =
+        std::collections::HashMap::new();
+    let mut resolved_bytes = body.len();
     for (index, item) in items.iter_mut().enumerate() {
         if item.get("type").and_then(Value::as_str) != Some("item_reference") {
             continue;
@@ -245,6 +253,15 @@ pub fn resolve_item_references(
                 "an item_reference names the item by a string id",
             ));
         };
+        if let Some((found, added)) = found_by_id.get(id) {
+            resolved_bytes = resolved_bytes.saturating_add(*added);
+            if resolved_bytes > bytes_max {
+                return Err(references_too_large(bytes_max));
+            }
+            *item = found.clone();
+            replaced = true;
+            continue;
+        }
         let Some(found) = lookup(id) else {
             let shown: String = id.chars().take(100).collect();
             return Err(ApiError::invalid_field(
@@ -257,10 +274,26 @@ pub fn resolve_item_references(
                 ),
             ));
         };
+        let added = serde_json::to_vec(&found).map_or(0, |bytes| bytes.len());
+        resolved_bytes = resolved_bytes.saturating_add(added);
+        if resolved_bytes > bytes_max {
+            return Err(references_too_large(bytes_max));
+        }
+        found_by_id.insert(id.to_string(), (found.clone(), added));
         *item = found;
         replaced = true;
     }
     Ok(replaced.then(|| Bytes::from(Value::Object(object).to_string())))
+}
+
+fn references_too_large(bytes_max: usize) -> ApiError {
+    ApiError::new(
+        API,
+        crate::ApiErrorKind::RequestTooLarge,
+        format!(
+            "the input with its item_references resolved exceeds the body limit of {bytes_max} bytes"
+        ),
+    )
 }
 
 /// The id a body continues and the body parsed into an object.
@@ -400,26 +433,60 @@ mod tests {
 
         let lookup = |id: &str| next.find_item(id);
         let body = br#"{"model":"m","input":[{"type":"item_reference","id":"msg_1"},{"role":"user","content":"go"}]}"#;
-        let resolved = resolve_item_references(body, lookup).unwrap().unwrap();
+        let resolved = resolve_item_references(body, 1 << 20, lookup)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             std::str::from_utf8(&resolved).unwrap(),
             r#"{"model":"m","input":[{"id":"msg_1","type":"message","role":"assistant","content":"hi"},{"role":"user","content":"go"}]}"#
         );
         assert_eq!(
-            resolve_item_references(br#"{"model":"m","input":"item_reference"}"#, lookup).unwrap(),
+            resolve_item_references(
+                br#"{"model":"m","input":"item_reference"}"#,
+                1 << 20,
+                lookup
+            )
+            .unwrap(),
             None,
             "a body that only mentions the word is left alone"
         );
         let error = resolve_item_references(
             br#"{"input":[{"role":"user","content":"x"},{"type":"item_reference","id":"msg_9"}]}"#,
+            1 << 20,
             lookup,
         )
         .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("input[1].id"));
         assert!(error.message.contains("'msg_9'"), "{}", error.message);
-        let error = resolve_item_references(br#"{"input":[{"type":"item_reference"}]}"#, lookup)
-            .unwrap_err();
+        let error =
+            resolve_item_references(br#"{"input":[{"type":"item_reference"}]}"#, 1 << 20, lookup)
+                .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("input[0].id"));
+
+        // Many references to one item: looked up once, and refused (413) once the resolved
+        // body would pass the limit.
+        let looked_up = std::cell::Cell::new(0);
+        let counting = |id: &str| {
+            looked_up.set(looked_up.get() + 1);
+            next.find_item(id)
+        };
+        let reference = r#"{"type":"item_reference","id":"msg_1"}"#;
+        let many = format!(
+            r#"{{"model":"m","input":[{}]}}"#,
+            vec![reference; 100].join(",")
+        );
+        let resolved = resolve_item_references(many.as_bytes(), 1 << 20, counting)
+            .unwrap()
+            .unwrap();
+        assert_eq!(looked_up.get(), 1);
+        assert_eq!(
+            resolved.windows(7).filter(|w| w == b"\"msg_1\"").count(),
+            100
+        );
+        let error =
+            resolve_item_references(many.as_bytes(), many.len() + 100, counting).unwrap_err();
+        assert_eq!(error.status(), 413, "{}", error.message);
+        assert!(error.message.contains("body limit"), "{}", error.message);
     }
 
     #[test]

@@ -165,6 +165,14 @@ pub struct ProxyArgs {
     /// fails its turn on.
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: u32,
+    /// The engines' context window in tokens (prompt and answer together). A prompt that
+    /// leaves no room for an answer is refused in the API's own words (Anthropic `prompt is
+    /// too long: N tokens > M maximum`, OpenAI code `context_length_exceeded`), which Claude
+    /// Code and Codex answer by compacting their conversation; an answer is cut to the room
+    /// left. Default: unknown (the engine decides) for sglang / vllm, the model's own for
+    /// `--engine embedded`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    context_tokens_max: Option<u32>,
     /// What the model is shown for images, audio and binary files in a request (a text-only
     /// model cannot read them; Claude Code sends one when it reads a PNG, Codex for
     /// `view_image`): a placeholder keeps the execution going, `reject` refuses the request.
@@ -233,8 +241,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
+    let mut context_tokens_max = args.context_tokens_max;
     let (directory, model, format, engines) = if matches!(args.engine, EngineKind::Embedded) {
-        let (model, engine, path) = embedded(&args)?;
+        let (model, engine, path, window) = embedded(&args)?;
+        context_tokens_max = Some(context_tokens_max.map_or(window, |given| given.min(window)));
         (path, model, OutputFormat::chatml_plain(), vec![engine])
     } else {
         let directory = args
@@ -291,6 +301,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "body_cache_mib": args.body_cache_mib,
                 "response_store_mib": args.response_store_mib,
                 "max_new_tokens": args.max_new_tokens,
+                "context_tokens_max": context_tokens_max,
                 "media": format!("{:?}", args.media).to_lowercase(),
                 "sampling": format!("{:?}", args.sampling).to_lowercase(),
                 "auto_open": args.auto_open,
@@ -321,6 +332,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_s),
         max_connections,
         max_new_tokens: args.max_new_tokens,
+        context_tokens_max,
         public_url: format!("http://{address}"),
         auto_open: args.auto_open,
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
@@ -526,7 +538,10 @@ fn engines(
 
 /// `--engine embedded`: the GGUF's policy on a CPU rollout engine, and the proxy's model
 /// (tokenizer and chat template) from the same file.
-fn embedded(args: &ProxyArgs) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEngine>, PathBuf)> {
+#[allow(clippy::type_complexity)]
+fn embedded(
+    args: &ProxyArgs,
+) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEngine>, PathBuf, u32)> {
     use gyre_model::smollm2::{find_gguf, SmolLm2};
     use gyre_model::{EmbeddedEngine, EngineConfig};
     let given = args.gguf.as_ref().context(
@@ -546,6 +561,7 @@ fn embedded(args: &ProxyArgs) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEn
         ToolArgumentsForm::RawText,
     )
     .with_context(|| format!("the chat template of {}", path.display()))?;
+    let window = u32::try_from(profile.policy.config().context_tokens_max).unwrap_or(u32::MAX);
     let engine = EmbeddedEngine::start(
         profile.policy,
         gyre_event::PolicyVersion(0),
@@ -560,7 +576,7 @@ fn embedded(args: &ProxyArgs) -> anyhow::Result<(Arc<ChatModel>, Arc<dyn TokenEn
     let engine: Arc<dyn TokenEngine> = Arc::new(
         gyre_proxy::engine::rollout::RolloutTokenEngine::new(name, Arc::new(engine)),
     );
-    Ok((Arc::new(model), engine, path))
+    Ok((Arc::new(model), engine, path, window))
 }
 
 fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngine>> {

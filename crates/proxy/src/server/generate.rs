@@ -99,6 +99,44 @@ pub fn request_id() -> String {
     random_id("req_", 24)
 }
 
+/// What is wrong with an engine's chunk of sampled tokens, if anything: an id the model's
+/// tokenizer does not know, a log-prob that is not a finite number at most zero (rounding
+/// may give a hair over zero for a certain token), or tokens past the call's limit
+/// (`produced` already sampled, `max_new` in all).
+fn engine_output_problem(
+    model: &crate::ChatModel,
+    ids: &[u32],
+    logprobs: &[f32],
+    produced: usize,
+    max_new: u32,
+) -> Option<String> {
+    if ids.len() != logprobs.len() {
+        return Some(format!(
+            "a chunk of {} token ids with {} log-probs",
+            ids.len(),
+            logprobs.len()
+        ));
+    }
+    if let Some(id) = ids.iter().find(|id| !model.knows_id(**id)) {
+        return Some(format!("token id {id} is not in the model's vocabulary"));
+    }
+    if let Some(logprob) = logprobs
+        .iter()
+        .find(|logprob| !logprob.is_finite() || **logprob > 1e-3)
+    {
+        return Some(format!(
+            "log-prob {logprob} is not a log-probability (a finite number at most 0)"
+        ));
+    }
+    if produced + ids.len() > max_new as usize {
+        return Some(format!(
+            "{} tokens sampled, past the call's max_new_tokens of {max_new}",
+            produced + ids.len()
+        ));
+    }
+    None
+}
+
 /// Chat Completions `logprobs.content`: every sampled token with its exact bytes and the
 /// behaviour log-prob the engine reported.
 fn set_logprobs(builder: &mut Builder, model: &crate::ChatModel, ids: &[u32], logprobs: &[f32]) {
@@ -440,6 +478,23 @@ pub async fn run(
         store_on_end,
     };
     let prompt_tokens = prepared.context_ids.len();
+    // A prompt the engines' context cannot hold with one answer token is refused before
+    // anything is sent or recorded (the harness sees the vendor's words and compacts).
+    if let Some(window) = app.config.context_tokens_max {
+        let prompt_tokens_max = (window as usize).saturating_sub(1);
+        if prompt_tokens > prompt_tokens_max {
+            app.metrics.context_too_long();
+            let _ = outlet
+                .out
+                .send(Piece::Failed(ApiError::context_too_long(
+                    api,
+                    prompt_tokens,
+                    prompt_tokens_max,
+                )))
+                .await;
+            return;
+        }
+    }
     let (mut builder, start) = builder_for(&request, &prepared, prompt_tokens, requested_at);
     if !outlet.frames(start).await {
         return;
@@ -458,7 +513,7 @@ pub async fn run(
         stop_sequences: request.sampling.stop.clone(),
         ..Sampled::default()
     };
-    let max_new = max_new_tokens(&app, &request);
+    let max_new = max_new_tokens(&app, &request, prompt_tokens);
     // Structured output: the engine's grammar holds the answer to the format only when the
     // model may not call a tool instead (a grammar over the whole output would forbid the
     // call), and only from the output's first token (an engine starts its grammar there, so a
@@ -562,6 +617,22 @@ pub async fn run(
                         break 'engines kind;
                     }
                     Some(Ok(EngineChunk::Tokens { ids, logprobs })) => {
+                        if let Some(problem) = engine_output_problem(
+                            &app.model,
+                            &ids,
+                            &logprobs,
+                            sampled.output_ids.len(),
+                            max_new,
+                        ) {
+                            // Nothing of this chunk is kept: the answer so far continues on
+                            // the next engine (or ends in an error), never with tokens the
+                            // trainer could not use.
+                            let _ = engine.abort(&rid).await;
+                            break EngineFailure::Protocol {
+                                engine: engine.name().to_string(),
+                                message: problem,
+                            };
+                        }
                         if first_token.is_none() {
                             first_token = Some(started.elapsed());
                         }
@@ -659,7 +730,16 @@ pub async fn run(
             produced = sampled.output_ids.len(),
             "engine failed mid-call; continuing on the next engine"
         );
-        if !failure.is_retryable() || attempts >= app.config.engine_attempts_max.max(1) {
+        if !failure.is_retryable() {
+            // A 4xx or a refusal fails the same way on any engine and on a retry of the same
+            // body: the harness is told it is its request (a 400), not asked to retry (529).
+            let message = format!("the engine refused the call: {failure}");
+            outlet
+                .failed(api, ApiErrorKind::InvalidRequest, message)
+                .await;
+            return;
+        }
+        if attempts >= app.config.engine_attempts_max.max(1) {
             let message =
                 format!("no engine could finish the call after {attempts} attempts: {failure}");
             outlet.failed(api, ApiErrorKind::Overloaded, message).await;
@@ -793,12 +873,18 @@ async fn stop_engine(
 const STOP_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The new-token limit of a call: the request's, capped by the proxy's.
-fn max_new_tokens(app: &AppState, request: &ChatRequest) -> u32 {
+/// A call's answer limit: the request's `max_tokens`, within `--max-new-tokens` and the room
+/// the context window leaves after the prompt (`run` refused a prompt that leaves none).
+fn max_new_tokens(app: &AppState, request: &ChatRequest, prompt_tokens: usize) -> u32 {
+    let room = app.config.context_tokens_max.map_or(u32::MAX, |window| {
+        u32::try_from((window as usize).saturating_sub(prompt_tokens)).unwrap_or(u32::MAX)
+    });
     request
         .sampling
         .max_tokens
         .unwrap_or(app.config.max_new_tokens)
         .min(app.config.max_new_tokens)
+        .min(room)
         .max(1)
 }
 
@@ -881,7 +967,7 @@ async fn run_replay(
     // cut there.
     let finish = if let Some(sequence) = answer.stopped() {
         EngineFinish::StopSequence(sequence.to_string())
-    } else if output.len() < max_new_tokens(&app, &request) as usize
+    } else if output.len() < max_new_tokens(&app, &request, replay.prompt_tokens) as usize
         || output
             .last()
             .is_some_and(|id| app.stop_token_ids.contains(id))

@@ -90,6 +90,7 @@ pub struct Metrics {
     failovers: AtomicU64,
     harness_gone: AtomicU64,
     sampling_overridden: AtomicU64,
+    context_too_long: AtomicU64,
     replayed: AtomicU64,
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
@@ -253,6 +254,11 @@ impl Metrics {
         self.sampling_overridden.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call refused because its prompt leaves the context window no room for an answer.
+    pub fn context_too_long(&self) {
+        self.context_too_long.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A call answered with its committed answer again (a harness re-sent it).
     pub fn replayed(&self) {
         self.replayed.fetch_add(1, Ordering::Relaxed);
@@ -337,6 +343,13 @@ impl Metrics {
                 "Calls whose harness asked for its own temperature, top_p or top_k, sampled with \
                  the policy's own settings instead (`--sampling policy`).",
                 &self.sampling_overridden,
+            ),
+            (
+                "gyre_proxy_context_too_long_total",
+                "Calls refused because their prompt leaves the context window \
+                 (`--context-tokens-max`) no room for an answer; the harness is told in its API's \
+                 words and compacts.",
+                &self.context_too_long,
             ),
             (
                 "gyre_proxy_calls_replayed_total",

@@ -68,6 +68,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Cap on new tokens per call (a request's `max_tokens` is clipped to it).
     pub max_new_tokens: u32,
+    /// The engines' context window in tokens (prompt and answer), when known: a prompt that
+    /// leaves no room for one answer token is refused as each API words it (the harnesses
+    /// compact their conversation on it), and an answer is cut to the room left.
+    pub context_tokens_max: Option<u32>,
     /// Engines tried for one call before the harness gets an overloaded error.
     pub engine_attempts_max: usize,
     /// Base URL printed in credentials (`http://host:port`).
@@ -192,6 +196,7 @@ impl Default for ServerConfig {
             header_read_timeout: std::time::Duration::from_secs(30),
             max_connections: 4096,
             max_new_tokens: 32768,
+            context_tokens_max: None,
             engine_attempts_max: 4,
             public_url: String::new(),
             auto_open: false,
@@ -1719,9 +1724,11 @@ async fn serve_call(
             // the body (so a stored answer's own items hold the items, not the references).
             let (bytes, resolving) = match api {
                 Api::OpenAiResponses => {
-                    match stored_responses::resolve_item_references(&bytes, |id| {
-                        execution.stored_item(id)
-                    }) {
+                    match stored_responses::resolve_item_references(
+                        &bytes,
+                        app.config.body_bytes_max,
+                        |id| execution.stored_item(id),
+                    ) {
                         Ok(Some(resolved)) => (resolved, Ok(())),
                         Ok(None) => (bytes, Ok(())),
                         Err(error) => (bytes, Err(error)),

@@ -438,3 +438,86 @@ fn media_documents_and_server_tool_blocks_are_shown_as_text() {
         "[image (image/png, 8 bytes) omitted: this model reads text only]"
     );
 }
+
+/// Claude Code's `mid-conversation-tool-changes` beta: a system message adds a tool (by
+/// reference to a deferred one, or by its whole definition) or removes one. The model reads
+/// each change; a `tool_reference` to a tool the history removed (and the request no longer
+/// lists) reads as gone rather than failing the request.
+#[test]
+fn mid_conversation_tool_changes_render_as_system_text() {
+    let body = json!({
+        "model": "m", "max_tokens": 5,
+        "tools": [
+            {"name": "ToolSearch", "input_schema": {"type": "object"}},
+            {"name": "WebFetch", "description": "Fetch a URL", "defer_loading": true,
+             "input_schema": {"type": "object", "properties": {"url": {"type": "string"}}}},
+        ],
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "tool_reference", "tool_name": "Gone"},
+            ]}]},
+            {"role": "system", "content": [
+                {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "Gone"}},
+                {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "WebFetch"}, "cache_control": {"type": "ephemeral"}},
+                {"type": "tool_addition", "tool": {"type": "tool_definition", "definition": {
+                    "name": "Lint", "description": "Lint a file", "input_schema": {"type": "object"}}}},
+            ]},
+            {"role": "user", "content": "now fetch"},
+        ],
+    });
+    let chat = parse_json(&body).expect("parses");
+    assert_eq!(
+        chat.messages[2].content,
+        "[tool `Gone` is no longer available]"
+    );
+    assert_eq!(chat.messages[3].role, Role::System);
+    assert_eq!(
+        chat.messages[3].content,
+        "Tool removed: `Gone` is no longer available.\n\
+         Tool added: {\"type\":\"function\",\"function\":{\"name\":\"WebFetch\",\"description\":\"Fetch a URL\",\"parameters\":{\"type\":\"object\",\"properties\":{\"url\":{\"type\":\"string\"}}}}}\n\
+         Tool added: {\"type\":\"function\",\"function\":{\"name\":\"Lint\",\"description\":\"Lint a file\",\"parameters\":{\"type\":\"object\"}}}"
+    );
+    // Tool changes belong in system messages only, and name a tool.
+    let mut misplaced = body.clone();
+    misplaced["messages"][4] = json!({"role": "user", "content": [
+        {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "Gone"}}]});
+    let error = parse_json(&misplaced).expect_err("refused");
+    assert_eq!(error.param.as_deref(), Some("messages[4].content[0]"));
+    let mut nameless = body.clone();
+    nameless["messages"][3]["content"][0] =
+        json!({"type": "tool_removal", "tool": {"type": "tool_reference"}});
+    let error = parse_json(&nameless).expect_err("refused");
+    assert_eq!(
+        error.param.as_deref(),
+        Some("messages[3].content[0].tool.name")
+    );
+}
+
+/// A tool is shown in full the first time the history references it and by name after that,
+/// so a body of many references to one large schema cannot multiply it in the prompt.
+#[test]
+fn repeated_tool_references_show_the_definition_once() {
+    let schema = json!({"type": "object", "description": "x".repeat(10_000)});
+    let references: Vec<Value> = (0..1_000)
+        .map(|_| json!({"type": "tool_reference", "tool_name": "Big"}))
+        .collect();
+    let body = json!({
+        "model": "m", "max_tokens": 5,
+        "tools": [{"name": "Big", "defer_loading": true, "input_schema": schema}],
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Big", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": references}]},
+        ],
+    });
+    let chat = parse_json(&body).expect("parses");
+    let result = &chat.messages[2].content;
+    assert!(result.len() < 10_000 + 1_000 * 60, "{} bytes", result.len());
+    let by_name = "{\"type\":\"function\",\"function\":{\"name\":\"Big\"}}";
+    assert_eq!(result.matches(by_name).count(), 999);
+    assert!(
+        result.starts_with("{\"type\":\"function\",\"function\":{\"name\":\"Big\",\"parameters\":")
+    );
+}

@@ -246,3 +246,34 @@ fn a_long_conversation_parses_only_its_new_turns() {
     .unwrap();
     assert_eq!((second.elements(), second.reused_elements()), (202, 200));
 }
+
+/// A body of very many top-level members (a hostile one: real bodies have a dozen or two) is
+/// parsed whole each time instead of matched member by member against the previous one,
+/// which would cost time quadratic in the members. Its value is the same either way.
+#[test]
+fn a_body_of_many_members_is_not_matched_against_the_previous_one() {
+    let body = |turns: usize| {
+        let mut object = serde_json::Map::new();
+        object.insert("model".into(), json!("m"));
+        object.insert(
+            "messages".into(),
+            Value::Array(
+                (0..turns)
+                    .map(|turn| json!({"role": "user", "content": format!("turn {turn}")}))
+                    .collect(),
+            ),
+        );
+        for member in 0..5_000 {
+            object.insert(format!("k{member}"), json!(""));
+        }
+        Value::Object(object).to_string().into_bytes()
+    };
+    let first = parse_body(Api::Anthropic, Bytes::from(body(3)), None).unwrap();
+    let second = parse_body(Api::Anthropic, Bytes::from(body(4)), Some(first)).unwrap();
+    assert_eq!(second.reused_elements(), 0);
+    assert_eq!(second.elements(), 4);
+    assert_eq!(
+        whole(&body(4)),
+        Ok(serde_json::to_string(second.value()).unwrap())
+    );
+}

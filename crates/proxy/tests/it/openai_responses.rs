@@ -523,3 +523,37 @@ fn the_response_echoes_the_requests_settings_and_marks_a_cut_message_incomplete(
     let item_done: Value = serde_json::from_str(&item_done.data).expect("json");
     assert_eq!(item_done["item"]["status"], "incomplete");
 }
+
+/// Items of Codex's newer history: a message between agents of one session, a settings
+/// change kept in history (skipped: the request's own fields apply), a compaction under its
+/// newer name, and a sealed tool output.
+#[test]
+fn codex_agent_messages_settings_records_and_sealed_outputs_are_read() {
+    let body = json!({
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "delegate"},
+            {"type": "configuration_update", "reasoning": {"effort": "medium"}},
+            {"type": "function_call", "call_id": "call_1", "name": "wait", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1",
+             "output": [{"type": "encrypted_content", "encrypted_content": "opaque"}]},
+            {"type": "agent_message", "author": "/root/worker", "recipient": "/root",
+             "content": [{"type": "input_text", "text": "done"}]},
+        ],
+    });
+    let chat = parse(body.to_string().as_bytes()).expect("parses");
+    let texts: Vec<(Role, &str)> = chat
+        .messages
+        .iter()
+        .map(|message| (message.role, message.content.as_str()))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            (Role::User, "delegate"),
+            (Role::Assistant, ""),
+            (Role::Tool, "[encrypted content omitted]"),
+            (Role::User, "[message from agent /root/worker]\ndone"),
+        ]
+    );
+}

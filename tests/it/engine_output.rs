@@ -1,0 +1,136 @@
+//! An engine that answers what no sampler can (an id outside the model's vocabulary, a
+//! log-prob that is NaN or above zero) is treated as a protocol failure: nothing of that chunk
+//! is kept, the answer continues on a fresh attempt, and the harness sees one ordinary answer
+//! whose record holds only tokens the trainer can use.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gyre_proxy::engine::{ChunkStream, EngineChunk, EngineFailure, EngineRequest, TokenEngine};
+use serde_json::json;
+
+use crate::in_process::{model, proxy, recording, Recording};
+
+#[derive(Clone, Copy, Debug)]
+enum Corruption {
+    UnknownId,
+    NanLogprob,
+    PositiveLogprob,
+}
+
+/// Corrupts the second chunk of its first request's answer; later requests pass through.
+struct Corrupting {
+    inner: Arc<Recording>,
+    corruption: Corruption,
+    requests: AtomicUsize,
+}
+
+impl TokenEngine for Corrupting {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn generate(
+        &self,
+        request: EngineRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
+        let first = self.requests.fetch_add(1, Ordering::SeqCst) == 0;
+        let corruption = self.corruption;
+        let answer = self.inner.generate(request);
+        Box::pin(async move {
+            let mut chunks = answer.await?;
+            if !first {
+                return Ok(chunks);
+            }
+            let (sender, receiver) = tokio::sync::mpsc::channel(16);
+            tokio::spawn(async move {
+                let mut seen = 0;
+                while let Some(mut chunk) = chunks.recv().await {
+                    if let Ok(EngineChunk::Tokens { ids, logprobs }) = &mut chunk {
+                        seen += 1;
+                        if seen == 2 {
+                            match corruption {
+                                Corruption::UnknownId => ids[0] = 1_000_000,
+                                Corruption::NanLogprob => logprobs[0] = f32::NAN,
+                                Corruption::PositiveLogprob => logprobs[0] = 3.5,
+                            }
+                        }
+                    }
+                    if sender.send(chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(receiver)
+        })
+    }
+
+    fn abort(
+        &self,
+        rid: &str,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.abort(rid)
+    }
+
+    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
+        self.inner.health()
+    }
+}
+
+#[test]
+fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let model = model();
+    for corruption in [
+        Corruption::UnknownId,
+        Corruption::NanLogprob,
+        Corruption::PositiveLogprob,
+    ] {
+        let engine = Arc::new(Corrupting {
+            inner: recording(),
+            corruption,
+            requests: AtomicUsize::new(0),
+        });
+        let proxy = proxy(&runtime, engine.clone());
+        let (status, answer) = proxy.post(
+            "/v1/messages",
+            &json!({"model": "m", "max_tokens": 64,
+                    "messages": [{"role": "user", "content": "Say something."}]}),
+        );
+        assert_eq!(status, 200, "{corruption:?}: {answer}");
+        assert_eq!(answer["type"], "message", "{corruption:?}: {answer}");
+        assert_eq!(
+            engine.requests.load(Ordering::SeqCst),
+            2,
+            "{corruption:?}: the answer continued on a second attempt"
+        );
+        let records = proxy.sink.records();
+        assert!(!records.is_empty(), "{corruption:?}");
+        for record in &records {
+            assert!(
+                record.output_ids.iter().all(|id| model.knows_id(*id)),
+                "{corruption:?}: {:?}",
+                record.output_ids
+            );
+            assert!(
+                record
+                    .output_logprobs
+                    .iter()
+                    .all(|logprob| logprob.is_finite() && *logprob <= 0.0),
+                "{corruption:?}: {:?}",
+                record.output_logprobs
+            );
+        }
+        // The kept partial (the first chunk) is audit only; the call itself is whole.
+        let calls: Vec<_> = records
+            .iter()
+            .filter(|record| record.kind != gyre_event::CallKind::Aborted)
+            .collect();
+        assert_eq!(calls.len(), 1, "{corruption:?}: {records:?}");
+        assert!(calls[0].output_ids.len() >= 12, "{corruption:?}");
+    }
+}
