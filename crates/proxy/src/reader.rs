@@ -73,6 +73,11 @@ impl<'a> Child<'a> {
     }
 }
 
+/// The most elements any array of a request may hold. A long agent conversation has a few
+/// thousand messages; each element read costs its path and a handle (~80 bytes) beside its
+/// parsed value, so a 32 MiB body of `[1,1,1,…]` would otherwise cost gigabytes to refuse.
+pub(crate) const ARRAY_ELEMENTS_MAX: usize = 100_000;
+
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
@@ -109,6 +114,12 @@ impl<'a> Node<'a> {
             .value
             .as_array()
             .ok_or_else(|| self.expected("an array"))?;
+        if items.len() > ARRAY_ELEMENTS_MAX {
+            return Err(self.error(format!(
+                "an array of {} elements; at most {ARRAY_ELEMENTS_MAX} are read",
+                items.len()
+            )));
+        }
         Ok(items
             .iter()
             .enumerate()

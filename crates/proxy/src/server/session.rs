@@ -55,6 +55,9 @@ const SIDE_CONTEXTS_MAX: usize = 3;
 
 /// Tokens of room left after a prepared context for the answer appended to it.
 const ANSWER_ROOM_TOKENS: usize = 4096;
+/// Agent contexts one session keeps (Claude Code and Codex run tens of sub-agents in a long
+/// session); see [`Session::evict_agents_over_the_cap`].
+const AGENTS_MAX: usize = 256;
 
 /// An agent's last full context: what the engine saw plus what it sampled.
 #[derive(Clone, Debug, Default)]
@@ -757,8 +760,38 @@ impl Session {
             Provenance::Sampled,
             sampled.output_ids.len(),
         ));
-        self.agents.insert(prepared.agent, context);
+        let agent = prepared.agent;
+        self.agents.insert(agent.clone(), context);
+        self.evict_agents_over_the_cap(&agent);
         Ok(record)
+    }
+
+    /// How many agents' contexts the session holds.
+    pub fn agent_contexts_count(&self) -> usize {
+        self.agents.len()
+    }
+
+    /// Beyond [`AGENTS_MAX`] agent contexts, drops the one whose last call is oldest (never
+    /// the main agent's, `kept`'s, or one whose call is in flight, which holds no buffers):
+    /// a harness naming a new agent on every call cannot grow the session without bound. A
+    /// dropped agent's next call encodes its prompt from scratch and still finds its place
+    /// in the tree by its tokens.
+    fn evict_agents_over_the_cap(&mut self, kept: &str) {
+        while self.agents.len() > AGENTS_MAX {
+            let oldest = self
+                .agents
+                .iter()
+                .filter(|(name, context)| {
+                    name.as_str() != "main" && name.as_str() != kept && !context.ids.is_empty()
+                })
+                .min_by_key(|(_, context)| context.call)
+                .map(|(name, _)| name.clone());
+            let Some(oldest) = oldest else {
+                return;
+            };
+            self.agents.remove(&oldest);
+            self.side.remove(&oldest);
+        }
     }
 
     /// The sink confirmed that `record` is in the log: the session's tree takes it (so later

@@ -268,6 +268,9 @@ async fn refuse_and_close(socket: &mut WebSocket, error: &str) {
     let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, socket.send(Message::Close(Some(frame)))).await;
 }
 
+/// The longest string `stream_id` a client event may carry.
+const STREAM_ID_BYTES_MAX: usize = 256;
+
 /// A client event as the body of `POST /v1/responses` with `stream: true` (`stream` is
 /// implicit on a socket; `stream_id` is taken out), or the error that names what is wrong with
 /// it (with the event's `stream_id`, when it has one).
@@ -286,6 +289,25 @@ pub(crate) fn create_body(message: &[u8]) -> Result<Create, (Box<ApiError>, Opti
         return Err((Box::new(error), None));
     };
     let stream_id = event.shift_remove("stream_id");
+    // The lane is echoed in every event of the answer: a short string or a number, never a
+    // value that would be copied into each of thousands of events.
+    let lane_ok = match &stream_id {
+        None | Some(Value::Number(_)) => true,
+        Some(Value::String(lane)) => lane.len() <= STREAM_ID_BYTES_MAX,
+        Some(_) => false,
+    };
+    if !lane_ok {
+        return Err((
+            Box::new(ApiError::invalid_field(
+                API,
+                "stream_id",
+                format!(
+                    "a stream_id is a string of at most {STREAM_ID_BYTES_MAX} bytes or a number"
+                ),
+            )),
+            None,
+        ));
+    }
     let refuse = |error: ApiError| Err((Box::new(error), stream_id.clone()));
     match event.get("type") {
         Some(Value::String(kind)) if kind == "response.create" => {}
@@ -474,6 +496,10 @@ mod tests {
             (
                 br#"{"type":"response.create","background":true}"#,
                 "background: background responses are not served",
+            ),
+            (
+                br#"{"type":"response.create","stream_id":{"echoed":["in","every","event"]}}"#,
+                "stream_id: a stream_id is a string of at most 256 bytes or a number",
             ),
         ] {
             let Err((error, _)) = create_body(message) else {

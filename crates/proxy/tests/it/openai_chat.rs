@@ -80,6 +80,7 @@ fn bad_requests_name_the_field() {
     let user = json!({"role": "user", "content": "x"});
     let cases = [
         (json!({"messages": [user]}), "model: field required", "model"),
+        (json!({"model": "m", "messages": vec![1; 100_001]}), "messages: an array of 100001 elements; at most 100000 are read", "messages"),
         (json!({"model": "m", "messages": []}), "messages: at least one message is required", "messages"),
         (json!({"model": "m", "messages": [{"role": "user"}]}), "messages[0].content: field required", "messages[0].content"),
         (json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}), "messages[0].role: unsupported role `function`, expected system, developer, user, assistant or tool", "messages[0].role"),

@@ -778,3 +778,46 @@ fn committed(
     session.record_committed(&record);
     record
 }
+
+/// A harness naming a new agent on every call cannot grow the session without bound: beyond
+/// 256 agent contexts the oldest is dropped (never the main agent's), and a dropped agent's
+/// next call still prepares its exact tokens, encoded from scratch.
+#[test]
+fn agent_contexts_are_capped_and_a_dropped_agent_still_prepares_exactly() {
+    let model = model();
+    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let call = |session: &mut Session, agent: Option<&str>, text: &str| {
+        let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+        request.messages.push(Message::new(Role::User, text));
+        let prepared = session
+            .prepare(&model, &request, agent, reference_now())
+            .expect("prepares");
+        let ids = prepared.context_ids.clone();
+        let record = session
+            .finish_call(prepared, sampled(&model, "ok"))
+            .expect("finishes");
+        session.record_committed(&record);
+        ids
+    };
+    call(&mut session, None, "the main conversation");
+    for agent in 0..300 {
+        call(
+            &mut session,
+            Some(&format!("side:{agent}")),
+            &format!("question {agent}"),
+        );
+    }
+    assert_eq!(session.agent_contexts_count(), 256);
+    let again = call(&mut session, Some("side:0"), "question 0, again");
+    let rendered = model
+        .render(&RenderInput {
+            messages: &[Message::new(Role::User, "question 0, again")],
+            tools: &[],
+            add_generation_prompt: true,
+            now: reference_now(),
+            extra: None,
+        })
+        .expect("renders");
+    assert_eq!(*again, model.encode(&rendered).expect("encodes"));
+    assert!(session.agent_contexts_count() <= 256);
+}
