@@ -11,7 +11,7 @@ use gyre_proxy::engine::{ChunkStream, EngineFailure, EngineRequest, SglangEngine
 use gyre_proxy::server::ServerConfig;
 use serde_json::json;
 
-use crate::in_process::{proxy_with, recording, Recording};
+use crate::in_process::{proxy_with, recording, wrapping_engine, Recording};
 use crate::support::http;
 
 /// Holds the first request it gets until released; later ones go straight through.
@@ -21,12 +21,8 @@ struct HoldFirst {
     release: Arc<tokio::sync::Notify>,
 }
 
-impl TokenEngine for HoldFirst {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn generate(
+impl HoldFirst {
+    fn hold_first_and_generate(
         &self,
         request: EngineRequest,
     ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
@@ -42,18 +38,9 @@ impl TokenEngine for HoldFirst {
             answer.await
         })
     }
-
-    fn abort(
-        &self,
-        rid: &str,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.abort(rid)
-    }
-
-    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.health()
-    }
 }
+
+wrapping_engine!(HoldFirst, hold_first_and_generate);
 
 #[test]
 fn a_sub_agent_calls_while_the_main_agents_answer_is_generated() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use gyre_proxy::engine::{ChunkStream, EngineChunk, EngineFailure, EngineRequest, TokenEngine};
 use serde_json::json;
 
-use crate::in_process::{model, proxy, recording, Recording};
+use crate::in_process::{model, proxy, recording, wrapping_engine, Recording};
 
 #[derive(Clone, Copy, Debug)]
 enum Corruption {
@@ -25,12 +25,8 @@ struct Corrupting {
     requests: AtomicUsize,
 }
 
-impl TokenEngine for Corrupting {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn generate(
+impl Corrupting {
+    fn corrupt_and_generate(
         &self,
         request: EngineRequest,
     ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
@@ -64,18 +60,9 @@ impl TokenEngine for Corrupting {
             Ok(receiver)
         })
     }
-
-    fn abort(
-        &self,
-        rid: &str,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.abort(rid)
-    }
-
-    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.health()
-    }
 }
+
+wrapping_engine!(Corrupting, corrupt_and_generate);
 
 #[test]
 fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {

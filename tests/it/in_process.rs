@@ -14,6 +14,48 @@ use serde_json::Value;
 
 use crate::support::{http, MemorySink};
 
+/// Implements `TokenEngine` for a test engine wrapping another one in its `inner` field: the
+/// name, aborts and health checks are the inner engine's, and requests go to `$generate`.
+macro_rules! wrapping_engine {
+    ($engine:ty, $generate:ident) => {
+        impl gyre_proxy::engine::TokenEngine for $engine {
+            fn name(&self) -> &str {
+                self.inner.name()
+            }
+
+            fn generate(
+                &self,
+                request: gyre_proxy::engine::EngineRequest,
+            ) -> futures_util::future::BoxFuture<
+                'static,
+                Result<gyre_proxy::engine::ChunkStream, gyre_proxy::engine::EngineFailure>,
+            > {
+                self.$generate(request)
+            }
+
+            fn abort(
+                &self,
+                rid: &str,
+            ) -> futures_util::future::BoxFuture<
+                'static,
+                Result<(), gyre_proxy::engine::EngineFailure>,
+            > {
+                self.inner.abort(rid)
+            }
+
+            fn health(
+                &self,
+            ) -> futures_util::future::BoxFuture<
+                'static,
+                Result<(), gyre_proxy::engine::EngineFailure>,
+            > {
+                self.inner.health()
+            }
+        }
+    };
+}
+pub(crate) use wrapping_engine;
+
 /// What one request asked the engine to sample with.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AskedSampling {
@@ -34,12 +76,8 @@ pub struct Recording {
     pub max_new_tokens: Mutex<Vec<u32>>,
 }
 
-impl TokenEngine for Recording {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn generate(
+impl Recording {
+    fn record_and_generate(
         &self,
         request: EngineRequest,
     ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
@@ -65,18 +103,9 @@ impl TokenEngine for Recording {
             .push(request.max_new_tokens);
         self.inner.generate(request)
     }
-
-    fn abort(
-        &self,
-        rid: &str,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.abort(rid)
-    }
-
-    fn health(&self) -> futures_util::future::BoxFuture<'static, Result<(), EngineFailure>> {
-        self.inner.health()
-    }
 }
+
+wrapping_engine!(Recording, record_and_generate);
 
 /// A recording engine answering 12 tokens, the last the model's end of turn.
 pub fn recording() -> Arc<Recording> {

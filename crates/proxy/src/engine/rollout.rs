@@ -205,20 +205,7 @@ mod tests {
     use super::*;
 
     fn request(rid: &str, prompt: usize) -> EngineRequest {
-        EngineRequest {
-            rid: rid.to_string(),
-            agent: None,
-            input_ids: Arc::new(vec![1; prompt]),
-            input_ids_json: None,
-            max_new_tokens: 8,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            stop_token_ids: Vec::new(),
-            seed: None,
-            json: None,
-            reasoning_first: false,
-        }
+        EngineRequest::new(rid, vec![1; prompt], 8)
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn an_over_long_word_is_encoded_in_pieces_that_still_spell_the_text() {
 
 /// What the cut saves: peak memory encoding one 30 MB word through `tokenizers` whole and
 /// through the proxy. A measurement (run it alone, it reads the process's peak RSS):
-/// `cargo test -p gyre-proxy --release --test it -- --ignored --exact model_dir::long_word_memory`
+/// `cargo test -p gyre-proxy --test it -- --ignored --exact model_dir::long_word_memory --nocapture`
 /// with `GYRE_LONG_WORD=whole` or `pieces`.
 #[test]
 #[ignore = "a measurement of peak memory: run alone, see the doc comment"]
