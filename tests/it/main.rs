@@ -1,6 +1,7 @@
 //! Process tests of the `gyre` binary (one integration-test binary per crate) and the
 //! workspace's tidy test.
 
+mod admin_token;
 mod blank_text;
 mod concurrent_calls;
 mod context_window;

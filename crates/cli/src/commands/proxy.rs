@@ -173,6 +173,12 @@ pub struct ProxyArgs {
     /// `--engine embedded`.
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     context_tokens_max: Option<u32>,
+    /// A file holding the admin token: `/admin/*` (open, close, route executions) then answers
+    /// only requests with `Authorization: Bearer <token>`, 401 otherwise. Set it wherever the
+    /// agents a harness runs can reach this port (they run arbitrary commands); without it the
+    /// admin routes are open to anyone who can connect.
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
     /// What the model is shown for images, audio and binary files in a request (a text-only
     /// model cannot read them; Claude Code sends one when it reads a PNG, Codex for
     /// `view_image`): a placeholder keeps the execution going, `reject` refuses the request.
@@ -326,7 +332,20 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let address = listener.local_addr()?;
     drop(listener);
+    let admin_token = match &args.admin_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("field `admin_token_file`: reading {}", path.display()))?;
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                anyhow::bail!("field `admin_token_file`: {} is empty", path.display());
+            }
+            Some(token)
+        }
+    };
     let config = ServerConfig {
+        admin_token,
         body_bytes_max: args.body_limit,
         body_idle_timeout: std::time::Duration::from_secs(args.body_idle_timeout_s),
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_s),

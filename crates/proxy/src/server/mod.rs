@@ -76,6 +76,9 @@ pub struct ServerConfig {
     pub engine_attempts_max: usize,
     /// Base URL printed in credentials (`http://host:port`).
     pub public_url: String,
+    /// When set, `/admin/*` answers only requests with `Authorization: Bearer <this>` (401
+    /// otherwise); `None` leaves them open to whoever reaches the port.
+    pub admin_token: Option<String>,
     /// An unknown credential opens a new execution under that credential instead of getting
     /// 401 (for replaying captured harness traffic, or harnesses with a fixed key).
     pub auto_open: bool,
@@ -199,6 +202,7 @@ impl Default for ServerConfig {
             context_tokens_max: None,
             engine_attempts_max: 4,
             public_url: String::new(),
+            admin_token: None,
             auto_open: false,
             body_cache_bytes_max: 256 << 20,
             response_store_bytes_max: 256 << 20,
@@ -1195,9 +1199,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/x/{token}/api/hello", get(hello).head(hello))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
-        .route("/admin/executions", post(admin_open))
-        .route("/admin/executions/{token}/close", post(admin_close))
-        .route("/admin/executions/{token}/route", post(admin_route))
+        .merge(
+            Router::new()
+                .route("/admin/executions", post(admin_open))
+                .route("/admin/executions/{token}/close", post(admin_close))
+                .route("/admin/executions/{token}/route", post(admin_route))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    admin_guard,
+                )),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(with_request_id))
@@ -2189,6 +2200,41 @@ struct OpenRequest {
 
 fn admin_error(status: StatusCode, message: String) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+/// With `ServerConfig::admin_token` set, the admin routes answer only a request carrying it
+/// (`Authorization: Bearer <token>`): the agents a harness runs execute arbitrary commands and
+/// reach this port, and must not open, close or reroute executions.
+async fn admin_guard(
+    State(app): State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(expected) = &app.config.admin_token {
+        let given = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same_secret(given.as_bytes(), expected.as_bytes()) {
+            return admin_error(
+                StatusCode::UNAUTHORIZED,
+                "the admin routes need `Authorization: Bearer <the proxy's admin token>`".into(),
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
 }
 
 async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
