@@ -121,3 +121,39 @@ fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {
         assert!(calls[0].output_ids.len() >= 12, "{corruption:?}");
     }
 }
+
+/// An engine that samples the whole answer, to the call's limit, and dies before saying it
+/// ended: the answer is complete at its limit, and no other engine is asked for more.
+#[test]
+fn an_engine_that_dies_after_the_last_token_ends_the_answer_at_its_limit() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let engine = recording();
+    engine
+        .inner
+        .inject(gyre_proxy::engine::Fault::DieAfterTokens(8));
+    let proxy = proxy(&runtime, engine.clone());
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Say something."}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["stop_reason"], "max_tokens", "{answer}");
+    assert_eq!(
+        engine.max_new_tokens.lock().expect("lock").len(),
+        1,
+        "no second engine request"
+    );
+    let calls: Vec<_> = proxy
+        .sink
+        .records()
+        .into_iter()
+        .filter(|record| record.kind != gyre_event::CallKind::Aborted)
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].output_ids.len(), 8);
+}

@@ -67,7 +67,7 @@ pub struct AskedSampling {
 /// The engine behind a fake: keeps the constraint and the sampling settings of every request
 /// it gets.
 pub struct Recording {
-    inner: DeterministicEngine,
+    pub inner: DeterministicEngine,
     pub constraints: Mutex<Vec<Option<JsonConstraint>>>,
     /// `reasoning_first` of each request (SGLang's `require_reasoning` on the wire).
     pub reasoning_first: Mutex<Vec<bool>>,

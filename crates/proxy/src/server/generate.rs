@@ -536,10 +536,21 @@ pub async fn run(
     let mut engine_index = execution.lock().engine;
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
+    // The engine of the attempt before this one, which sampled the answer's latest tokens.
+    let mut previous_engine = engine_index % app.engines.len();
     let finish = 'engines: loop {
         attempts += 1;
         let engine = app.engines[engine_index % app.engines.len()].clone();
         let produced = sampled.output_ids.len() as u32;
+        if produced >= max_new {
+            // An engine sampled the whole answer and failed before saying it ended: the
+            // answer is complete at its limit (asking another engine for more would go past
+            // it). The policy version is the one that engine last reported.
+            sampled.policy_version = PolicyVersion(app.engine_version(previous_engine));
+            sampled.engine = EngineId(previous_engine as u32);
+            break 'engines FinishKind::Length;
+        }
+        previous_engine = engine_index % app.engines.len();
         let (input_ids, input_ids_json) = if sampled.output_ids.is_empty() {
             (prepared.context_ids.clone(), prepared.context_json.clone())
         } else {
