@@ -216,7 +216,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         max_tokens,
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
-        top_k: root.optional_positive_u32("top_k")?,
+        top_k: root.optional_top_k("top_k")?,
         stop: root.stop_sequences("stop")?,
         seed: root.optional_i64("seed")?,
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,

@@ -294,7 +294,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         max_output_tokens: root.optional_token_limit("max_output_tokens")?,
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
-        top_k: root.optional_u32("top_k")?,
+        top_k: root.optional_top_k("top_k")?,
         seed: root.optional_i64("seed")?,
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
         reasoning_effort,

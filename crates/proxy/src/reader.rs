@@ -231,6 +231,23 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// An optional `top_k` as vLLM and SGLang read it in the OpenAI APIs: at least 1 cuts,
+    /// and `-1` or `0` mean no cut (what RL clients pass through), read as absent.
+    pub fn optional_top_k(&self, key: &str) -> Read<Option<u32>> {
+        let Some(child) = self.get(key)? else {
+            return Ok(None);
+        };
+        match child.node().i64()? {
+            -1 | 0 => Ok(None),
+            value if value >= 1 => u32::try_from(value)
+                .map(Some)
+                .map_err(|_| child.node().error("must be at most 4294967295")),
+            _ => Err(child
+                .node()
+                .error("must be at least 1, or -1 / 0 for no top-k cut")),
+        }
+    }
+
     pub fn optional_u32(&self, key: &str) -> Read<Option<u32>> {
         self.get(key)?.map(|child| child.node().u32()).transpose()
     }

@@ -58,6 +58,9 @@ const ANSWER_ROOM_TOKENS: usize = 4096;
 /// Agent contexts one session keeps (Claude Code and Codex run tens of sub-agents in a long
 /// session); see [`Session::evict_agents_over_the_cap`].
 const AGENTS_MAX: usize = 256;
+/// Content pieces not found in the rendered text, in a row, after which
+/// `Session::content_spans` stops looking.
+const CONTENT_MISSES_MAX: usize = 64;
 
 /// An agent's last full context: what the engine saw plus what it sampled.
 #[derive(Clone, Debug, Default)]
@@ -379,6 +382,11 @@ impl Session {
     ) -> Vec<(usize, usize, Provenance)> {
         let mut spans = Vec::new();
         let mut limit = text.len();
+        // A piece the template does not show word for word (reasoning some templates drop
+        // from history, arguments they re-serialise) costs a search of everything before it:
+        // after this many misses in a row the rest of the tail keeps the template's
+        // provenance, so a history of many such pieces cannot make a call quadratic.
+        let mut misses = 0;
         'messages: for message in request.messages.iter().rev() {
             let provenance = match message.role {
                 Role::System => Provenance::System,
@@ -402,6 +410,12 @@ impl Session {
                     }
                     spans.push((start, end, provenance));
                     limit = start;
+                    misses = 0;
+                } else {
+                    misses += 1;
+                    if misses >= CONTENT_MISSES_MAX {
+                        break 'messages;
+                    }
                 }
             }
         }

@@ -126,3 +126,39 @@ fn errors_render_in_openai_shape() {
     let body: Value = serde_json::from_str(&error.body()).expect("JSON");
     assert_eq!(body["error"]["param"], Value::Null);
 }
+
+/// vLLM and SGLang read `top_k` -1 or 0 as "no cut", and RL clients pass those through: they
+/// parse as no `top_k`; other negatives are refused by name.
+#[test]
+fn top_k_off_values_read_as_no_cut() {
+    let user = json!({"role": "user", "content": "x"});
+    for off in [-1, 0] {
+        let chat = parse(
+            json!({"model": "m", "messages": [user], "top_k": off})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("parses");
+        assert_eq!(chat.sampling.top_k, None, "{off}");
+    }
+    let chat = parse(
+        json!({"model": "m", "messages": [user], "top_k": 40})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("parses");
+    assert_eq!(chat.sampling.top_k, Some(40));
+    let error = rejection(&json!({"model": "m", "messages": [user], "top_k": -2}));
+    assert_eq!(error.param.as_deref(), Some("top_k"));
+    assert_eq!(
+        error.message,
+        "top_k: must be at least 1, or -1 / 0 for no top-k cut"
+    );
+    let responses = gyre_proxy::openai_responses::parse(
+        json!({"model": "m", "input": "x", "top_k": -1})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("parses");
+    assert_eq!(responses.sampling.top_k, None);
+}
