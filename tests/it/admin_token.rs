@@ -10,11 +10,7 @@ use crate::support::http;
 
 #[test]
 fn admin_routes_need_the_admin_token_when_one_is_set() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let proxy = proxy_with(
         &runtime,
         recording(),

@@ -26,11 +26,7 @@ fn a_dropped_blank_text_block_is_restored_after_a_restart() {
 }
 
 fn blank_text_scenario(restart: bool) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let script = Script::parse(
         concat!(
             r#"{"agent": "main", "blocks": [{"type": "text", "text": "\n\n"}, "#,

@@ -44,11 +44,7 @@ wrapping_engine!(HoldFirst, hold_first_and_generate);
 
 #[test]
 fn a_sub_agent_calls_while_the_main_agents_answer_is_generated() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let (received, main_held) = mpsc::channel();
     let release = Arc::new(tokio::sync::Notify::new());
     let held = Arc::new(HoldFirst {

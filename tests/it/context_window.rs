@@ -9,11 +9,7 @@ use crate::in_process::{proxy_with, recording};
 
 #[test]
 fn a_prompt_the_context_cannot_hold_is_refused_in_the_apis_words() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let engine = recording();
     let window = 96;
     let proxy = proxy_with(

@@ -66,11 +66,7 @@ wrapping_engine!(Corrupting, corrupt_and_generate);
 
 #[test]
 fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let model = model();
     for corruption in [
         Corruption::UnknownId,
@@ -126,11 +122,7 @@ fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {
 /// ended: the answer is complete at its limit, and no other engine is asked for more.
 #[test]
 fn an_engine_that_dies_after_the_last_token_ends_the_answer_at_its_limit() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = crate::support::runtime();
     let engine = recording();
     engine
         .inner

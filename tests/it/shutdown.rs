@@ -83,12 +83,8 @@ struct GatedEngine {
     gate: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
-impl gyre_proxy::engine::TokenEngine for GatedEngine {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn generate(
+impl GatedEngine {
+    fn gate_and_generate(
         &self,
         request: gyre_proxy::engine::EngineRequest,
     ) -> futures_util::future::BoxFuture<
@@ -103,22 +99,9 @@ impl gyre_proxy::engine::TokenEngine for GatedEngine {
             inner.generate(request).await
         })
     }
-
-    fn abort(
-        &self,
-        rid: &str,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::engine::EngineFailure>>
-    {
-        self.inner.abort(rid)
-    }
-
-    fn health(
-        &self,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::engine::EngineFailure>>
-    {
-        self.inner.health()
-    }
 }
+
+crate::in_process::wrapping_engine!(GatedEngine, gate_and_generate);
 
 #[test]
 fn a_stopping_proxy_finishes_the_answer_on_a_socket_then_closes_it_going_away() {
