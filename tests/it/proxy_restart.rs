@@ -769,9 +769,18 @@ fn a_chaining_client_continues_its_first_answer_after_a_restart() {
         .collect::<String>(),
     )
     .expect("script");
-    let mut proxy = Proxy::start(&sink, &script, 2);
+    let mut proxy = Proxy::start(&sink, &script, 3);
     let token = proxy.next()["token"].as_str().expect("token").to_string();
     let resender = proxy.next()["token"].as_str().expect("token").to_string();
+    let warmed = proxy.next()["token"].as_str().expect("token").to_string();
+    // A warm-up (`"generate": false`) opens a conversation too: a client may chain on it.
+    let (status, warmup) = proxy.post(
+        "/v1/responses",
+        &warmed,
+        &json!({"model": "m", "generate": false, "input": "Hi."}),
+    );
+    assert_eq!(status, 200, "{warmup}");
+    assert_eq!(warmup["output"], json!([]), "{warmup}");
     let (status, first) = proxy.post(
         "/v1/responses",
         &token,
@@ -793,12 +802,16 @@ fn a_chaining_client_continues_its_first_answer_after_a_restart() {
     proxy.kill();
 
     let script = dir.path().join("after.jsonl");
-    std::fs::write(&script, format!("{}\n", text("Welcome."))).expect("script");
+    std::fs::write(
+        &script,
+        format!("{}\n{}\n", text("Welcome."), text("Hello.")),
+    )
+    .expect("script");
     let mut proxy = Proxy::start(&sink, &script, 0);
     let recovered = proxy.next();
     assert_eq!(
-        recovered["recovered"]["responses_recovered"], 2,
-        "the first answer of each conversation: {recovered}"
+        recovered["recovered"]["responses_recovered"], 3,
+        "the first answer of each conversation, the warm-up's included: {recovered}"
     );
     let (status, second) = proxy.post(
         "/v1/responses",
@@ -818,6 +831,16 @@ fn a_chaining_client_continues_its_first_answer_after_a_restart() {
             > 0,
         "the call extends the first: {second}"
     );
+    let (status, chained) = proxy.post(
+        "/v1/responses",
+        &warmed,
+        &json!({"model": "m", "previous_response_id": warmup["id"], "input": []}),
+    );
+    assert_eq!(
+        status, 200,
+        "the warm-up resolves after the restart: {chained}"
+    );
+    assert_eq!(chained["previous_response_id"], warmup["id"], "{chained}");
     proxy.kill();
 }
 

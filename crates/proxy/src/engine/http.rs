@@ -26,8 +26,9 @@ pub struct HttpEngineConfig {
     /// From sending a request to its response head (the engines send the head of a stream at
     /// once, before the first token).
     pub response_timeout_ms: u64,
-    /// Longest silence on an open stream (the first token of a long prompt under load comes
-    /// late, so this is generous).
+    /// Longest wait for the next token on an open stream (the first token of a long prompt
+    /// under load comes late, so this is generous). SSE comments and events that carry no new
+    /// token do not count as progress.
     pub idle_timeout_ms: u64,
     /// Capacity of each request's [`ChunkStream`].
     pub channel_capacity: usize,
@@ -384,6 +385,8 @@ pub(crate) async fn drive(
         decoder: SseDecoder::new(engine.config.event_bytes_max),
         events: VecDeque::new(),
         idle: Duration::from_millis(engine.config.idle_timeout_ms),
+        progress_by: tokio::time::Instant::now()
+            + Duration::from_millis(engine.config.idle_timeout_ms),
     };
     loop {
         let next = tokio::select! {
@@ -427,6 +430,7 @@ pub(crate) async fn drive(
             }
         };
         if !parsed.ids.is_empty() {
+            reader.progressed();
             let chunk = EngineChunk::Tokens {
                 ids: parsed.ids,
                 logprobs: parsed.logprobs,
@@ -473,9 +477,18 @@ struct EventReader {
     decoder: SseDecoder,
     events: VecDeque<Vec<u8>>,
     idle: Duration,
+    /// When the stream times out unless a token comes first. Only tokens move it: an engine
+    /// (or a gateway in front of it) that is stuck but keeps the connection alive with SSE
+    /// comments or events carrying nothing new must not hold the harness forever.
+    progress_by: tokio::time::Instant,
 }
 
 impl EventReader {
+    /// A token arrived: the stream has `idle` again for the next.
+    fn progressed(&mut self) {
+        self.progress_by = tokio::time::Instant::now() + self.idle;
+    }
+
     async fn next(&mut self, engine: &HttpEngine) -> Result<ReadEvent, EngineFailure> {
         loop {
             if let Some(data) = self.events.pop_front() {
@@ -484,11 +497,11 @@ impl EventReader {
                 }
                 return Ok(ReadEvent::Data(data));
             }
-            let frame = match tokio::time::timeout(self.idle, self.body.frame()).await {
+            let frame = match tokio::time::timeout_at(self.progress_by, self.body.frame()).await {
                 Err(_) => {
                     return Err(EngineFailure::TimedOut {
                         engine: engine.name.clone(),
-                        waiting_for: "the next stream event",
+                        waiting_for: "the next token",
                         after_ms: engine.config.idle_timeout_ms,
                     })
                 }

@@ -426,8 +426,9 @@ fn builder_for(
 
 /// A Responses warm-up (`"generate": false`, which Codex sends first on each new WebSocket
 /// conversation): the answer is a completed response with no output and no usage, the engine is
-/// not called and nothing is recorded (no tokens were sampled, so there is nothing to train
-/// on). The response is kept for `previous_response_id` like any other.
+/// not called and no call is recorded (no tokens were sampled, so there is nothing to train
+/// on). The response is kept for `previous_response_id` like any other, and committed as a
+/// `ResponseStored` event before its id is handed over when a client may chain from it.
 pub async fn warmup(
     execution: ExecutionHandle,
     request: ChatRequest,
@@ -443,8 +444,22 @@ pub async fn warmup(
     let mut responses = ResponsesResponse::new(meta).with_settings(request.response_settings);
     responses.set_completed_at(now);
     let (stop, usage) = (StopReason::EndTurn, Usage::default());
+    // Kept and, where a chaining client may name it next, committed before its id is handed
+    // over, as any other stored answer (see `crate::stored_responses`).
     if let Some(store) = &store_on_end {
-        store.store(&execution, responses.id(), &[]);
+        if let Some(kept) = store.store(&execution, responses.id(), &[]) {
+            if store.durable_before_handover(&kept) {
+                let id = execution.lock().execution;
+                if let Err(error) = store.persist(id, &kept).await {
+                    tracing::error!(%error, "a warm-up's stored response was not committed");
+                    let message = format!("the stored response could not be committed: {error}");
+                    let failure =
+                        ApiError::new(Api::OpenAiResponses, ApiErrorKind::Overloaded, message);
+                    let _ = out.send(Piece::Failed(failure)).await;
+                    return;
+                }
+            }
+        }
     }
     let piece = if request.stream {
         let mut events = responses.start();

@@ -326,6 +326,52 @@ async fn a_silent_engine_times_out() {
     assert_eq!(engine.in_flight_count(), 0);
 }
 
+/// A stuck engine (or a gateway in front of it) that keeps the stream alive with SSE comments
+/// but sends no token times out like a silent one: comments are not progress.
+#[tokio::test]
+async fn an_engine_sending_only_keep_alive_comments_times_out() {
+    let backing = scripted(SCRIPT, options("scripted"));
+    let fake = FakeServer::sglang(Arc::new(backing.clone()), FakeOptions::default())
+        .await
+        .expect("the fake binds");
+    fake.inject(FakeFault::KeepAliveOnly { every_ms: 20 });
+    let config = SglangConfig {
+        http: HttpEngineConfig {
+            idle_timeout_ms: 400,
+            ..HttpEngineConfig::default()
+        },
+        ..SglangConfig::default()
+    };
+    let engine = SglangEngine::new(&fake.url(), config).expect("valid");
+    let stream = within(engine.generate(request("r1", None)))
+        .await
+        .expect("starts");
+    let collected = within(collect(stream)).await;
+    assert!(
+        matches!(
+            collected.failure(),
+            Some(EngineFailure::TimedOut {
+                after_ms: 400,
+                waiting_for: "the next token",
+                ..
+            })
+        ),
+        "{:?}",
+        collected.end
+    );
+    assert!(collected
+        .failure()
+        .is_some_and(|failure| failure.is_retryable()));
+    within(fake.wait_for_stats(|stats| stats.abort_requests >= 1)).await;
+    assert_eq!(engine.in_flight_count(), 0);
+    // The next request is served normally.
+    let collected = within(collect(
+        engine.generate(request("r2", None)).await.expect("starts"),
+    ))
+    .await;
+    assert_eq!(collected.finish(), Some(FinishKind::Stop));
+}
+
 #[test]
 fn addresses_must_be_plain_http_with_a_port() {
     for address in ["127.0.0.1", "https://engine:443", "http://", "ftp://x:1"] {

@@ -74,6 +74,10 @@ pub enum FakeFault {
     Status { code: u16, body: String },
     /// Answer a 200 stream holding just these events' data, then `data: [DONE]`.
     RawEvents(Vec<String>),
+    /// Answer a 200 stream that never sends a token: an SSE comment (`: keep-alive`) every
+    /// this many milliseconds until the client goes away, as a stuck engine behind a gateway
+    /// that keeps idle streams alive.
+    KeepAliveOnly { every_ms: u64 },
 }
 
 /// What a fake served so far.
@@ -332,6 +336,12 @@ impl SseSender {
         self.sender.send(Ok(Bytes::from(bytes))).await.is_ok()
     }
 
+    /// Sends the SSE comment `: <text>\n\n`; false when the client is gone.
+    pub async fn comment(&self, text: &str) -> bool {
+        let bytes = format!(": {text}\n\n");
+        self.sender.send(Ok(Bytes::from(bytes))).await.is_ok()
+    }
+
     /// Ends the response abruptly, as a dying engine: the connection is dropped without the
     /// final chunk, after the events already sent reached the socket. (A body error would
     /// make hyper drop events it buffered but had not flushed yet.)
@@ -456,6 +466,20 @@ pub(crate) async fn start_generation(
                     }
                 }
                 sender.data("[DONE]").await;
+            });
+            return Err(response);
+        }
+        Some(FakeFault::KeepAliveOnly { every_ms }) => {
+            let (sender, response) = sse_response(connection);
+            let every = std::time::Duration::from_millis(every_ms.max(1));
+            // Task "fake-keep-alive": owned by the response stream; ends when the client left.
+            tokio::spawn(async move {
+                while sender.comment("keep-alive").await {
+                    tokio::select! {
+                        _ = sender.closed() => return,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                }
             });
             return Err(response);
         }
