@@ -64,7 +64,7 @@ enum Command {
     /// Point a harness at an execution's credential (`--open N` prints them):
     /// `ANTHROPIC_BASE_URL=<anthropic_base_url>` for Claude Code, a Responses provider with
     /// `base_url=<openai_base_url>` for Codex.
-    Proxy(commands::proxy::ProxyArgs),
+    Proxy(Box<commands::proxy::ProxyArgs>),
     /// Harness traffic captured by `gyre proxy --capture FILE`: `replay` it against a proxy.
     Capture(commands::capture::CaptureArgs),
 }
@@ -89,7 +89,7 @@ fn main() -> std::process::ExitCode {
         Command::Audit(args) => commands::audit::run(args),
         Command::Control(args) => commands::control::run(args),
         Command::Log(args) => commands::log::run(args),
-        Command::Proxy(args) => commands::proxy::run(args),
+        Command::Proxy(args) => commands::proxy::run(*args),
         Command::Capture(args) => commands::capture::run(args),
     };
     match result {

@@ -125,7 +125,8 @@ pub struct InputMessage {
 pub struct ToolDefinition {
     pub name: String,
     pub description: Option<String>,
-    /// `None` for server tools (`web_search_…`), which have a `type` instead.
+    /// `None` for server tools (`web_search_…`), which have a `type` instead; a client-side
+    /// built-in tool's is the one `crate::builtin_tools` gives.
     pub input_schema: Option<Value>,
     /// `type`: absent or `custom` for client tools.
     pub kind: Option<String>,
@@ -526,9 +527,22 @@ fn read_tool(node: Node<'_>) -> Read<ToolDefinition> {
         }
         None => None,
     };
+    let mut description = node.optional_str("description")?.map(str::to_string);
+    // A client-side built-in tool (`bash_…`, `text_editor_…`, `memory_…`) is shown to the
+    // model with the interface the harness runs (see `crate::builtin_tools`).
+    let input_schema = match (input_schema, kind.as_deref()) {
+        (None, Some(kind)) => match crate::builtin_tools::client_tool(kind) {
+            Some((shown, schema)) => {
+                description.get_or_insert_with(|| shown.to_string());
+                Some(schema)
+            }
+            None => None,
+        },
+        (input_schema, _) => input_schema,
+    };
     Ok(ToolDefinition {
         name: node.required_str("name")?.to_string(),
-        description: node.optional_str("description")?.map(str::to_string),
+        description,
         input_schema,
         kind,
         defer_loading: node.optional_bool("defer_loading")?.unwrap_or(false),

@@ -19,6 +19,7 @@ pub mod answer_format;
 pub mod anthropic;
 pub mod api_error;
 pub mod body;
+pub mod builtin_tools;
 pub mod compaction;
 pub mod content_encoding;
 pub mod engine;

@@ -73,13 +73,16 @@ pub fn cuts(text: &str, run_bytes_max: usize) -> Vec<usize> {
     cuts
 }
 
+/// Token ids and each token's byte range in the text.
+pub type Encoded = (Vec<u32>, Vec<(usize, usize)>);
+
 /// Encodes `text` with `encode`, whole when it has no over-long run, otherwise piece by piece
 /// between [`cuts`], with each piece's offsets moved to where it lies in `text`.
 pub fn encode_in_pieces<E>(
     text: &str,
     run_bytes_max: usize,
-    mut encode: impl FnMut(&str) -> Result<(Vec<u32>, Vec<(usize, usize)>), E>,
-) -> Result<(Vec<u32>, Vec<(usize, usize)>), E> {
+    mut encode: impl FnMut(&str) -> Result<Encoded, E>,
+) -> Result<Encoded, E> {
     let cuts = cuts(text, run_bytes_max);
     if cuts.is_empty() {
         return encode(text);

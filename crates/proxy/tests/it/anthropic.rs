@@ -521,3 +521,82 @@ fn repeated_tool_references_show_the_definition_once() {
         result.starts_with("{\"type\":\"function\",\"function\":{\"name\":\"Big\",\"parameters\":")
     );
 }
+
+/// Anthropic's client-side built-in tools come with a type and a name only; the model is shown
+/// each with the parameters the harness runs, and its calls are ordinary `tool_use` blocks
+/// re-sent in the history. Server tools stay listed by name.
+#[test]
+fn built_in_client_tools_are_shown_with_their_parameters() {
+    let body = json!({
+        "model": "m",
+        "max_tokens": 1024,
+        "tools": [
+            {"type": "bash_20250124", "name": "bash"},
+            {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool",
+             "max_characters": 10000},
+            {"type": "text_editor_20250124", "name": "str_replace_editor",
+             "description": "The harness's own words."},
+            {"type": "memory_20250818", "name": "memory"},
+            {"type": "web_search_20250305", "name": "web_search"},
+            {"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
+             "display_height_px": 768},
+        ],
+        "messages": [
+            {"role": "user", "content": "Fix the typo in /w/a.txt"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "str_replace_based_edit_tool",
+                 "input": {"command": "view", "path": "/w/a.txt"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1\thelo"},
+            ]},
+        ],
+    });
+    let chat = parse_json(&body).expect("parses");
+    let names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "bash",
+            "str_replace_based_edit_tool",
+            "str_replace_editor",
+            "memory"
+        ]
+    );
+    assert_eq!(chat.omitted_tools, ["web_search", "computer"]);
+    let bash = &chat.tools[0];
+    assert!(bash.parameters["properties"]["command"].is_object());
+    assert!(bash
+        .description
+        .as_deref()
+        .is_some_and(|text| text.contains("persistent bash shell")));
+    let editor = &chat.tools[1];
+    assert_eq!(
+        editor.parameters["properties"]["command"]["enum"],
+        json!(["view", "create", "str_replace", "insert"])
+    );
+    assert_eq!(editor.parameters["required"], json!(["command", "path"]));
+    let older = &chat.tools[2];
+    assert_eq!(
+        older.description.as_deref(),
+        Some("The harness's own words.")
+    );
+    assert!(older.parameters["properties"]["command"]["enum"]
+        .as_array()
+        .expect("enum")
+        .contains(&json!("undo_edit")));
+    assert!(chat.tools[3].parameters["properties"]["insert_text"].is_object());
+    // The editor call in the history renders as a call of that function.
+    let calls: Vec<_> = chat
+        .messages
+        .iter()
+        .flat_map(|message| message.tool_calls.iter())
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "str_replace_based_edit_tool");
+    // A tool choice may name a built-in tool.
+    let mut forced = body.clone();
+    forced["tool_choice"] = json!({"type": "tool", "name": "bash"});
+    let chat = parse_json(&forced).expect("parses");
+    assert_eq!(chat.tool_choice, ToolChoice::Tool("bash".into()));
+}
