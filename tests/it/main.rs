@@ -17,6 +17,7 @@ mod proxy_failover;
 mod proxy_http;
 mod proxy_restart;
 mod replay;
+mod response_store;
 mod sampling;
 mod shutdown;
 mod simulate;

@@ -117,6 +117,11 @@ impl StoredResponse {
         self.parent.is_some()
     }
 
+    /// Whether this response is committed to the log (and so can be read back from it).
+    pub fn is_persisted(&self) -> bool {
+        self.persisted.load(Ordering::Acquire)
+    }
+
     /// Marks this response as committed to the log.
     pub fn set_persisted(&self) {
         self.persisted.store(true, Ordering::Release);

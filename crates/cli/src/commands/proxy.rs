@@ -153,9 +153,10 @@ pub struct ProxyArgs {
     /// request can continue one with `previous_response_id` instead of re-sending the
     /// conversation (answers to requests with `store: false`, as Codex sends, are not kept).
     /// Each execution keeps its last 8; each answer is charged the bytes it holds itself (a
-    /// chain shares its earlier turns, so it holds its conversation once). When the budget
-    /// is spent the execution's oldest answers make room; if that is not enough the answer
-    /// is not kept, and continuing it is a 400 naming the id.
+    /// chain shares its earlier turns, so it holds its conversation once). This is a cache of
+    /// the log: when the budget is spent, the execution holding the most gives up its oldest
+    /// answers, and an answer named after it left memory is read back from the log (answers
+    /// a client can chain from are committed before they are handed over).
     #[arg(long, default_value_t = 256)]
     response_store_mib: usize,
     /// Cap on new tokens per call: a request's own limit (`max_tokens`,

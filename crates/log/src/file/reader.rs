@@ -121,6 +121,68 @@ impl EventFileReader {
             .collect()
     }
 
+    /// The events of the one record whose frame starts at byte `offset` of `path` (an offset a
+    /// writer's [`super::AppendedRecord`] or a reader's [`FileRecord`] gave), its CRC checked:
+    /// random access for an index kept beside the file. The hash chain is not walked (that
+    /// needs every record before it), so this is a read-back, not a verification.
+    pub fn events_at(path: impl AsRef<Path>, offset: u64) -> Result<Vec<Event>, FileError> {
+        use std::io::{Seek, SeekFrom};
+        let path = path.as_ref();
+        let io = |action| {
+            move |source| FileError::Io {
+                path: path.to_path_buf(),
+                action,
+                source,
+            }
+        };
+        let mut file = File::open(path).map_err(io("open for reading"))?;
+        let file_len = file.metadata().map_err(io("read metadata"))?.len();
+        let bad = |detail: String| FileError::BadFrame {
+            path: path.to_path_buf(),
+            offset,
+            index: 0,
+            detail,
+        };
+        if offset < FILE_HEADER_LEN || offset.saturating_add(FRAME_HEADER_LEN) > file_len {
+            return Err(bad(format!(
+                "no record frame fits at offset {offset} of a {file_len}-byte file"
+            )));
+        }
+        file.seek(SeekFrom::Start(offset))
+            .map_err(io("seek to a record"))?;
+        let mut frame = [0u8; FRAME_HEADER_LEN as usize];
+        file.read_exact(&mut frame)
+            .map_err(io("read record frame"))?;
+        let len = read_u32(&frame[0..4]);
+        let stored_crc = read_u32(&frame[4..8]);
+        let index = read_u64(&frame[8..16]);
+        let term = read_u64(&frame[16..24]);
+        if len > PAYLOAD_MAX_BYTES || offset + FRAME_HEADER_LEN + u64::from(len) > file_len {
+            return Err(bad(format!(
+                "declared length {len} does not fit in the file"
+            )));
+        }
+        let mut payload = vec![0u8; len as usize];
+        file.read_exact(&mut payload)
+            .map_err(io("read record payload"))?;
+        let computed = record_crc(index, term, &payload);
+        if computed != stored_crc {
+            return Err(FileError::BadChecksum {
+                path: path.to_path_buf(),
+                offset,
+                index,
+                stored: stored_crc,
+                computed,
+            });
+        }
+        decode_batch(&payload).map_err(|source| FileError::Codec {
+            path: path.to_path_buf(),
+            offset,
+            index,
+            source,
+        })
+    }
+
     fn io(&self, action: &'static str, source: std::io::Error) -> FileError {
         FileError::Io {
             path: self.path.clone(),

@@ -332,3 +332,35 @@ fn a_multi_megabyte_tito_record_round_trips() {
     let all = EventFileReader::read_all_events(&path).expect("read");
     assert_eq!(all, vec![(1, batch)]);
 }
+
+/// A record read back by the offset its append returned: the same events; an offset that is
+/// not a record's frame, or a flipped payload byte, is an error naming the offset.
+#[test]
+fn a_record_reads_back_at_its_offset() {
+    let (_directory, path, appended) = written();
+    for (record, batch) in appended.iter().zip(batches()) {
+        let events = EventFileReader::events_at(&path, record.offset).expect("reads");
+        assert_eq!(events, batch);
+    }
+    let middle = appended[1].offset;
+    match EventFileReader::events_at(&path, middle + 3) {
+        Err(FileError::BadChecksum { .. } | FileError::BadFrame { .. }) => {}
+        other => panic!("a misaligned offset is refused: {other:?}"),
+    }
+    let length = std::fs::metadata(&path).expect("metadata").len();
+    match EventFileReader::events_at(&path, length) {
+        Err(FileError::BadFrame { offset, .. }) => assert_eq!(offset, length),
+        other => panic!("an offset past the end is refused: {other:?}"),
+    }
+    modify(&path, |bytes| {
+        bytes[(middle + FRAME_HEADER_LEN) as usize] ^= 0x40;
+    });
+    match EventFileReader::events_at(&path, middle) {
+        Err(FileError::BadChecksum { offset, .. }) => assert_eq!(offset, middle),
+        other => panic!("a flipped byte is refused: {other:?}"),
+    }
+    assert_eq!(
+        EventFileReader::events_at(&path, appended[0].offset).expect("reads"),
+        batches()[0]
+    );
+}

@@ -36,6 +36,7 @@ pub struct Capture {
 }
 
 /// What a request's line needs besides its body, taken on the async side (cheap).
+#[derive(Clone)]
 pub struct CaptureHead {
     path: String,
     headers: Map<String, Value>,

@@ -91,6 +91,8 @@ pub struct Metrics {
     harness_gone: AtomicU64,
     sampling_overridden: AtomicU64,
     context_too_long: AtomicU64,
+    responses_given_up: AtomicU64,
+    responses_read_back: AtomicU64,
     replayed: AtomicU64,
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
@@ -259,6 +261,16 @@ impl Metrics {
         self.context_too_long.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A stored response dropped from memory to make room in the response store.
+    pub fn response_given_up(&self) {
+        self.responses_given_up.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stored response a client named, read back from the log (it was no longer in memory).
+    pub fn response_read_back(&self) {
+        self.responses_read_back.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A call answered with its committed answer again (a harness re-sent it).
     pub fn replayed(&self) {
         self.replayed.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +362,18 @@ impl Metrics {
                  (`--context-tokens-max`) no room for an answer; the harness is told in its API's \
                  words and compacts.",
                 &self.context_too_long,
+            ),
+            (
+                "gyre_proxy_responses_given_up_total",
+                "Stored Responses answers dropped from memory to make room in the response store \
+                 (`--response-store-mib`); those the log holds are read back when named.",
+                &self.responses_given_up,
+            ),
+            (
+                "gyre_proxy_responses_read_back_total",
+                "Stored Responses answers a client named after they left memory, read back from \
+                 the log.",
+                &self.responses_read_back,
             ),
             (
                 "gyre_proxy_calls_replayed_total",

@@ -226,6 +226,9 @@ struct Execution {
     bodies: Mutex<Vec<KeptBody>>,
     /// The last [`RESPONSES_KEPT`] stored Responses answers, oldest first.
     responses: Mutex<std::collections::VecDeque<KeptResponse>>,
+    /// Bytes of the response store this execution's stored responses hold (kept ones and the
+    /// parents they share): who makes room first when the store is full.
+    response_bytes: Arc<AtomicUsize>,
 }
 
 /// Stored responses kept per execution for `previous_response_id` (a chaining client
@@ -242,11 +245,12 @@ struct KeptResponse {
 pub(crate) struct StoreOnEnd {
     parent: Option<Arc<StoredResponse>>,
     input_items: Vec<u8>,
-    budget: Arc<BodyBudget>,
     /// A conversation over the body limit could never be continued: not kept.
     body_bytes_max: usize,
     /// Where a chained response is committed before it is handed over.
     sink: Arc<dyn RecordSink>,
+    /// Whose stored responses make room when the store is full.
+    app: Arc<AppState>,
     /// The request starts a conversation (it continues no response and its input holds no
     /// assistant output): its answer is committed before it is handed over, like a chained
     /// one, so a chaining client's first `previous_response_id` survives a restart too. Small
@@ -273,20 +277,9 @@ impl StoreOnEnd {
             );
             return None;
         }
-        let mut kept = execution.responses();
         // Each response is charged what it holds itself, for as long as it lives (a parent
-        // shared by later responses stays charged). When the budget is spent, this
-        // execution's oldest responses make room first: the newest is the one a chaining
-        // client names next.
-        let charge = loop {
-            if let Some(charge) = Charge::take(&self.budget, response.own_bytes()) {
-                break Some(charge);
-            }
-            if kept.pop_front().is_none() {
-                break None;
-            }
-        };
-        let Some(charge) = charge else {
+        // shared by later responses stays charged).
+        let Some(charge) = self.app.charge_response(execution, response.own_bytes()) else {
             tracing::warn!(
                 id,
                 bytes = response.own_bytes(),
@@ -294,14 +287,8 @@ impl StoreOnEnd {
             );
             return None;
         };
-        if kept.len() >= RESPONSES_KEPT {
-            kept.pop_front();
-        }
         let response = Arc::new(response.with_guard(charge));
-        kept.push_back(KeptResponse {
-            id: id.to_string(),
-            response: response.clone(),
-        });
+        execution.keep_response(id, response.clone());
         Some(response)
     }
 
@@ -350,19 +337,33 @@ struct BodyBudget {
 struct Charge {
     budget: Arc<BodyBudget>,
     bytes: usize,
+    /// The holder's own count of what it is charged, if it keeps one.
+    owner: Option<Arc<AtomicUsize>>,
 }
 
 impl Charge {
     fn take(budget: &Arc<BodyBudget>, bytes: usize) -> Option<Charge> {
+        Charge::take_for(budget, bytes, None)
+    }
+
+    fn take_for(
+        budget: &Arc<BodyBudget>,
+        bytes: usize,
+        owner: Option<&Arc<AtomicUsize>>,
+    ) -> Option<Charge> {
         budget
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 (used + bytes <= budget.max).then_some(used + bytes)
             })
             .ok()?;
+        if let Some(owner) = owner {
+            owner.fetch_add(bytes, Ordering::AcqRel);
+        }
         Some(Charge {
             budget: budget.clone(),
             bytes,
+            owner: owner.cloned(),
         })
     }
 }
@@ -370,6 +371,9 @@ impl Charge {
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(owner) = &self.owner {
+            owner.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
     }
 }
 
@@ -379,6 +383,7 @@ impl ExecutionHandle {
             session: Mutex::new(session),
             bodies: Mutex::new(Vec::new()),
             responses: Mutex::new(std::collections::VecDeque::new()),
+            response_bytes: Arc::new(AtomicUsize::new(0)),
         }))
     }
 
@@ -394,6 +399,83 @@ impl ExecutionHandle {
             .responses
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn response_bytes(&self) -> usize {
+        self.0.response_bytes.load(Ordering::Acquire)
+    }
+
+    /// Keeps `response` as this execution's newest stored response (the oldest of the last
+    /// [`RESPONSES_KEPT`] goes).
+    fn keep_response(&self, id: &str, response: Arc<StoredResponse>) {
+        let mut kept = self.responses();
+        if kept.len() >= RESPONSES_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(KeptResponse {
+            id: id.to_string(),
+            response,
+        });
+    }
+
+    /// Rebuilds the stored response `id` from `records` (this execution's `ResponseStored`
+    /// records, read back from the log in commit order) with the chain it continues, and keeps
+    /// it as the newest. A parent still in memory is shared, not rebuilt. Each rebuilt response
+    /// is charged like a new one (making room if need be). False when `records` do not hold
+    /// `id` and its whole chain, or the store cannot make room.
+    fn restore_chain(
+        &self,
+        app: &AppState,
+        records: Vec<gyre_event::StoredResponseRecord>,
+        id: &str,
+    ) -> bool {
+        let mut by_id: HashMap<String, gyre_event::StoredResponseRecord> = HashMap::new();
+        for record in records {
+            by_id.entry(record.response_id.clone()).or_insert(record);
+        }
+        // From `id` back to the root, or to a response still in memory.
+        let mut chain = Vec::new();
+        let mut parent = None;
+        let mut next = Some(id.to_string());
+        while let Some(wanted) = next.take() {
+            if let Some(held) = self.stored_response(&wanted) {
+                parent = Some(held);
+                break;
+            }
+            let Some(record) = by_id.remove(&wanted) else {
+                tracing::warn!(
+                    id,
+                    missing = wanted,
+                    "a stored response's chain is not in the log"
+                );
+                return false;
+            };
+            next.clone_from(&record.previous_response_id);
+            chain.push(record);
+        }
+        if chain.is_empty() {
+            return parent.is_some();
+        }
+        for record in chain.into_iter().rev() {
+            let response =
+                StoredResponse::from_items(&record.response_id, parent, record.items, true);
+            let Some(charge) = app.charge_response(self, response.own_bytes()) else {
+                tracing::warn!(
+                    id = record.response_id,
+                    "the response store is full (--response-store-mib); a stored response read \
+                     back from the log is not kept"
+                );
+                return false;
+            };
+            parent = Some(Arc::new(response.with_guard(charge)));
+        }
+        match parent {
+            Some(response) => {
+                self.keep_response(id, response);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The stored response `id` of this execution.
@@ -429,7 +511,9 @@ impl ExecutionHandle {
             };
             let response =
                 StoredResponse::from_items(&record.response_id, parent, record.items, true);
-            let Some(charge) = Charge::take(budget, response.own_bytes()) else {
+            let Some(charge) =
+                Charge::take_for(budget, response.own_bytes(), Some(&self.0.response_bytes))
+            else {
                 tracing::warn!(
                     id = record.response_id,
                     "the response store is full (--response-store-mib); a stored response \
@@ -851,6 +935,55 @@ impl AppState {
     /// in the accept loop, so no socket can begin after the server waited for them all).
     pub(crate) fn socket_stop(&self) -> tokio::sync::watch::Receiver<bool> {
         self.sockets_stop.subscribe()
+    }
+
+    /// Charges `bytes` of a stored response of `execution` to the response store. When the
+    /// store is full, the execution holding the most of it gives up a kept response (its
+    /// oldest one the log holds, else its oldest), until the charge fits or nothing is left to
+    /// give up. A response the log holds is read back when a client names it again
+    /// (`ExecutionHandle::restore_chain`), so a full store costs a read, not a run.
+    fn charge_response(&self, execution: &ExecutionHandle, bytes: usize) -> Option<Charge> {
+        let owner = Some(&execution.0.response_bytes);
+        if bytes > self.responses.max {
+            return None;
+        }
+        loop {
+            if let Some(charge) = Charge::take_for(&self.responses, bytes, owner) {
+                return Some(charge);
+            }
+            if !self.give_up_a_response() {
+                return None;
+            }
+        }
+    }
+
+    /// Drops one kept response of the execution holding the most of the response store;
+    /// false when no execution keeps any.
+    fn give_up_a_response(&self) -> bool {
+        let handles: Vec<ExecutionHandle> = self.executions().values().cloned().collect();
+        let Some(victim) = handles
+            .iter()
+            .filter(|handle| !handle.responses().is_empty())
+            .max_by_key(|handle| handle.response_bytes())
+        else {
+            return false;
+        };
+        let mut kept = victim.responses();
+        let at = kept
+            .iter()
+            .position(|kept| kept.response.is_persisted())
+            .unwrap_or(0);
+        if let Some(given_up) = kept.remove(at) {
+            if !given_up.response.is_persisted() {
+                tracing::warn!(
+                    id = given_up.id,
+                    "the response store is full (--response-store-mib); a stored response the \
+                     log does not hold is dropped"
+                );
+            }
+            self.metrics.response_given_up();
+        }
+        true
     }
 
     fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
@@ -1645,6 +1778,33 @@ fn turn_metadata_is_compaction(metadata: &[u8]) -> bool {
     })
 }
 
+/// Reads the stored response `id` of `execution` back from the log and keeps it again (a
+/// full store gave it up, or it is older than the last few); true when it is kept.
+async fn restore_from_log(app: &Arc<AppState>, execution: &ExecutionHandle, id: &str) -> bool {
+    let number = execution.lock().execution.get();
+    let records = match app.sink.stored_responses(number, id).await {
+        Ok(records) => records,
+        Err(error) => {
+            tracing::warn!(%error, id, "reading a stored response back from the log failed");
+            return false;
+        }
+    };
+    if records.is_empty() {
+        return false;
+    }
+    let (app, execution, id) = (app.clone(), execution.clone(), id.to_string());
+    // Rebuilding copies the chain's items: off the async workers.
+    let restored = tokio::task::spawn_blocking(move || {
+        let restored = execution.restore_chain(&app, records, &id);
+        if restored {
+            app.metrics.response_read_back();
+        }
+        restored
+    })
+    .await;
+    restored.unwrap_or(false)
+}
+
 /// A Responses request that continues a stored response (`previous_response_id`), as the
 /// body a stateless client would have sent (see [`crate::stored_responses`]), with the id,
 /// the response it continues and its own input items; `None` when it continues none.
@@ -1654,15 +1814,20 @@ fn expand_chained(
     api: Api,
     execution: &ExecutionHandle,
     bytes: &[u8],
+    missing: &Mutex<Option<String>>,
 ) -> Result<Option<(Bytes, (String, Arc<StoredResponse>, Vec<u8>))>, ApiError> {
     let Some((id, object)) = stored_responses::previous_response_id(bytes)? else {
         return Ok(None);
     };
     let previous = execution.stored_response(&id).ok_or_else(|| {
+        // The caller may read it back from the log and try again.
+        *missing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
         stored_responses::not_found(
             &id,
-            "this proxy keeps, in memory, the last stored responses of each execution that \
-             fit --response-store-mib",
+            "neither this proxy's memory nor its log holds a stored response of this \
+             execution with that id",
         )
     })?;
     let (expanded, own) = stored_responses::expand(object, &previous)?;
@@ -1721,134 +1886,161 @@ async fn serve_call(
     // Parsing, rendering and tokenizing are CPU work proportional to the body and the new
     // tail (milliseconds for a long context): they run on the blocking pool so the async
     // workers keep streaming other executions' answers meanwhile.
-    let work = {
+    // A `previous_response_id` no longer in memory is read back from the log once, then the
+    // request is prepared again (see `ExecutionHandle::restore_chain`).
+    let missing: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let mut read_back = false;
+    let work = loop {
         let waiting = std::time::Instant::now();
         // Held until the blocking work is done (the semaphore is never closed).
-        let _permit = app.preparing.acquire().await;
-        let (app, execution) = (app.clone(), execution.clone());
-        tokio::task::spawn_blocking(move || {
-            app.metrics
-                .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
-            let parsing = std::time::Instant::now();
-            let agent_key = agent.as_deref().unwrap_or("main");
-            // `item_reference`s become the stored items they name, before anything else reads
-            // the body (so a stored answer's own items hold the items, not the references).
-            let (bytes, resolving) = match api {
-                Api::OpenAiResponses => {
-                    match stored_responses::resolve_item_references(
-                        &bytes,
-                        app.config.body_bytes_max,
-                        |id| execution.stored_item(id),
-                    ) {
-                        Ok(Some(resolved)) => (resolved, Ok(())),
-                        Ok(None) => (bytes, Ok(())),
-                        Err(error) => (bytes, Err(error)),
+        let permit = app.preparing.acquire().await;
+        let attempt = {
+            let (app, execution) = (app.clone(), execution.clone());
+            let (bytes, capture_head, agent) = (bytes.clone(), capture_head.clone(), agent.clone());
+            let missing = missing.clone();
+            tokio::task::spawn_blocking(move || {
+                app.metrics
+                    .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
+                let parsing = std::time::Instant::now();
+                let agent_key = agent.as_deref().unwrap_or("main");
+                // `item_reference`s become the stored items they name, before anything else reads
+                // the body (so a stored answer's own items hold the items, not the references).
+                let (bytes, resolving) = match api {
+                    Api::OpenAiResponses => {
+                        match stored_responses::resolve_item_references(
+                            &bytes,
+                            app.config.body_bytes_max,
+                            |id| execution.stored_item(id),
+                        ) {
+                            Ok(Some(resolved)) => (resolved, Ok(())),
+                            Ok(None) => (bytes, Ok(())),
+                            Err(error) => (bytes, Err(error)),
+                        }
+                    }
+                    _ => (bytes, Ok(())),
+                };
+                // A Responses request continuing a stored response becomes the body a stateless
+                // client would have sent (see `crate::stored_responses`).
+                let expansion = match (api, resolving) {
+                    (_, Err(error)) => Err(error),
+                    (Api::OpenAiResponses, Ok(())) => {
+                        expand_chained(&app, api, &execution, &bytes, &missing)
+                    }
+                    _ => Ok(None),
+                };
+                let (bytes, mut chained, refused) = match expansion {
+                    Ok(Some((expanded, chained))) => (expanded, Some(chained), None),
+                    Ok(None) => (bytes, None, None),
+                    Err(error) => (bytes, None, Some(error)),
+                };
+                // A chained request is captured expanded, as a stateless client sends it, so a
+                // replay does not depend on this process's stored responses.
+                if let (Some(capture), Some(mut head)) = (&app.capture, capture_head) {
+                    if let Some((previous, ..)) = &chained {
+                        capture::Capture::note(&mut head, "x-gyre-previous-response-id", previous);
+                    }
+                    let id = execution.lock().execution.get();
+                    capture.write(head, api, id, agent.as_deref(), &bytes);
+                }
+                if let Some(error) = refused {
+                    return Err(error);
+                }
+                let previous = execution.take_body(api, agent_key);
+                let body = crate::body::parse_body(api, bytes, previous)?;
+                let mut request = crate::read_parsed_request(api, &body)?;
+                if let (Some((id, ..)), Some(settings)) =
+                    (&chained, request.response_settings.as_mut())
+                {
+                    // The answer echoes the response it continued.
+                    Arc::make_mut(settings)
+                        .insert("previous_response_id".into(), Value::String(id.clone()));
+                }
+                // A WebSocket keeps its answers for chaining whatever `store` says (`keep_answer`).
+                let stored = api == Api::OpenAiResponses
+                    && (keep_answer || body.value().get("store") != Some(&Value::Bool(false)));
+                let store_on_end = stored.then(|| {
+                    let (parent, input_items) = match chained.take() {
+                        Some((_, previous, own)) => (Some(previous), own),
+                        None => (
+                            None,
+                            body.conversation_items()
+                                .map(<[u8]>::to_vec)
+                                .unwrap_or_else(|| {
+                                    stored_responses::input_items(body.value().get("input"))
+                                }),
+                        ),
+                    };
+                    let opens_conversation = parent.is_none()
+                        && !request
+                            .messages
+                            .iter()
+                            .any(|message| message.role == crate::messages::Role::Assistant);
+                    StoreOnEnd {
+                        parent,
+                        input_items,
+                        body_bytes_max: app.config.body_bytes_max,
+                        sink: app.sink.clone(),
+                        app: app.clone(),
+                        opens_conversation,
+                    }
+                });
+                if app.config.media == crate::media::MediaPolicy::Reject {
+                    if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
+                        return Err(crate::media::rejected(api, path, &kind));
                     }
                 }
-                _ => (bytes, Ok(())),
-            };
-            // A Responses request continuing a stored response becomes the body a stateless
-            // client would have sent (see `crate::stored_responses`).
-            let expansion = match (api, resolving) {
-                (_, Err(error)) => Err(error),
-                (Api::OpenAiResponses, Ok(())) => expand_chained(&app, api, &execution, &bytes),
-                _ => Ok(None),
-            };
-            let (bytes, mut chained, refused) = match expansion {
-                Ok(Some((expanded, chained))) => (expanded, Some(chained), None),
-                Ok(None) => (bytes, None, None),
-                Err(error) => (bytes, None, Some(error)),
-            };
-            // A chained request is captured expanded, as a stateless client sends it, so a
-            // replay does not depend on this process's stored responses.
-            if let (Some(capture), Some(mut head)) = (&app.capture, capture_head) {
-                if let Some((previous, ..)) = &chained {
-                    capture::Capture::note(&mut head, "x-gyre-previous-response-id", previous);
+                // Settings the engine would be asked to sample with (`--sampling harness`) must be
+                // ones it can: refused here, before anything is sent or sampled.
+                if let Err(message) = app.config.sampling.settings(&request.sampling).check() {
+                    return Err(ApiError::new(api, ApiErrorKind::InvalidRequest, message));
                 }
-                let id = execution.lock().execution.get();
-                capture.write(head, api, id, agent.as_deref(), &bytes);
-            }
-            if let Some(error) = refused {
-                return Err(error);
-            }
-            let previous = execution.take_body(api, agent_key);
-            let body = crate::body::parse_body(api, bytes, previous)?;
-            let mut request = crate::read_parsed_request(api, &body)?;
-            if let (Some((id, ..)), Some(settings)) = (&chained, request.response_settings.as_mut())
-            {
-                // The answer echoes the response it continued.
-                Arc::make_mut(settings)
-                    .insert("previous_response_id".into(), Value::String(id.clone()));
-            }
-            // A WebSocket keeps its answers for chaining whatever `store` says (`keep_answer`).
-            let stored = api == Api::OpenAiResponses
-                && (keep_answer || body.value().get("store") != Some(&Value::Bool(false)));
-            let store_on_end = stored.then(|| {
-                let (parent, input_items) = match chained.take() {
-                    Some((_, previous, own)) => (Some(previous), own),
-                    None => (
-                        None,
-                        body.conversation_items()
-                            .map(<[u8]>::to_vec)
-                            .unwrap_or_else(|| {
-                                stored_responses::input_items(body.value().get("input"))
-                            }),
-                    ),
+                request.harness_compaction |= harness_compaction
+                    || api == Api::OpenAiResponses
+                        && body
+                            .value()
+                            .get("client_metadata")
+                            .and_then(|metadata| metadata.get("x-codex-turn-metadata"))
+                            .and_then(Value::as_str)
+                            .is_some_and(|metadata| {
+                                turn_metadata_is_compaction(metadata.as_bytes())
+                            });
+                // `"generate": false`: a warm-up that samples nothing (see `generate::warmup`).
+                let warmup = api == Api::OpenAiResponses
+                    && body.value().get("generate") == Some(&Value::Bool(false));
+                app.metrics
+                    .body_elements(body.elements(), body.reused_elements());
+                execution.keep_body(&app.bodies, api, agent_key.to_string(), body);
+                app.metrics
+                    .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
+                if warmup {
+                    return Ok::<_, ApiError>((request, None, store_on_end));
+                }
+                let preparing = std::time::Instant::now();
+                let prepared = {
+                    let mut session = execution.lock();
+                    session.restore(&mut request);
+                    session.prepare(&app.model, &request, agent.as_deref(), now_civil())
                 };
-                let opens_conversation = parent.is_none()
-                    && !request
-                        .messages
-                        .iter()
-                        .any(|message| message.role == crate::messages::Role::Assistant);
-                StoreOnEnd {
-                    parent,
-                    input_items,
-                    budget: app.responses.clone(),
-                    body_bytes_max: app.config.body_bytes_max,
-                    sink: app.sink.clone(),
-                    opens_conversation,
+                app.metrics
+                    .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
+                Ok::<_, ApiError>((request, Some(prepared), store_on_end))
+            })
+            .await
+        };
+        drop(permit);
+        if let (Ok(Err(_)), false) = (&attempt, read_back) {
+            let id = missing
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take();
+            if let Some(id) = id {
+                read_back = true;
+                if restore_from_log(&app, &execution, &id).await {
+                    continue;
                 }
-            });
-            if app.config.media == crate::media::MediaPolicy::Reject {
-                if let Some((path, kind)) = crate::media::first_media_part(api, body.value()) {
-                    return Err(crate::media::rejected(api, path, &kind));
-                }
             }
-            // Settings the engine would be asked to sample with (`--sampling harness`) must be
-            // ones it can: refused here, before anything is sent or sampled.
-            if let Err(message) = app.config.sampling.settings(&request.sampling).check() {
-                return Err(ApiError::new(api, ApiErrorKind::InvalidRequest, message));
-            }
-            request.harness_compaction |= harness_compaction
-                || api == Api::OpenAiResponses
-                    && body
-                        .value()
-                        .get("client_metadata")
-                        .and_then(|metadata| metadata.get("x-codex-turn-metadata"))
-                        .and_then(Value::as_str)
-                        .is_some_and(|metadata| turn_metadata_is_compaction(metadata.as_bytes()));
-            // `"generate": false`: a warm-up that samples nothing (see `generate::warmup`).
-            let warmup = api == Api::OpenAiResponses
-                && body.value().get("generate") == Some(&Value::Bool(false));
-            app.metrics
-                .body_elements(body.elements(), body.reused_elements());
-            execution.keep_body(&app.bodies, api, agent_key.to_string(), body);
-            app.metrics
-                .stage(Stage::Parse, parsing.elapsed().as_secs_f64());
-            if warmup {
-                return Ok::<_, ApiError>((request, None, store_on_end));
-            }
-            let preparing = std::time::Instant::now();
-            let prepared = {
-                let mut session = execution.lock();
-                session.restore(&mut request);
-                session.prepare(&app.model, &request, agent.as_deref(), now_civil())
-            };
-            app.metrics
-                .stage(Stage::Prepare, preparing.elapsed().as_secs_f64());
-            Ok::<_, ApiError>((request, Some(prepared), store_on_end))
-        })
-        .await
+        }
+        break attempt;
     };
     let (request, prepared, store_on_end) = match work {
         Ok(Ok(done)) => done,

@@ -11,8 +11,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use futures_util::future::BoxFuture;
-use gyre_event::Event;
+use gyre_event::{Event, StoredResponseRecord};
 use tokio::sync::oneshot;
 
 /// Commits events durably.
@@ -21,6 +24,27 @@ pub trait RecordSink: Send + Sync + 'static {
     fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>>;
     /// Where records go, for `/health` and logs.
     fn describe(&self) -> String;
+
+    /// The `ResponseStored` records of `execution` the log holds, in commit order, read back
+    /// for a stored response the proxy no longer holds in memory (the store is a cache of
+    /// the log). `holding` is the response wanted: a replica that lags may not have it yet,
+    /// and another is asked. A sink that cannot read back returns none.
+    fn stored_responses(
+        &self,
+        execution: u64,
+        holding: &str,
+    ) -> BoxFuture<'static, Result<Vec<StoredResponseRecord>, String>> {
+        let _ = (execution, holding);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// The `ResponseStored` records among `events`, in order.
+fn response_records(events: Vec<Event>) -> impl Iterator<Item = StoredResponseRecord> {
+    events.into_iter().filter_map(|event| match event.body {
+        gyre_event::EventBody::ResponseStored(record) => Some(*record),
+        _ => None,
+    })
 }
 
 pub struct ControlSink {
@@ -131,6 +155,35 @@ impl RecordSink for ControlSink {
     fn describe(&self) -> String {
         format!("control cluster {}", self.addresses)
     }
+
+    /// Asks each node in turn until one's projection holds `holding` (the response was
+    /// committed before its id was handed out, but a follower may not have applied it yet).
+    fn stored_responses(
+        &self,
+        execution: u64,
+        holding: &str,
+    ) -> BoxFuture<'static, Result<Vec<StoredResponseRecord>, String>> {
+        let mut client = self.client.clone();
+        let holding = holding.to_string();
+        Box::pin(async move {
+            let mut last_error = None;
+            for address in client.addresses().to_vec() {
+                match client.read_execution(&address, execution).await {
+                    Ok((events, _closed)) => {
+                        let records: Vec<StoredResponseRecord> = response_records(events).collect();
+                        if records.iter().any(|record| record.response_id == holding) {
+                            return Ok(records);
+                        }
+                    }
+                    Err(error) => last_error = Some(format!("{address}: {error}")),
+                }
+            }
+            match last_error {
+                Some(error) => Err(format!("reading stored responses back: {error}")),
+                None => Ok(Vec::new()),
+            }
+        })
+    }
 }
 
 struct FileJob {
@@ -141,20 +194,91 @@ struct FileJob {
 pub struct FileSink {
     jobs: std_mpsc::Sender<FileJob>,
     path: PathBuf,
+    responses: Arc<Mutex<ResponseIndex>>,
+    /// Held while the file's earlier part is scanned into `responses`.
+    scanning: Arc<Mutex<()>>,
+}
+
+/// Where each execution's `ResponseStored` records are in the event file: the offsets of the
+/// records (batches) holding them, in file order. Records this process appends are indexed as
+/// they are written; the file's earlier part only on the first read-back that needs it.
+#[derive(Default)]
+struct ResponseIndex {
+    offsets: HashMap<u64, Vec<u64>>,
+    /// The offset where this process's appends began, while the part before it is unindexed.
+    unindexed_before: Option<u64>,
+}
+
+impl ResponseIndex {
+    fn note(&mut self, offset: u64, events: &[Event]) {
+        for event in events {
+            if let gyre_event::EventBody::ResponseStored(record) = &event.body {
+                let offsets = self.offsets.entry(record.execution.get()).or_default();
+                if offsets.last() != Some(&offset) {
+                    offsets.push(offset);
+                }
+            }
+        }
+    }
+
+    /// The index of the file's records before `end` (a scan of that part of the file).
+    fn scan(path: &Path, end: u64) -> Result<ResponseIndex, String> {
+        let mut earlier = ResponseIndex::default();
+        let reader = gyre_log::EventFileReader::open(path)
+            .map_err(|error| format!("{}: {error}", path.display()))?;
+        for record in reader {
+            let record = record.map_err(|error| format!("{}: {error}", path.display()))?;
+            if record.offset >= end {
+                break;
+            }
+            let events = record
+                .decode_events_in(path)
+                .map_err(|error| error.to_string())?;
+            earlier.note(record.offset, &events);
+        }
+        Ok(earlier)
+    }
+
+    /// Puts `earlier` (what [`ResponseIndex::scan`] found before this process's appends)
+    /// in front of what this process indexed.
+    fn prepend(&mut self, mut earlier: ResponseIndex) {
+        for (execution, mut later) in std::mem::take(&mut self.offsets) {
+            earlier
+                .offsets
+                .entry(execution)
+                .or_default()
+                .append(&mut later);
+        }
+        self.offsets = earlier.offsets;
+        self.unindexed_before = None;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl FileSink {
     /// Creates `path` (or appends to it after recovering a torn tail) and starts the writer.
     pub fn open(path: &Path) -> Result<FileSink, String> {
+        let mut index = ResponseIndex::default();
         let mut writer = if path.exists() {
             let (writer, recovered) = gyre_log::EventFileWriter::open_append(path)
                 .map_err(|error| format!("{}: {error}", path.display()))?;
             tracing::info!(?recovered, path = %path.display(), "appending to an existing event file");
+            let end = std::fs::metadata(path)
+                .map_err(|error| format!("{}: {error}", path.display()))?
+                .len();
+            index.unindexed_before = Some(end);
             writer
         } else {
             gyre_log::EventFileWriter::create(path)
                 .map_err(|error| format!("{}: {error}", path.display()))?
         };
+        let responses = Arc::new(Mutex::new(index));
+        let indexed = responses.clone();
         let (jobs, queue) = std_mpsc::channel::<FileJob>();
         let shown = path.display().to_string();
         std::thread::Builder::new()
@@ -174,7 +298,10 @@ impl FileSink {
                     }
                     let result = writer
                         .append_batch(&events)
-                        .and_then(|_| writer.sync())
+                        .and_then(|appended| writer.sync().map(|()| appended))
+                        .map(|appended| {
+                            lock(&indexed).note(appended.offset, &events);
+                        })
                         .map_err(|error| format!("{shown}: {error}"));
                     for reply in replies {
                         let _ = reply.send(result.clone());
@@ -185,6 +312,8 @@ impl FileSink {
         Ok(FileSink {
             jobs,
             path: path.to_path_buf(),
+            responses,
+            scanning: Arc::new(Mutex::new(())),
         })
     }
 }
@@ -203,5 +332,47 @@ impl RecordSink for FileSink {
 
     fn describe(&self) -> String {
         format!("event file {}", self.path.display())
+    }
+
+    /// Reads the indexed records back (on the blocking pool: a first read-back after a
+    /// restart scans the file's earlier part).
+    fn stored_responses(
+        &self,
+        execution: u64,
+        _holding: &str,
+    ) -> BoxFuture<'static, Result<Vec<StoredResponseRecord>, String>> {
+        let (path, index) = (self.path.clone(), self.responses.clone());
+        let scanning = self.scanning.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                {
+                    // One scan at a time, without holding the index: the writer thread notes
+                    // each append in it meanwhile.
+                    let _scanning = lock(&scanning);
+                    let unindexed_before = lock(&index).unindexed_before;
+                    if let Some(end) = unindexed_before {
+                        let earlier = ResponseIndex::scan(&path, end)?;
+                        lock(&index).prepend(earlier);
+                    }
+                }
+                let offsets = lock(&index)
+                    .offsets
+                    .get(&execution)
+                    .cloned()
+                    .unwrap_or_default();
+                let mut records = Vec::new();
+                for offset in offsets {
+                    let events = gyre_log::EventFileReader::events_at(&path, offset)
+                        .map_err(|error| error.to_string())?;
+                    records.extend(
+                        response_records(events)
+                            .filter(|record| record.execution.get() == execution),
+                    );
+                }
+                Ok(records)
+            })
+            .await
+            .map_err(|error| format!("reading stored responses back: {error}"))?
+        })
     }
 }
