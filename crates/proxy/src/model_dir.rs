@@ -384,7 +384,9 @@ impl ChatModel {
     /// An incremental decoder for output ids as the engine samples them.
     pub fn text_stream(&self) -> TextStream<'_> {
         TextStream {
+            tokenizer: &self.tokenizer,
             inner: self.tokenizer.decode_stream(false),
+            held: Vec::new(),
         }
     }
 }
@@ -411,7 +413,14 @@ fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
 /// Output ids → text deltas, special tokens included. A character whose UTF-8 bytes span
 /// several byte-level tokens is emitted once all of them arrived; the deltas concatenate to
 /// `decode(ids)`.
+///
+/// A policy can sample any byte sequence, including bytes that never complete a character.
+/// The decoder holds such tokens back and decodes all of them again at every step, so a long
+/// invalid run would cost time quadratic in its length (8,000 lone continuation bytes took
+/// 5 s). After [`HELD_IDS_MAX`] tokens without text the held tokens are emitted as they
+/// decode (invalid bytes as U+FFFD) and decoding starts afresh.
 pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
     inner: tokenizers::DecodeStream<
         'a,
         ModelWrapper,
@@ -420,14 +429,33 @@ pub struct TextStream<'a> {
         PostProcessorWrapper,
         DecoderWrapper,
     >,
+    /// Ids fed since text last came out.
+    held: Vec<u32>,
 }
+
+/// A character is at most 4 UTF-8 bytes, so at most 3 byte tokens wait for their last one;
+/// this many tokens without text is not a character being completed.
+pub const HELD_IDS_MAX: usize = 16;
 
 impl TextStream<'_> {
     /// Feeds one id; returns the new text, if any is complete.
     pub fn push(&mut self, id: u32) -> Result<Option<String>, ProxyError> {
-        self.inner.step(id).map_err(|error| ProxyError::Tokenizer {
+        let failed = |error: tokenizers::Error| ProxyError::Tokenizer {
             message: error.to_string(),
-        })
+        };
+        let text = self.inner.step(id).map_err(failed)?;
+        if text.is_some() {
+            self.held.clear();
+            return Ok(text);
+        }
+        self.held.push(id);
+        if self.held.len() < HELD_IDS_MAX {
+            return Ok(None);
+        }
+        let text = self.tokenizer.decode(&self.held, false).map_err(failed)?;
+        self.held.clear();
+        self.inner = self.tokenizer.decode_stream(false);
+        Ok((!text.is_empty()).then_some(text))
     }
 }
 

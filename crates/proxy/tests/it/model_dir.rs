@@ -194,3 +194,41 @@ fn an_over_long_word_is_encoded_in_pieces_that_still_spell_the_text() {
         .expect("encodes");
     assert_eq!(model.encode(&prose).expect("encodes"), whole.get_ids());
 }
+
+/// A policy sampling bytes that never complete a character (here 20,000 lone continuation
+/// bytes, 5 s for 8,000 before the bound) gets its text out in pieces of at most
+/// `HELD_IDS_MAX` tokens, each decoded once: the deltas still concatenate to the whole
+/// output's text, and valid text after the run streams as before.
+#[test]
+fn an_invalid_byte_run_streams_in_bounded_pieces() {
+    let model = crate::support::test_model();
+    let lone = (0..100_000u32)
+        .find(|id| model.token_bytes(*id) == vec![0xA9])
+        .expect("a byte token");
+    let mut ids = vec![lone; 20_000];
+    ids.extend(model.encode("then plain text").expect("encodes"));
+    let mut stream = model.text_stream();
+    let mut text = String::new();
+    let mut longest_wait = 0;
+    let mut waiting = 0;
+    for id in &ids {
+        match stream.push(*id).expect("decodes") {
+            Some(delta) => {
+                text.push_str(&delta);
+                waiting = 0;
+            }
+            None => waiting += 1,
+        }
+        longest_wait = longest_wait.max(waiting);
+    }
+    assert!(
+        longest_wait < gyre_proxy::model_dir::HELD_IDS_MAX,
+        "{longest_wait}"
+    );
+    assert_eq!(text, model.decode(&ids).expect("decodes"));
+    assert!(
+        text.ends_with("then plain text"),
+        "{}",
+        &text[text.len() - 40..]
+    );
+}
