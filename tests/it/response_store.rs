@@ -15,8 +15,8 @@ use tower::ServiceExt;
 
 use crate::support::InProcessCluster;
 
-/// Each request's new input: about 2.5 KB of text, so three conversations do not fit the
-/// store below and two do.
+/// A conversation's first input: about 2.5 KB of text, so the store below holds two
+/// conversations and not three.
 fn input(tag: &str) -> String {
     format!(
         "{tag}: {}",
@@ -24,7 +24,7 @@ fn input(tag: &str) -> String {
     )
 }
 
-const STORE_BYTES: usize = 7_000;
+const STORE_BYTES: usize = 6_000;
 
 async fn post(app: &axum::Router, token: &str, body: Value) -> (u16, Value) {
     let request = Request::post("/v1/responses")
@@ -54,8 +54,8 @@ fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in {text}"))
 }
 
-/// Two executions chain turns through a store that holds two conversations' worth: every
-/// chained request is answered (the given-up responses read back), each extending its own.
+/// Three executions chain turns through a store that holds two conversations: every chained
+/// request is answered (given-up responses read back), each extending its own conversation.
 async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     let model = crate::in_process::model();
     let end = model.token_id("<|im_end|>").expect("end token");
@@ -77,39 +77,44 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     )
     .expect("state");
     let app = router(state.clone());
-    let (_, a) = state.open_execution(None, None).expect("open");
-    let (_, b) = state.open_execution(None, None).expect("open");
+    let tokens: Vec<String> = (0..3)
+        .map(|_| state.open_execution(None, None).expect("open").1)
+        .collect();
 
-    let turn = |token: &str, previous: Option<&Value>, tag: &str| {
-        let mut body = json!({"model": "m", "input": input(tag)});
+    let turn = |token: &str, previous: Option<&Value>, text: String| {
+        let mut body = json!({"model": "m", "input": text});
         if let Some(previous) = previous {
             body["previous_response_id"] = previous["id"].clone();
         }
-        let (app, token, tag) = (app.clone(), token.to_string(), tag.to_string());
+        let (app, token) = (app.clone(), token.to_string());
         async move {
             let (status, answer) = post(&app, &token, body).await;
-            assert_eq!(status, 200, "{tag}: {answer}");
+            assert_eq!(status, 200, "{answer}");
             answer
         }
     };
-    let a1 = turn(&a, None, "a1").await;
-    let b1 = turn(&b, None, "b1").await;
-    // A third conversation's worth: someone's stored responses leave memory.
-    let a2 = turn(&a, Some(&a1), "a2").await;
-    // Each chain continues, whichever of its responses left memory.
-    let b2 = turn(&b, Some(&b1), "b2").await;
-    let a3 = turn(&a, Some(&a2), "a3").await;
-    let b3 = turn(&b, Some(&b2), "b3").await;
-    for (answer, previous) in [(&a2, &a1), (&b2, &b1), (&a3, &a2), (&b3, &b2)] {
-        assert_eq!(answer["previous_response_id"], previous["id"], "{answer}");
-        assert!(
-            answer["usage"]["input_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .expect("cached tokens")
-                > 0,
-            "the chained call extends its conversation: {answer}"
-        );
+    let mut last = Vec::new();
+    for (index, token) in tokens.iter().enumerate() {
+        last.push(turn(token, None, input(&format!("conversation {index}"))).await);
     }
+    for round in 0..3 {
+        for (index, token) in tokens.iter().enumerate() {
+            let answer = turn(token, Some(&last[index]), format!("go on ({round})")).await;
+            assert_eq!(
+                answer["previous_response_id"], last[index]["id"],
+                "{answer}"
+            );
+            assert!(
+                answer["usage"]["input_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .expect("cached tokens")
+                    > 0,
+                "the chained call extends its conversation: {answer}"
+            );
+            last[index] = answer;
+        }
+    }
+    let (a, b3) = (&tokens[0], &last[1]);
     let metrics = {
         let request = Request::get("/metrics")
             .body(Body::empty())
@@ -120,6 +125,11 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
             .expect("body");
         String::from_utf8(bytes.to_vec()).expect("text")
     };
+    eprintln!(
+        "given up {}, read back {}",
+        metric(&metrics, "gyre_proxy_responses_given_up_total"),
+        metric(&metrics, "gyre_proxy_responses_read_back_total")
+    );
     assert!(
         metric(&metrics, "gyre_proxy_responses_given_up_total") >= 2,
         "{metrics}"
@@ -219,5 +229,51 @@ fn a_response_from_before_a_restart_is_read_back_from_the_file() {
             .await
             .expect("read back")
             .is_empty());
+    });
+}
+
+/// A client may fork from any turn it was given: a turn older than the last 8 kept is still
+/// held as an earlier turn of the newest one's chain, and found there (no read-back; this
+/// sink cannot read back at all).
+#[test]
+fn a_fork_from_an_early_turn_of_a_long_chain_is_found_in_memory() {
+    crate::support::runtime().block_on(async {
+        let model = crate::in_process::model();
+        let end = model.token_id("<|im_end|>").expect("end token");
+        let engine: Arc<dyn TokenEngine> =
+            Arc::new(DeterministicEngine::new(DeterministicOptions {
+                output_tokens: 4,
+                end_token_id: Some(end),
+                ..DeterministicOptions::default()
+            }));
+        let sink = Arc::new(crate::support::MemorySink::default());
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![engine],
+            sink,
+        )
+        .expect("state");
+        let app = router(state.clone());
+        let (_, token) = state.open_execution(None, None).expect("open");
+        let mut turns: Vec<Value> = Vec::new();
+        for turn in 0..12 {
+            let mut body = json!({"model": "m", "input": format!("turn {turn}")});
+            if let Some(previous) = turns.last() {
+                body["previous_response_id"] = previous["id"].clone();
+            }
+            let (status, answer) = post(&app, &token, body).await;
+            assert_eq!(status, 200, "{answer}");
+            turns.push(answer);
+        }
+        let (status, fork) = post(
+            &app,
+            &token,
+            json!({"model": "m", "input": "another way", "previous_response_id": turns[1]["id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{fork}");
+        assert_eq!(fork["previous_response_id"], turns[1]["id"]);
     });
 }

@@ -112,6 +112,18 @@ impl StoredResponse {
         &self.id
     }
 
+    /// This response or the ancestor with `id`, if either has it.
+    pub fn find_in_chain(self: &Arc<Self>, id: &str) -> Option<Arc<StoredResponse>> {
+        let mut at = Some(self);
+        while let Some(turn) = at {
+            if turn.id == id {
+                return Some(turn.clone());
+            }
+            at = turn.parent.as_ref();
+        }
+        None
+    }
+
     /// Whether this response continues another.
     pub fn is_chained(&self) -> bool {
         self.parent.is_some()

@@ -430,7 +430,6 @@ pub(crate) async fn drive(
             }
         };
         if !parsed.ids.is_empty() {
-            reader.progressed();
             let chunk = EngineChunk::Tokens {
                 ids: parsed.ids,
                 logprobs: parsed.logprobs,
@@ -438,6 +437,8 @@ pub(crate) async fn drive(
             if sender.send(Ok(chunk)).await.is_err() {
                 return DriveEnd::AbortOnEngine;
             }
+            // From here: time waiting on the consumer (a slow harness) is not the engine's.
+            reader.progressed();
         }
         if let Some((kind, policy_version)) = parsed.finish {
             let finished = EngineChunk::Finished {

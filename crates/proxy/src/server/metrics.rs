@@ -261,9 +261,10 @@ impl Metrics {
         self.context_too_long.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A stored response dropped from memory to make room in the response store.
-    pub fn response_given_up(&self) {
-        self.responses_given_up.fetch_add(1, Ordering::Relaxed);
+    /// Stored responses dropped from memory to make room in the response store.
+    pub fn responses_given_up(&self, count: usize) {
+        self.responses_given_up
+            .fetch_add(count as u64, Ordering::Relaxed);
     }
 
     /// A stored response a client named, read back from the log (it was no longer in memory).

@@ -357,14 +357,25 @@ impl Charge {
                 (used + bytes <= budget.max).then_some(used + bytes)
             })
             .ok()?;
+        Some(Charge::counted(budget, bytes, owner))
+    }
+
+    /// Charges `bytes` even past the budget: for memory that is held anyway (see
+    /// [`AppState::charge_response`]); the next charges make room again.
+    fn force(budget: &Arc<BodyBudget>, bytes: usize, owner: Option<&Arc<AtomicUsize>>) -> Charge {
+        budget.used.fetch_add(bytes, Ordering::AcqRel);
+        Charge::counted(budget, bytes, owner)
+    }
+
+    fn counted(budget: &Arc<BodyBudget>, bytes: usize, owner: Option<&Arc<AtomicUsize>>) -> Charge {
         if let Some(owner) = owner {
             owner.fetch_add(bytes, Ordering::AcqRel);
         }
-        Some(Charge {
+        Charge {
             budget: budget.clone(),
             bytes,
             owner: owner.cloned(),
-        })
+        }
     }
 }
 
@@ -550,12 +561,19 @@ impl ExecutionHandle {
         kept.iter().find_map(|response| response.find_item(id))
     }
 
+    /// The stored response `id` of this execution in memory: a kept one, or an earlier turn
+    /// of a kept one's chain (a client may fork from any turn it was given).
     fn stored_response(&self, id: &str) -> Option<Arc<StoredResponse>> {
-        self.responses()
-            .iter()
+        let kept: Vec<Arc<StoredResponse>> = {
+            let kept = self.responses();
+            if let Some(found) = kept.iter().rev().find(|kept| kept.id == id) {
+                return Some(found.response.clone());
+            }
+            kept.iter().map(|kept| kept.response.clone()).collect()
+        };
+        kept.iter()
             .rev()
-            .find(|kept| kept.id == id)
-            .map(|kept| kept.response.clone())
+            .find_map(|response| response.find_in_chain(id))
     }
 
     fn bodies(&self) -> MutexGuard<'_, Vec<KeptBody>> {
@@ -857,6 +875,14 @@ impl AppState {
         if engines.is_empty() {
             return Err("at least one engine is needed".into());
         }
+        if config.response_store_bytes_max < config.body_bytes_max {
+            tracing::warn!(
+                response_store_bytes = config.response_store_bytes_max,
+                body_limit = config.body_bytes_max,
+                "the response store is smaller than the body limit: a Responses conversation \
+                 longer than the store cannot be continued with previous_response_id"
+            );
+        }
         let stop_token_ids = output_format
             .end_of_turn
             .iter()
@@ -937,11 +963,14 @@ impl AppState {
         self.sockets_stop.subscribe()
     }
 
-    /// Charges `bytes` of a stored response of `execution` to the response store. When the
-    /// store is full, the execution holding the most of it gives up a kept response (its
-    /// oldest one the log holds, else its oldest), until the charge fits or nothing is left to
-    /// give up. A response the log holds is read back when a client names it again
-    /// (`ExecutionHandle::restore_chain`), so a full store costs a read, not a run.
+    /// Charges `bytes` of a stored response of `execution` to the response store, making room
+    /// ([`AppState::give_up_responses`]) until the charge fits. A response the log holds is
+    /// read back when a client names it again (`ExecutionHandle::restore_chain`), so a full
+    /// store costs a read, not a run. When nothing is left to give up, what is charged is held
+    /// by calls in flight (a call keeps the chain it continues until it ends), and the charge
+    /// is taken past the budget: the response is needed now, it is at most a conversation under
+    /// the body limit, and the next charges make room again. `None` only for a response larger
+    /// than the whole store.
     fn charge_response(&self, execution: &ExecutionHandle, bytes: usize) -> Option<Charge> {
         let owner = Some(&execution.0.response_bytes);
         if bytes > self.responses.max {
@@ -951,39 +980,62 @@ impl AppState {
             if let Some(charge) = Charge::take_for(&self.responses, bytes, owner) {
                 return Some(charge);
             }
-            if !self.give_up_a_response() {
-                return None;
+            if !self.give_up_responses(execution) {
+                tracing::debug!(bytes, "the response store is over its budget for a while");
+                return Some(Charge::force(&self.responses, bytes, owner));
             }
         }
     }
 
-    /// Drops one kept response of the execution holding the most of the response store;
-    /// false when no execution keeps any.
-    fn give_up_a_response(&self) -> bool {
-        let handles: Vec<ExecutionHandle> = self.executions().values().cloned().collect();
-        let Some(victim) = handles
-            .iter()
-            .filter(|handle| !handle.responses().is_empty())
-            .max_by_key(|handle| handle.response_bytes())
-        else {
-            return false;
+    /// Makes room in the response store. The execution holding the most of it, other than
+    /// `requester` (whose new response holds its own chain, so giving that up frees nothing),
+    /// gives up every kept response the log holds: all its memory, unless a call in flight
+    /// holds a chain. Where no other execution keeps one the log holds, the largest other
+    /// holder gives up what it keeps all the same (those are lost), and last the requester
+    /// its oldest. False when nothing is left to give up.
+    fn give_up_responses(&self, requester: &ExecutionHandle) -> bool {
+        let others: Vec<ExecutionHandle> = self
+            .executions()
+            .values()
+            .filter(|handle| !Arc::ptr_eq(&handle.0, &requester.0))
+            .cloned()
+            .collect();
+        let largest = |persisted_only: bool| {
+            others
+                .iter()
+                .filter(|handle| {
+                    handle
+                        .responses()
+                        .iter()
+                        .any(|kept| !persisted_only || kept.response.is_persisted())
+                })
+                .max_by_key(|handle| handle.response_bytes())
         };
-        let mut kept = victim.responses();
-        let at = kept
-            .iter()
-            .position(|kept| kept.response.is_persisted())
-            .unwrap_or(0);
-        if let Some(given_up) = kept.remove(at) {
-            if !given_up.response.is_persisted() {
-                tracing::warn!(
-                    id = given_up.id,
-                    "the response store is full (--response-store-mib); a stored response the \
-                     log does not hold is dropped"
-                );
+        let given_up: Vec<KeptResponse> = if let Some(victim) = largest(true) {
+            let mut kept = victim.responses();
+            let mut given_up = Vec::new();
+            for entry in std::mem::take(&mut *kept) {
+                if entry.response.is_persisted() {
+                    given_up.push(entry);
+                } else {
+                    kept.push_back(entry);
+                }
             }
-            self.metrics.response_given_up();
-        }
-        true
+            given_up
+        } else if let Some(victim) = largest(false) {
+            let given_up: Vec<KeptResponse> = std::mem::take(&mut *victim.responses()).into();
+            tracing::warn!(
+                responses = given_up.len(),
+                "the response store is full (--response-store-mib); stored responses the log \
+                 does not hold are dropped"
+            );
+            given_up
+        } else {
+            requester.responses().pop_front().into_iter().collect()
+        };
+        self.metrics.responses_given_up(given_up.len());
+        // Dropped here, outside every lock.
+        !given_up.is_empty()
     }
 
     fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
@@ -1778,6 +1830,12 @@ fn turn_metadata_is_compaction(metadata: &[u8]) -> bool {
     })
 }
 
+fn lock_missing(missing: &Mutex<Option<String>>) -> MutexGuard<'_, Option<String>> {
+    missing
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Reads the stored response `id` of `execution` back from the log and keeps it again (a
 /// full store gave it up, or it is older than the last few); true when it is kept.
 async fn restore_from_log(app: &Arc<AppState>, execution: &ExecutionHandle, id: &str) -> bool {
@@ -1821,9 +1879,7 @@ fn expand_chained(
     };
     let previous = execution.stored_response(&id).ok_or_else(|| {
         // The caller may read it back from the log and try again.
-        *missing
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(id.clone());
+        *lock_missing(missing) = Some(id.clone());
         stored_responses::not_found(
             &id,
             "neither this proxy's memory nor its log holds a stored response of this \
@@ -1922,7 +1978,16 @@ async fn serve_call(
                 // A Responses request continuing a stored response becomes the body a stateless
                 // client would have sent (see `crate::stored_responses`).
                 let expansion = match (api, resolving) {
-                    (_, Err(error)) => Err(error),
+                    (_, Err(error)) => {
+                        // An item the request references may be in a stored response that
+                        // left memory: the one it continues is read back first, if missing.
+                        if let Ok(Some((id, _))) = stored_responses::previous_response_id(&bytes) {
+                            if execution.stored_response(&id).is_none() {
+                                *lock_missing(&missing) = Some(id);
+                            }
+                        }
+                        Err(error)
+                    }
                     (Api::OpenAiResponses, Ok(())) => {
                         expand_chained(&app, api, &execution, &bytes, &missing)
                     }
@@ -1933,6 +1998,11 @@ async fn serve_call(
                     Ok(None) => (bytes, None, None),
                     Err(error) => (bytes, None, Some(error)),
                 };
+                // Refused for now, to be prepared again once the response it continues is read
+                // back from the log: not captured yet (the retry is).
+                if refused.is_some() && !read_back && lock_missing(&missing).is_some() {
+                    return Err(refused.expect("checked"));
+                }
                 // A chained request is captured expanded, as a stateless client sends it, so a
                 // replay does not depend on this process's stored responses.
                 if let (Some(capture), Some(mut head)) = (&app.capture, capture_head) {
@@ -2029,10 +2099,7 @@ async fn serve_call(
         };
         drop(permit);
         if let (Ok(Err(_)), false) = (&attempt, read_back) {
-            let id = missing
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .take();
+            let id = lock_missing(&missing).take();
             if let Some(id) = id {
                 read_back = true;
                 if restore_from_log(&app, &execution, &id).await {

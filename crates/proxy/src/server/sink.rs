@@ -224,13 +224,14 @@ impl ResponseIndex {
     /// The index of the file's records before `end` (a scan of that part of the file).
     fn scan(path: &Path, end: u64) -> Result<ResponseIndex, String> {
         let mut earlier = ResponseIndex::default();
-        let reader = gyre_log::EventFileReader::open(path)
+        let mut reader = gyre_log::EventFileReader::open(path)
             .map_err(|error| format!("{}: {error}", path.display()))?;
-        for record in reader {
-            let record = record.map_err(|error| format!("{}: {error}", path.display()))?;
-            if record.offset >= end {
+        // Stop at `end` before reading on: the record there may be an append in progress.
+        while reader.offset() < end {
+            let Some(record) = reader.next() else {
                 break;
-            }
+            };
+            let record = record.map_err(|error| format!("{}: {error}", path.display()))?;
             let events = record
                 .decode_events_in(path)
                 .map_err(|error| error.to_string())?;
