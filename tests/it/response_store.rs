@@ -141,7 +141,7 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     // A response the log never held is still not found.
     let (status, answer) = post(
         &app,
-        &a,
+        a,
         json!({"model": "m", "input": "x", "previous_response_id": "resp_never_issued"}),
     )
     .await;
@@ -150,7 +150,7 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     // Another execution's response is not this one's to continue.
     let (status, answer) = post(
         &app,
-        &a,
+        a,
         json!({"model": "m", "input": "x", "previous_response_id": b3["id"]}),
     )
     .await;

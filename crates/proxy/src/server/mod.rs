@@ -2000,8 +2000,10 @@ async fn serve_call(
                 };
                 // Refused for now, to be prepared again once the response it continues is read
                 // back from the log: not captured yet (the retry is).
-                if refused.is_some() && !read_back && lock_missing(&missing).is_some() {
-                    return Err(refused.expect("checked"));
+                if let Some(error) = refused.as_ref() {
+                    if !read_back && lock_missing(&missing).is_some() {
+                        return Err(error.clone());
+                    }
                 }
                 // A chained request is captured expanded, as a stateless client sends it, so a
                 // replay does not depend on this process's stored responses.
