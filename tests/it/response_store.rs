@@ -125,11 +125,6 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
             .expect("body");
         String::from_utf8(bytes.to_vec()).expect("text")
     };
-    eprintln!(
-        "given up {}, read back {}",
-        metric(&metrics, "gyre_proxy_responses_given_up_total"),
-        metric(&metrics, "gyre_proxy_responses_read_back_total")
-    );
     assert!(
         metric(&metrics, "gyre_proxy_responses_given_up_total") >= 2,
         "{metrics}"

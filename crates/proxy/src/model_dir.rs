@@ -11,10 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::fast_bpe::{FastBpe, IdsAndOffsets};
 use serde_json::Value;
-use tokenizers::{
-    DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
-    Tokenizer,
-};
+use tokenizers::Tokenizer;
 
 use crate::template::{ChatTemplate, RenderInput, SpecialTokens, ToolArgumentsForm};
 use crate::ProxyError;
@@ -384,9 +381,23 @@ impl ChatModel {
     /// An incremental decoder for output ids as the engine samples them.
     pub fn text_stream(&self) -> TextStream<'_> {
         TextStream {
-            tokenizer: &self.tokenizer,
-            inner: self.tokenizer.decode_stream(false),
-            held: Vec::new(),
+            model: self,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
+    }
+
+    /// The bytes token `id` stands for, as the stream decodes them: a byte-level piece's
+    /// bytes, a byte-fallback piece `<0xHH>`'s byte, anything else decoded alone.
+    fn raw_bytes(&self, id: u32) -> Vec<u8> {
+        let byte_fallback = self.tokenizer.id_to_token(id).and_then(|piece| {
+            let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+            (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
+        });
+        match byte_fallback {
+            Some(byte) => vec![byte],
+            None => self.token_bytes(id),
         }
     }
 }
@@ -412,29 +423,25 @@ fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
 
 /// Output ids → text deltas, special tokens included. A character whose UTF-8 bytes span
 /// several byte-level tokens is emitted once all of them arrived; the deltas concatenate to
-/// `decode(ids)`.
+/// `decode(ids)`. (`tokenizers`' own `DecodeStream` steps, with its state kept here.)
 ///
 /// A policy can sample any byte sequence, including bytes that never complete a character.
 /// The decoder holds such tokens back and decodes all of them again at every step, so a long
-/// invalid run would cost time quadratic in its length (8,000 lone continuation bytes took
-/// 5 s). After [`HELD_IDS_MAX`] tokens without text the held tokens are emitted as they
-/// decode (invalid bytes as U+FFFD) and decoding starts afresh.
+/// invalid run cost time quadratic in its length (8,000 lone continuation bytes took 5 s).
+/// After [`HELD_IDS_MAX`] tokens without text, the held text is emitted, but for the tokens
+/// of a character still arriving (a lead byte among the last 3 bytes with fewer bytes after
+/// it than it announces); invalid bytes come out as U+FFFD, exactly as `decode` gives them. The decoding context is kept, so spacing rules that look at the
+/// previous token (SentencePiece's `▁`) are unaffected.
 pub struct TextStream<'a> {
-    tokenizer: &'a Tokenizer,
-    inner: tokenizers::DecodeStream<
-        'a,
-        ModelWrapper,
-        NormalizerWrapper,
-        PreTokenizerWrapper,
-        PostProcessorWrapper,
-        DecoderWrapper,
-    >,
-    /// Ids fed since text last came out.
-    held: Vec<u32>,
+    model: &'a ChatModel,
+    /// The decoding context, then the held ids (from `prefix_index`).
+    ids: Vec<u32>,
+    /// The text of `ids[..prefix_index]`.
+    prefix: String,
+    prefix_index: usize,
 }
 
-/// A character is at most 4 UTF-8 bytes, so at most 3 byte tokens wait for their last one;
-/// this many tokens without text is not a character being completed.
+/// Tokens without text after which the held text is emitted (see [`TextStream`]).
 pub const HELD_IDS_MAX: usize = 16;
 
 impl TextStream<'_> {
@@ -443,19 +450,72 @@ impl TextStream<'_> {
         let failed = |error: tokenizers::Error| ProxyError::Tokenizer {
             message: error.to_string(),
         };
-        let text = self.inner.step(id).map_err(failed)?;
-        if text.is_some() {
-            self.held.clear();
+        let tokenizer = &self.model.tokenizer;
+        let text = tokenizers::tokenizer::step_decode_stream(
+            tokenizer,
+            vec![id],
+            false,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(failed)?;
+        if text.is_some() || self.ids.len() - self.prefix_index < HELD_IDS_MAX {
             return Ok(text);
         }
-        self.held.push(id);
-        if self.held.len() < HELD_IDS_MAX {
-            return Ok(None);
+        // Emit all held tokens but those holding a character that is still arriving: the last
+        // lead byte among the final 3 bytes, with fewer bytes after it than it announces.
+        let cut = match self.cut_before_partial_character() {
+            // Always progress: a character cannot hold back every held token.
+            cut if cut == self.prefix_index => self.ids.len(),
+            cut => cut,
+        };
+        let head = tokenizer.decode(&self.ids[..cut], false).map_err(failed)?;
+        let new_text = match head.strip_prefix(self.prefix.as_str()) {
+            Some(new_text) => new_text.to_string(),
+            None => {
+                return Err(ProxyError::Tokenizer {
+                    message: format!(
+                        "decoding token {id}: the held text does not continue the text before it"
+                    ),
+                })
+            }
+        };
+        // The emitted tokens become the context of what follows.
+        self.ids.drain(..self.prefix_index);
+        let cut = cut - self.prefix_index;
+        self.prefix = tokenizer.decode(&self.ids[..cut], false).map_err(failed)?;
+        self.prefix_index = cut;
+        Ok((!new_text.is_empty()).then_some(new_text))
+    }
+
+    /// Where the held tokens end, or the start of the token holding the lead byte of an
+    /// incomplete character at their end.
+    fn cut_before_partial_character(&self) -> usize {
+        let mut after = 0usize; // bytes after the one looked at, in later tokens or this one
+        for at in (self.prefix_index..self.ids.len()).rev() {
+            let bytes = self.model.raw_bytes(self.ids[at]);
+            for byte in bytes.iter().rev() {
+                if after >= 3 {
+                    return self.ids.len();
+                }
+                let announced = match byte {
+                    0xC0..=0xDF => 2,
+                    0xE0..=0xEF => 3,
+                    0xF0..=0xF7 => 4,
+                    _ => 0,
+                };
+                if announced > 0 {
+                    return if after + 1 < announced {
+                        at
+                    } else {
+                        self.ids.len()
+                    };
+                }
+                after += 1;
+            }
         }
-        let text = self.tokenizer.decode(&self.held, false).map_err(failed)?;
-        self.held.clear();
-        self.inner = self.tokenizer.decode_stream(false);
-        Ok((!text.is_empty()).then_some(text))
+        self.ids.len()
     }
 }
 

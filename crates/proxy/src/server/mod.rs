@@ -432,14 +432,15 @@ impl ExecutionHandle {
     /// Rebuilds the stored response `id` from `records` (this execution's `ResponseStored`
     /// records, read back from the log in commit order) with the chain it continues, and keeps
     /// it as the newest. A parent still in memory is shared, not rebuilt. Each rebuilt response
-    /// is charged like a new one (making room if need be). False when `records` do not hold
-    /// `id` and its whole chain, or the store cannot make room.
+    /// is charged like a new one (making room if need be). Returns it, for the request that
+    /// asked to use even if another execution's charge gives it up meanwhile; `None` when
+    /// `records` do not hold `id` and its whole chain, or the store cannot hold it.
     fn restore_chain(
         &self,
         app: &AppState,
         records: Vec<gyre_event::StoredResponseRecord>,
         id: &str,
-    ) -> bool {
+    ) -> Option<Arc<StoredResponse>> {
         let mut by_id: HashMap<String, gyre_event::StoredResponseRecord> = HashMap::new();
         for record in records {
             by_id.entry(record.response_id.clone()).or_insert(record);
@@ -459,13 +460,13 @@ impl ExecutionHandle {
                     missing = wanted,
                     "a stored response's chain is not in the log"
                 );
-                return false;
+                return None;
             };
             next.clone_from(&record.previous_response_id);
             chain.push(record);
         }
         if chain.is_empty() {
-            return parent.is_some();
+            return parent;
         }
         for record in chain.into_iter().rev() {
             let response =
@@ -476,17 +477,14 @@ impl ExecutionHandle {
                     "the response store is full (--response-store-mib); a stored response read \
                      back from the log is not kept"
                 );
-                return false;
+                return None;
             };
             parent = Some(Arc::new(response.with_guard(charge)));
         }
-        match parent {
-            Some(response) => {
-                self.keep_response(id, response);
-                true
-            }
-            None => false,
+        if let Some(response) = &parent {
+            self.keep_response(id, response.clone());
         }
+        parent
     }
 
     /// The stored response `id` of this execution.
@@ -1011,6 +1009,7 @@ impl AppState {
                 })
                 .max_by_key(|handle| handle.response_bytes())
         };
+        let mut found_victim = true;
         let given_up: Vec<KeptResponse> = if let Some(victim) = largest(true) {
             let mut kept = victim.responses();
             let mut given_up = Vec::new();
@@ -1031,11 +1030,13 @@ impl AppState {
             );
             given_up
         } else {
+            found_victim = false;
             requester.responses().pop_front().into_iter().collect()
         };
         self.metrics.responses_given_up(given_up.len());
-        // Dropped here, outside every lock.
-        !given_up.is_empty()
+        // Dropped here, outside every lock. A victim that another charge emptied between the
+        // look and the take gave nothing: the caller looks again (the next look skips it).
+        !given_up.is_empty() || found_victim
     }
 
     fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
@@ -1837,30 +1838,34 @@ fn lock_missing(missing: &Mutex<Option<String>>) -> MutexGuard<'_, Option<String
 }
 
 /// Reads the stored response `id` of `execution` back from the log and keeps it again (a
-/// full store gave it up, or it is older than the last few); true when it is kept.
-async fn restore_from_log(app: &Arc<AppState>, execution: &ExecutionHandle, id: &str) -> bool {
+/// full store gave it up, or it is older than the last few), returned when it is.
+async fn restore_from_log(
+    app: &Arc<AppState>,
+    execution: &ExecutionHandle,
+    id: &str,
+) -> Option<Arc<StoredResponse>> {
     let number = execution.lock().execution.get();
     let records = match app.sink.stored_responses(number, id).await {
         Ok(records) => records,
         Err(error) => {
             tracing::warn!(%error, id, "reading a stored response back from the log failed");
-            return false;
+            return None;
         }
     };
     if records.is_empty() {
-        return false;
+        return None;
     }
     let (app, execution, id) = (app.clone(), execution.clone(), id.to_string());
     // Rebuilding copies the chain's items: off the async workers.
     let restored = tokio::task::spawn_blocking(move || {
         let restored = execution.restore_chain(&app, records, &id);
-        if restored {
+        if restored.is_some() {
             app.metrics.response_read_back();
         }
         restored
     })
     .await;
-    restored.unwrap_or(false)
+    restored.ok().flatten()
 }
 
 /// A Responses request that continues a stored response (`previous_response_id`), as the
@@ -1872,12 +1877,15 @@ fn expand_chained(
     api: Api,
     execution: &ExecutionHandle,
     bytes: &[u8],
-    missing: &Mutex<Option<String>>,
+    (missing, read_back): (&Mutex<Option<String>>, Option<&Arc<StoredResponse>>),
 ) -> Result<Option<(Bytes, (String, Arc<StoredResponse>, Vec<u8>))>, ApiError> {
     let Some((id, object)) = stored_responses::previous_response_id(bytes)? else {
         return Ok(None);
     };
-    let previous = execution.stored_response(&id).ok_or_else(|| {
+    let in_memory = execution
+        .stored_response(&id)
+        .or_else(|| read_back.and_then(|response| response.find_in_chain(&id)));
+    let previous = in_memory.ok_or_else(|| {
         // The caller may read it back from the log and try again.
         *lock_missing(missing) = Some(id.clone());
         stored_responses::not_found(
@@ -1946,6 +1954,7 @@ async fn serve_call(
     // request is prepared again (see `ExecutionHandle::restore_chain`).
     let missing: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let mut read_back = false;
+    let mut pinned: Option<Arc<StoredResponse>> = None;
     let work = loop {
         let waiting = std::time::Instant::now();
         // Held until the blocking work is done (the semaphore is never closed).
@@ -1953,10 +1962,12 @@ async fn serve_call(
         let attempt = {
             let (app, execution) = (app.clone(), execution.clone());
             let (bytes, capture_head, agent) = (bytes.clone(), capture_head.clone(), agent.clone());
-            let missing = missing.clone();
+            let (missing, pinned) = (missing.clone(), pinned.clone());
             tokio::task::spawn_blocking(move || {
-                app.metrics
-                    .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
+                if !read_back {
+                    app.metrics
+                        .stage(Stage::Wait, waiting.elapsed().as_secs_f64());
+                }
                 let parsing = std::time::Instant::now();
                 let agent_key = agent.as_deref().unwrap_or("main");
                 // `item_reference`s become the stored items they name, before anything else reads
@@ -1966,7 +1977,11 @@ async fn serve_call(
                         match stored_responses::resolve_item_references(
                             &bytes,
                             app.config.body_bytes_max,
-                            |id| execution.stored_item(id),
+                            |id| {
+                                execution.stored_item(id).or_else(|| {
+                                    pinned.as_ref().and_then(|response| response.find_item(id))
+                                })
+                            },
                         ) {
                             Ok(Some(resolved)) => (resolved, Ok(())),
                             Ok(None) => (bytes, Ok(())),
@@ -1989,7 +2004,7 @@ async fn serve_call(
                         Err(error)
                     }
                     (Api::OpenAiResponses, Ok(())) => {
-                        expand_chained(&app, api, &execution, &bytes, &missing)
+                        expand_chained(&app, api, &execution, &bytes, (&missing, pinned.as_ref()))
                     }
                     _ => Ok(None),
                 };
@@ -2103,10 +2118,13 @@ async fn serve_call(
         if let (Ok(Err(_)), false) = (&attempt, read_back) {
             let id = lock_missing(&missing).take();
             if let Some(id) = id {
+                // Prepared again whatever the read-back finds: the second attempt is the one
+                // captured, and refuses the request itself if the log lacks the id too. The
+                // response read back is held for it (another execution's charge may give it up
+                // meanwhile).
                 read_back = true;
-                if restore_from_log(&app, &execution, &id).await {
-                    continue;
-                }
+                pinned = restore_from_log(&app, &execution, &id).await;
+                continue;
             }
         }
         break attempt;

@@ -231,4 +231,32 @@ fn an_invalid_byte_run_streams_in_bounded_pieces() {
         "{}",
         &text[text.len() - 40..]
     );
+
+    // A character arriving byte by byte across the point where held text is emitted stays
+    // whole, and a long run of literal U+FFFD (valid text) is emitted exactly.
+    let byte = |value: u8| {
+        (0..100_000u32)
+            .find(|id| model.token_bytes(*id) == vec![value])
+            .expect("a byte token")
+    };
+    let mut ids = vec![lone; gyre_proxy::model_dir::HELD_IDS_MAX - 2];
+    ids.extend([0xF0, 0x9F, 0x98, 0x80].map(byte));
+    for _ in 0..12 {
+        ids.extend([0xEF, 0xBF, 0xBD].map(byte));
+    }
+    ids.extend(model.encode(" done").expect("encodes"));
+    let mut stream = model.text_stream();
+    let mut text = String::new();
+    for id in &ids {
+        if let Some(delta) = stream.push(*id).expect("decodes") {
+            text.push_str(&delta);
+        }
+    }
+    let expected = format!(
+        "{}\u{1F600}{} done",
+        "\u{FFFD}".repeat(gyre_proxy::model_dir::HELD_IDS_MAX - 2),
+        "\u{FFFD}".repeat(12)
+    );
+    assert_eq!(text, expected);
+    assert_eq!(text, model.decode(&ids).expect("decodes"));
 }
