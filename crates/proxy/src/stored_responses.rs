@@ -54,6 +54,21 @@ pub struct StoredResponse {
     guard: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
+impl Drop for StoredResponse {
+    /// A chain is dropped turn by turn, not by recursion: a long-horizon agent chaining
+    /// thousands of turns would otherwise overflow the dropping thread's stack.
+    fn drop(&mut self) {
+        let mut parent = self.parent.take();
+        while let Some(turn) = parent {
+            match Arc::try_unwrap(turn) {
+                Ok(mut turn) => parent = turn.parent.take(),
+                // Still shared (a later response or a call in flight holds it).
+                Err(_) => break,
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for StoredResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoredResponse")
@@ -122,6 +137,11 @@ impl StoredResponse {
             at = turn.parent.as_ref();
         }
         None
+    }
+
+    /// The response this one continues.
+    pub fn parent(&self) -> Option<&Arc<StoredResponse>> {
+        self.parent.as_ref()
     }
 
     /// Whether this response continues another.
@@ -422,6 +442,29 @@ mod tests {
             Value::Object(object) => object,
             _ => unreachable!(),
         }
+    }
+
+    /// A chain of 200,000 turns (a long-horizon agent chaining small turns) is dropped on a
+    /// thread with a 256 KiB stack: turn by turn, not one stack frame per turn.
+    #[test]
+    fn a_long_chain_drops_without_deep_recursion() {
+        let dropped = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(|| {
+                let mut head = Arc::new(StoredResponse::new("resp_0", None, b"{}", &[]));
+                for turn in 1..200_000 {
+                    let id = format!("resp_{turn}");
+                    head = Arc::new(StoredResponse::new(&id, Some(head), b"{}", &[]));
+                }
+                // A shared turn stays alive for whoever shares it.
+                let kept = head.find_in_chain("resp_5").expect("in the chain");
+                drop(head);
+                assert_eq!(kept.id(), "resp_5");
+                assert!(kept.find_in_chain("resp_0").is_some());
+            })
+            .expect("thread")
+            .join();
+        assert!(dropped.is_ok());
     }
 
     #[test]

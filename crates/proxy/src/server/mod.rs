@@ -445,13 +445,30 @@ impl ExecutionHandle {
         for record in records {
             by_id.entry(record.response_id.clone()).or_insert(record);
         }
+        // Every response in memory (kept ones and their earlier turns), each visited once.
+        let mut in_memory: HashMap<String, Arc<StoredResponse>> = HashMap::new();
+        let kept: Vec<Arc<StoredResponse>> = self
+            .responses()
+            .iter()
+            .map(|kept| kept.response.clone())
+            .collect();
+        for response in kept {
+            let mut at = Some(response);
+            while let Some(turn) = at {
+                if in_memory.contains_key(turn.id()) {
+                    break;
+                }
+                at = turn.parent().cloned();
+                in_memory.insert(turn.id().to_string(), turn);
+            }
+        }
         // From `id` back to the root, or to a response still in memory.
         let mut chain = Vec::new();
         let mut parent = None;
         let mut next = Some(id.to_string());
         while let Some(wanted) = next.take() {
-            if let Some(held) = self.stored_response(&wanted) {
-                parent = Some(held);
+            if let Some(held) = in_memory.get(&wanted) {
+                parent = Some(held.clone());
                 break;
             }
             let Some(record) = by_id.remove(&wanted) else {
