@@ -56,7 +56,7 @@ fn metric(text: &str, name: &str) -> u64 {
 
 /// Three executions chain turns through a store that holds two conversations: every chained
 /// request is answered (given-up responses read back), each extending its own conversation.
-async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
+async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) -> Vec<u64> {
     let model = crate::in_process::model();
     let end = model.token_id("<|im_end|>").expect("end token");
     let engine: Arc<dyn TokenEngine> = Arc::new(DeterministicEngine::new(DeterministicOptions {
@@ -77,9 +77,9 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     )
     .expect("state");
     let app = router(state.clone());
-    let tokens: Vec<String> = (0..3)
-        .map(|_| state.open_execution(None, None).expect("open").1)
-        .collect();
+    let (executions, tokens): (Vec<u64>, Vec<String>) = (0..3)
+        .map(|_| state.open_execution(None, None).expect("open"))
+        .unzip();
 
     let turn = |token: &str, previous: Option<&Value>, text: String| {
         let mut body = json!({"model": "m", "input": text});
@@ -150,6 +150,7 @@ async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) {
     )
     .await;
     assert_eq!(status, 400, "{answer}");
+    executions
 }
 
 #[test]
@@ -165,7 +166,25 @@ fn a_full_store_reads_given_up_responses_back_from_the_quorum() {
     runtime.block_on(async {
         let cluster = InProcessCluster::start().await;
         let sink = Arc::new(ControlSink::new(&cluster.addresses.join(",")).expect("control sink"));
-        chains_continue_through_a_full_store(sink).await;
+        let executions = chains_continue_through_a_full_store(sink).await;
+        // What a read-back asks each node for: the stored responses, not the tree.
+        let mut client = cluster.client.clone();
+        let kinds = |events: &[gyre_event::Event]| {
+            events
+                .iter()
+                .map(|event| event.body.kind_name())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let (part, _) = client
+            .read_execution_part(&cluster.addresses[0], executions[0], true)
+            .await
+            .expect("read");
+        assert_eq!(kinds(&part), ["response_stored"].into());
+        let (whole, _) = client
+            .read_execution(&cluster.addresses[0], executions[0])
+            .await
+            .expect("read");
+        assert_eq!(kinds(&whole), ["model_call", "response_stored"].into());
         cluster.shutdown().await;
     });
 }

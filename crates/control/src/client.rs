@@ -202,9 +202,23 @@ impl ClusterClient {
         address: &str,
         execution: u64,
     ) -> Result<(Vec<gyre_event::Event>, bool), ControlError> {
+        self.read_execution_part(address, execution, false).await
+    }
+
+    /// [`ClusterClient::read_execution`], or with `responses_only` just the execution's
+    /// `ResponseStored` events.
+    pub async fn read_execution_part(
+        &mut self,
+        address: &str,
+        execution: u64,
+        responses_only: bool,
+    ) -> Result<(Vec<gyre_event::Event>, bool), ControlError> {
         let reply = self
             .client(address)?
-            .read_execution(pb::ReadExecutionRequest { execution })
+            .read_execution(pb::ReadExecutionRequest {
+                execution,
+                responses_only,
+            })
             .await
             .map(tonic::Response::into_inner)
             .map_err(|status| from_status(address, status))?;

@@ -377,7 +377,11 @@ impl pb::control_server::Control for ControlService {
         &self,
         request: Request<pb::ReadExecutionRequest>,
     ) -> Result<Response<pb::ReadExecutionReply>, Status> {
-        let execution = gyre_event::ExecutionId(request.into_inner().execution);
+        let request = request.into_inner();
+        let (execution, responses_only) = (
+            gyre_event::ExecutionId(request.execution),
+            request.responses_only,
+        );
         let (applied_index, records, responses, closed) =
             self.state_machine.with_projection(|projection, last| {
                 let records = projection
@@ -385,6 +389,7 @@ impl pb::control_server::Control for ControlService {
                     .trajectories
                     .trees
                     .get(&execution)
+                    .filter(|_| !responses_only)
                     .map(|tree| tree.records())
                     .unwrap_or_default();
                 // The scheduler drops an execution once an optimizer step consumed its group;

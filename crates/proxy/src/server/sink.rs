@@ -168,7 +168,7 @@ impl RecordSink for ControlSink {
         Box::pin(async move {
             let mut last_error = None;
             for address in client.addresses().to_vec() {
-                match client.read_execution(&address, execution).await {
+                match client.read_execution_part(&address, execution, true).await {
                     Ok((events, _closed)) => {
                         let records: Vec<StoredResponseRecord> = response_records(events).collect();
                         if records.iter().any(|record| record.response_id == holding) {
