@@ -207,31 +207,19 @@ fn a_response_from_before_a_restart_is_read_back_from_the_file() {
             })),
         )
     };
+    let commit = |sink: &FileSink, id: &str, previous: Option<&str>| {
+        let event = record(id, previous, r#"{"role":"user","content":"hi"}"#);
+        let committed = sink.commit(event);
+        async move { committed.await.expect("committed") }
+    };
     runtime.block_on(async {
         let first = FileSink::open(&path).expect("event file");
-        first
-            .commit(record("resp_1", None, r#"{"role":"user","content":"hi"}"#))
-            .await
-            .expect("committed");
-        first
-            .commit(record(
-                "resp_2",
-                Some("resp_1"),
-                r#"{"role":"user","content":"more"}"#,
-            ))
-            .await
-            .expect("committed");
+        commit(&first, "resp_1", None).await;
+        commit(&first, "resp_2", Some("resp_1")).await;
     });
     runtime.block_on(async {
         let second = FileSink::open(&path).expect("event file");
-        second
-            .commit(record(
-                "resp_3",
-                Some("resp_2"),
-                r#"{"role":"user","content":"again"}"#,
-            ))
-            .await
-            .expect("committed");
+        commit(&second, "resp_3", Some("resp_2")).await;
         let records = second
             .stored_responses(7, "resp_2")
             .await

@@ -99,17 +99,22 @@ fn text_editor(with_undo: bool) -> (&'static str, Value) {
                     "type": "integer",
                     "description": "`insert`: the line after which the text goes (0: the top)."
                 },
-                "view_range": {
-                    "type": "array",
-                    "items": {"type": "integer"},
-                    "minItems": 2,
-                    "maxItems": 2,
-                    "description": "`view`: the first and last line to show (last -1: the end)."
-                }
+                "view_range": view_range()
             },
             "required": ["command", "path"]
         }),
     )
+}
+
+/// The `view_range` parameter the editor and the memory tool share.
+fn view_range() -> Value {
+    json!({
+        "type": "array",
+        "items": {"type": "integer"},
+        "minItems": 2,
+        "maxItems": 2,
+        "description": "`view`: the first and last line to show (last -1: the end)."
+    })
 }
 
 fn memory() -> (&'static str, Value) {
@@ -133,13 +138,7 @@ fn memory() -> (&'static str, Value) {
                 "new_str": {"type": "string", "description": "`str_replace`: the replacement."},
                 "insert_line": {"type": "integer", "description": "`insert`: the line number."},
                 "insert_text": {"type": "string", "description": "`insert`: the text to insert."},
-                "view_range": {
-                    "type": "array",
-                    "items": {"type": "integer"},
-                    "minItems": 2,
-                    "maxItems": 2,
-                    "description": "`view`: the first and last line to show (last -1: the end)."
-                },
+                "view_range": view_range(),
                 "old_path": {"type": "string", "description": "`rename`: the current path."},
                 "new_path": {"type": "string", "description": "`rename`: the new path."}
             },
