@@ -48,6 +48,25 @@ async fn post(app: &axum::Router, token: &str, body: Value) -> (u16, Value) {
     (status, value)
 }
 
+/// A proxy state with `config` in front of a deterministic engine, recording into `sink`.
+fn state_with(config: ServerConfig, sink: Arc<dyn RecordSink>) -> Arc<AppState> {
+    let model = crate::in_process::model();
+    let end = model.token_id("<|im_end|>").expect("end token");
+    let engine: Arc<dyn TokenEngine> = Arc::new(DeterministicEngine::new(DeterministicOptions {
+        output_tokens: 8,
+        end_token_id: Some(end),
+        ..DeterministicOptions::default()
+    }));
+    AppState::new(
+        config,
+        model,
+        OutputFormat::test_model(),
+        vec![engine],
+        sink,
+    )
+    .expect("state")
+}
+
 fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
@@ -57,25 +76,11 @@ fn metric(text: &str, name: &str) -> u64 {
 /// Three executions chain turns through a store that holds two conversations: every chained
 /// request is answered (given-up responses read back), each extending its own conversation.
 async fn chains_continue_through_a_full_store(sink: Arc<dyn RecordSink>) -> Vec<u64> {
-    let model = crate::in_process::model();
-    let end = model.token_id("<|im_end|>").expect("end token");
-    let engine: Arc<dyn TokenEngine> = Arc::new(DeterministicEngine::new(DeterministicOptions {
-        output_tokens: 8,
-        end_token_id: Some(end),
-        ..DeterministicOptions::default()
-    }));
     let config = ServerConfig {
         response_store_bytes_max: STORE_BYTES,
         ..ServerConfig::default()
     };
-    let state = AppState::new(
-        config,
-        model,
-        OutputFormat::test_model(),
-        vec![engine],
-        sink,
-    )
-    .expect("state");
+    let state = state_with(config, sink);
     let app = router(state.clone());
     let (executions, tokens): (Vec<u64>, Vec<String>) = (0..3)
         .map(|_| state.open_execution(None, None).expect("open"))
@@ -240,23 +245,8 @@ fn a_response_from_before_a_restart_is_read_back_from_the_file() {
 #[test]
 fn a_fork_from_an_early_turn_of_a_long_chain_is_found_in_memory() {
     crate::support::runtime().block_on(async {
-        let model = crate::in_process::model();
-        let end = model.token_id("<|im_end|>").expect("end token");
-        let engine: Arc<dyn TokenEngine> =
-            Arc::new(DeterministicEngine::new(DeterministicOptions {
-                output_tokens: 4,
-                end_token_id: Some(end),
-                ..DeterministicOptions::default()
-            }));
         let sink = Arc::new(crate::support::MemorySink::default());
-        let state = AppState::new(
-            ServerConfig::default(),
-            model,
-            OutputFormat::test_model(),
-            vec![engine],
-            sink,
-        )
-        .expect("state");
+        let state = state_with(ServerConfig::default(), sink);
         let app = router(state.clone());
         let (_, token) = state.open_execution(None, None).expect("open");
         let mut turns: Vec<Value> = Vec::new();
