@@ -287,6 +287,18 @@ async fn engine_errors_and_statuses() {
     assert_eq!(collected.finish(), Some(FinishKind::Stop));
 }
 
+/// An adapter for `fake` whose streams time out after `idle_timeout_ms` without a token.
+fn with_idle_timeout(fake: &FakeServer, idle_timeout_ms: u64) -> SglangEngine {
+    let config = SglangConfig {
+        http: HttpEngineConfig {
+            idle_timeout_ms,
+            ..HttpEngineConfig::default()
+        },
+        ..SglangConfig::default()
+    };
+    SglangEngine::new(&fake.url(), config).expect("valid")
+}
+
 #[tokio::test]
 async fn a_silent_engine_times_out() {
     let backing = scripted(SCRIPT, options("scripted"));
@@ -294,16 +306,9 @@ async fn a_silent_engine_times_out() {
     let fake = FakeServer::sglang(Arc::new(backing.clone()), FakeOptions::default())
         .await
         .expect("the fake binds");
-    let config = SglangConfig {
-        http: HttpEngineConfig {
-            // Long enough that a descheduled test thread does not time out before the
-            // first tokens (the stall comes after them).
-            idle_timeout_ms: 1000,
-            ..HttpEngineConfig::default()
-        },
-        ..SglangConfig::default()
-    };
-    let engine = SglangEngine::new(&fake.url(), config).expect("valid");
+    // Long enough that a descheduled test thread does not time out before the first tokens
+    // (the stall comes after them).
+    let engine = with_idle_timeout(&fake, 1000);
     let mut stream = within(engine.generate(request("r1", None)))
         .await
         .expect("starts");
@@ -335,14 +340,7 @@ async fn an_engine_sending_only_keep_alive_comments_times_out() {
         .await
         .expect("the fake binds");
     fake.inject(FakeFault::KeepAliveOnly { every_ms: 20 });
-    let config = SglangConfig {
-        http: HttpEngineConfig {
-            idle_timeout_ms: 400,
-            ..HttpEngineConfig::default()
-        },
-        ..SglangConfig::default()
-    };
-    let engine = SglangEngine::new(&fake.url(), config).expect("valid");
+    let engine = with_idle_timeout(&fake, 400);
     let stream = within(engine.generate(request("r1", None)))
         .await
         .expect("starts");
