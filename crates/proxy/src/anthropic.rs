@@ -221,6 +221,16 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
     let object = root.object()?;
     let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
     let model = root.required_str("model")?.to_string();
+    if let Some(child) = root.get("safeguards")? {
+        // Claude Code's auto mode asks Anthropic's servers to run a safeguard classifier over
+        // the conversation (`max_tokens: 0`, no answer wanted). There is no such classifier
+        // behind the proxy. The message's wording is the one the CLI reads as "not served
+        // here": it then stops asking for an hour instead of asking again on every tool use.
+        return Err(child.node().error(
+            "server-side safeguard classifiers are not available to this caller: the proxy \
+             serves the policy model only",
+        ));
+    }
     let max_tokens = if max_tokens_required {
         let child = root.required("max_tokens")?;
         let max_tokens = child.node().u32()?;

@@ -262,6 +262,7 @@ fn bad_requests_name_the_field() {
         (json!({"max_tokens": 1, "messages": []}).to_string().into_bytes(), "model: field required"),
         (json!({"model": 3, "max_tokens": 1, "messages": []}).to_string().into_bytes(), "model: expected a string, got a number"),
         (json!({"model": "m", "max_tokens": 0, "messages": []}).to_string().into_bytes(), "max_tokens: must be at least 1"),
+        (json!({"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}], "safeguards": [{"type": "auto_mode", "classifier_context": "c"}]}).to_string().into_bytes(), "safeguards: server-side safeguard classifiers are not available to this caller: the proxy serves the policy model only"),
         (json!({"model": "m", "max_tokens": -1, "messages": []}).to_string().into_bytes(), "max_tokens: expected an integer from 0 to 4294967295, got -1"),
         (json!({"model": "m", "max_tokens": 1.5, "messages": []}).to_string().into_bytes(), "max_tokens: expected an integer, got a number"),
         (json!({"model": "m", "max_tokens": 1, "messages": []}).to_string().into_bytes(), "messages: at least one message is required"),
