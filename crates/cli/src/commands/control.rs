@@ -209,13 +209,7 @@ async fn init(nodes: &str, timeout: Duration) -> anyhow::Result<()> {
 }
 
 async fn run_node(args: RunArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,gyre_control=info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    super::log_to_stderr("warn,gyre_control=info");
     let options = node_options(&args)?;
     if !args.check {
         // Many proxies and cell workers connect to each node; the soft default (often 1024)

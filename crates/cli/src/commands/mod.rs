@@ -13,3 +13,16 @@ pub mod quickstart;
 pub mod replay;
 pub mod simulate;
 pub mod trajectory;
+
+/// Sends `tracing` events to stderr for a long-running command: `RUST_LOG` if set, else
+/// `default` (an `EnvFilter` directive such as `warn,gyre_proxy=info`).
+pub(crate) fn log_to_stderr(default: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

@@ -234,6 +234,9 @@ fn max_connections(flag: Option<u64>) -> usize {
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    // The proxy's warnings (a lost execution after a restart, a store smaller than the body
+    // limit, open admin routes) and its rare info lines (recovery, routes followed).
+    super::log_to_stderr("warn,gyre_proxy=info,gyre=info");
     let threads = match args.threads {
         Some(0) => bail!("field `threads` must be at least 1"),
         Some(threads) => threads,
@@ -345,6 +348,13 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
             Some(token)
         }
     };
+    if admin_token.is_none() && !address.ip().is_loopback() {
+        tracing::warn!(
+            listen = %address,
+            "the admin routes (open, close, route executions) are open to anyone who can reach \
+             this address: set --admin-token-file where agents' commands can connect to it"
+        );
+    }
     let config = ServerConfig {
         admin_token,
         body_bytes_max: args.body_limit,
