@@ -803,3 +803,57 @@ fn responses_websockets_beyond_max_connections_are_refused_at_the_handshake() {
         std::thread::yield_now();
     }
 }
+
+/// The proxy's log lines reach stderr: one listening on every address without an admin token
+/// warns that anyone who can connect may open, close and reroute executions; on loopback it
+/// does not.
+#[test]
+fn open_admin_routes_on_a_public_address_are_warned_about() {
+    use std::io::{BufRead, Read};
+    let stderr_of = |listen: &str| -> String {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("tito.log");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args([
+                "proxy",
+                "--listen",
+                listen,
+                "--engine",
+                "deterministic",
+                "--log",
+            ])
+            .arg(&log)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gyre proxy starts");
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("a line");
+        assert!(first.contains("listening"), "{first}");
+        // Everything logged before serving is on stderr by now; end the process to read it.
+        child.kill().expect("kill");
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .expect("stderr");
+        let _ = child.wait();
+        stderr
+    };
+    let public = stderr_of("0.0.0.0:0");
+    assert!(
+        public.contains("WARN") && public.contains("--admin-token-file"),
+        "{public}"
+    );
+    assert!(
+        !public.contains('\u{1b}'),
+        "no colour codes in a pipe: {public}"
+    );
+    let loopback = stderr_of("127.0.0.1:0");
+    assert!(!loopback.contains("--admin-token-file"), "{loopback}");
+}
