@@ -3,6 +3,25 @@
 //! Each subcommand lives in `commands/<name>.rs` and owns its clap arguments; this file only
 //! dispatches. Errors are reported once, here, with their full cause chain.
 
+/// `println!` for a command's data output (`gyre replay`, `simulate`, `log tail` …): when the
+/// reader has gone (`gyre replay LOG | head`), the process ends quietly with status 0 as Unix
+/// tools do, instead of panicking on the broken pipe. See [`commands::write_out`].
+macro_rules! outln {
+    () => {
+        $crate::commands::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::commands::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for a command's data output; see [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::commands::write_out(format_args!($($arg)*))
+    };
+}
+
 mod commands;
 mod config_file;
 mod open_files;
@@ -96,7 +115,34 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            std::process::ExitCode::from(2)
+            std::process::ExitCode::from(exit_code(&error))
         }
+    }
+}
+
+/// The exit status for a command's error: 3 for a control node that halted (a supervisor must
+/// not restart it blindly), 2 for everything else.
+fn exit_code(error: &anyhow::Error) -> u8 {
+    if error.is::<commands::control::NodeHalted>() {
+        commands::control::NodeHalted::EXIT_CODE
+    } else {
+        2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_halted_node_exits_3_and_any_other_error_2() {
+        let halted = anyhow::Error::from(crate::commands::control::NodeHalted::new(
+            2,
+            "projection digest mismatch".to_string(),
+        ));
+        assert_eq!(super::exit_code(&halted), 3);
+        assert_eq!(super::exit_code(&halted.context("serving")), 3);
+        assert_eq!(
+            super::exit_code(&anyhow::anyhow!("binding 0.0.0.0:7000")),
+            2
+        );
     }
 }

@@ -378,7 +378,7 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
     };
     std::fs::write(out, serde_json::to_string_pretty(&bundle)?)
         .with_context(|| format!("writing {}", out.display()))?;
-    println!(
+    outln!(
         "bundle {}: execution {execution}, {} cited entries, chained to head {}",
         out.display(),
         bundle.payloads.len(),
@@ -441,7 +441,7 @@ fn verify(path: &std::path::Path, trusted_head: &str) -> anyhow::Result<()> {
         bail!("the bundle's facts differ from what its cited entries say");
     }
     let closed = facts["closed"]["status"].as_str().unwrap_or("open");
-    println!(
+    outln!(
         "ok: {} facts verified from {} cited entries, chained to head {} ({} links); closed {closed}, advantage {}",
         bundle.execution,
         entries.len(),

@@ -8,7 +8,7 @@
 //! Each captured execution gets its own credential (`<token>-e<execution>`), so the target
 //! proxy must run with `--auto-open`; sub-agent headers and every other header are sent as
 //! captured (credentials were never captured). Prints one JSON line per request (`seq`,
-//! `execution`, `status`, `complete`) and exits 1 if any request got an error status or a
+//! `execution`, `status`, `complete`) and exits 2 if any request got an error status or a
 //! stream that did not finish with its API's end event. Use it to try a harness's traffic on
 //! another proxy build, model directory or engine.
 

@@ -1,8 +1,8 @@
 //! `gyre control init | run | status | bench`: the control quorum (docs/control.md).
 //!
 //! - `run --id N --data-dir DIR --listen ADDR --peers 1=ADDR,...`: one node; prints
-//!   `serving node N on ADDR` once listening, exits 2 if the node halts (a storage failure or a
-//!   projection digest mismatch), 0 on Ctrl-C / SIGTERM.
+//!   `serving node N on ADDR` once listening, exits 3 if the node halts (a storage failure or a
+//!   projection digest mismatch: [`NodeHalted`]), 0 on Ctrl-C / SIGTERM, 2 on any other error.
 //! - `init --nodes 1=ADDR,2=ADDR,3=ADDR`: forms the cluster through the lowest id, then waits for
 //!   a leader.
 //! - `status --cluster ADDRS`: leader, term, commit and applied index, digest per node.
@@ -248,10 +248,36 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
     };
     node.shutdown().await?;
     match halted {
-        Some(reason) => bail!("node {id} halted: {reason}"),
+        Some(reason) => Err(NodeHalted { id, reason }.into()),
         None => Ok(()),
     }
 }
+
+/// A node stopped itself on a storage failure or a projection digest mismatch: `main` exits
+/// with [`NodeHalted::EXIT_CODE`] so a supervisor can tell it from an ordinary startup error
+/// (a port in use) and not restart it blindly.
+#[derive(Debug)]
+pub struct NodeHalted {
+    id: u64,
+    reason: String,
+}
+
+impl NodeHalted {
+    pub const EXIT_CODE: u8 = 3;
+
+    #[cfg(test)]
+    pub fn new(id: u64, reason: String) -> NodeHalted {
+        NodeHalted { id, reason }
+    }
+}
+
+impl std::fmt::Display for NodeHalted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} halted: {}", self.id, self.reason)
+    }
+}
+
+impl std::error::Error for NodeHalted {}
 
 /// The node's options from its arguments, every cross-field rule checked with the fields named.
 fn node_options(args: &RunArgs) -> anyhow::Result<NodeOptions> {

@@ -170,7 +170,7 @@ async fn export(node: &str, out: &std::path::Path) -> anyhow::Result<()> {
         bail!("node {node} has no committed entries to export");
     };
     file.sync()?;
-    println!(
+    outln!(
         "exported {records} entries ({}..{}) to {}; head hash {}",
         file.next_index() - records,
         file.next_index() - 1,

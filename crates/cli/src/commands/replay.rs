@@ -38,7 +38,7 @@ pub struct ReplayArgs {
     /// export`, or a control node's data directory.
     log: PathBuf,
     /// Stop after this log entry (1-based) and dump the projection state there.
-    #[arg(long, value_name = "INDEX")]
+    #[arg(long, value_name = "INDEX", value_parser = clap::value_parser!(u64).range(1..))]
     at: Option<u64>,
     /// Re-run the controller at each decision point and report the first divergence.
     #[arg(long)]
@@ -593,7 +593,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let (source, mut state, started_at) = if args.log.is_dir() {
         let mut data = open_data_dir(&args.log)?;
         if !args.json {
-            println!(
+            outln!(
                 "{}: a node data directory, committed through entry {}{}",
                 args.log.display(),
                 data.committed,
@@ -745,7 +745,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
     }
@@ -823,19 +823,22 @@ fn observe(event: &Event, report: &mut PostMortem, score_sum: &mut f64, stalenes
 }
 
 fn print_text(report: &PostMortem) {
-    println!(
+    outln!(
         "log {}: {} entries, {} events, head {}",
-        report.log, report.entries, report.events, report.head_hash
+        report.log,
+        report.entries,
+        report.events,
+        report.head_hash
     );
-    println!(
+    outln!(
         "verified: CRC and hash chain of every record read; {} digest checkpoints; {} decisions recomputed",
         report.digests_verified, report.decisions_recomputed
     );
-    println!("\nevents by kind:");
+    outln!("\nevents by kind:");
     for (kind, count) in &report.events_by_kind {
-        println!("  {kind:<28} {count:>9}");
+        outln!("  {kind:<28} {count:>9}");
     }
-    println!("\nrole transitions (completed):");
+    outln!("\nrole transitions (completed):");
     let mut by_cell: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for transition in report.transitions.iter().filter(|t| t.event == "completed") {
         by_cell.entry(transition.cell).or_default().push(format!(
@@ -855,7 +858,7 @@ fn print_text(report: &PostMortem) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  cell{cell}: {}{more}",
             shown
                 .iter()
@@ -864,20 +867,23 @@ fn print_text(report: &PostMortem) {
                 .join(" ")
         );
     }
-    println!("\nsteps (end time, groups, mean staleness):");
+    outln!("\nsteps (end time, groups, mean staleness):");
     for step in &report.steps {
-        println!(
+        outln!(
             "  {:>4}  {:>8.3} h  {:>4} groups  d̄ = {:.3}",
-            step.step, step.end_hours, step.groups, step.mean_staleness
+            step.step,
+            step.end_hours,
+            step.groups,
+            step.mean_staleness
         );
     }
-    println!(
+    outln!(
         "\nbursts ended: {}; publishes: {}",
         report.bursts_ended_hours.len(),
         report.publishes.len()
     );
     let rewards = &report.rewards;
-    println!(
+    outln!(
         "rewards: {} valid evaluations (mean score {:.4}), {} invalid, {} failed; {} dummies; {} excluded",
         rewards.evaluations_valid,
         rewards.mean_score,
@@ -886,38 +892,40 @@ fn print_text(report: &PostMortem) {
         rewards.dummies,
         rewards.excluded
     );
-    println!(
+    outln!(
         "staleness: {} groups consumed, mean {:.4}, histogram {:?}",
-        report.groups_consumed, report.mean_staleness, report.staleness_histogram
+        report.groups_consumed,
+        report.mean_staleness,
+        report.staleness_histogram
     );
     let calls = &report.model_calls;
     if calls.calls > 0 {
         let input = calls.input_tokens_new + calls.input_tokens_reused;
-        println!(
+        outln!(
             "\nmodel calls: {} in {} executions ({} agents): {} roots, {} branches, {} compactions, {} aborted attempts",
             calls.calls, calls.executions, calls.agents, calls.roots, calls.branches, calls.summaries, calls.aborted
         );
-        println!(
+        outln!(
             "  prompts sampled more than once: {} (a retry answered anew, or the same question asked again)",
             calls.resampled_prompts
         );
-        println!(
+        outln!(
             "  answers not reused whole by the call after them: {} ({} sampled tokens encoded again as input; an edited or rewound answer, or one the harness re-sent in a form the proxy could not restore)",
             calls.answers_not_reused_whole, calls.answer_tokens_re_encoded
         );
         if calls.formatted > 0 {
-            println!(
+            outln!(
                 "  structured outputs: {} calls asked for a JSON format, {} held to it by the engine's grammar; {} output tokens sampled under a grammar (never targets)",
                 calls.formatted, calls.formatted_enforced, calls.constrained_output_tokens
             );
         }
         if calls.sampled_with_other_settings > 0 {
-            println!(
+            outln!(
                 "  sampled with a harness's own temperature / top-p / top-k: {} calls (context for training, never targets)",
                 calls.sampled_with_other_settings
             );
         }
-        println!(
+        outln!(
             "  input tokens: {} new, {} reused ({:.1}% reused); output tokens: {}",
             calls.input_tokens_new,
             calls.input_tokens_reused,
@@ -934,14 +942,14 @@ fn print_text(report: &PostMortem) {
             .iter()
             .map(|(version, n)| format!("v{version} {n}"))
             .collect();
-        println!(
+        outln!(
             "  engines: {}; policy versions: {}",
             engines.join(", "),
             versions.join(", ")
         );
     }
     let state = &report.final_state;
-    println!(
+    outln!(
         "\nstate after entry {} ({:.3} h): d={} p={} f={} w={} C_R={} v_t={} v_pub={} burst={}",
         state.entry,
         state.at_hours,
@@ -954,18 +962,21 @@ fn print_text(report: &PostMortem) {
         state.published_version,
         state.burst
     );
-    println!("  roles: {}", state.roles.join(" "));
+    outln!("  roles: {}", state.roles.join(" "));
     if let Some(batch) = &state.open_batch {
-        println!("  open batch {batch}");
+        outln!("  open batch {batch}");
     }
-    println!(
+    outln!(
         "  ready unpacked groups: {}; digest {}",
-        state.ready_unpacked_groups, state.digest
+        state.ready_unpacked_groups,
+        state.digest
     );
     if let Some(problem) = &report.problem {
-        println!(
+        outln!(
             "\nPROBLEM ({}) at entry {:?}: {}",
-            problem.kind, problem.entry, problem.message
+            problem.kind,
+            problem.entry,
+            problem.message
         );
     }
 }

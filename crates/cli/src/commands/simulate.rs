@@ -140,11 +140,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("writing {}", report_path.display()))?;
         }
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&output.report)?);
+            outln!("{}", serde_json::to_string_pretty(&output.report)?);
         } else {
             print_single(&output.report);
             if let Some(report_path) = &args.report {
-                println!("report: {}", report_path.display());
+                outln!("report: {}", report_path.display());
             }
         }
         return Ok(());
@@ -171,7 +171,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             );
         }
         if args.print_config {
-            print!("{}", rows[0].config.to_toml());
+            out!("{}", rows[0].config.to_toml());
             return Ok(());
         }
     }
@@ -212,11 +212,11 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             order_matches_paper: order,
             reports,
         };
-        println!("{}", serde_json::to_string_pretty(&output)?);
+        outln!("{}", serde_json::to_string_pretty(&output)?);
     } else {
-        print!("{text}");
+        out!("{text}");
         if let Some(report_path) = &args.report {
-            println!("report: {}", report_path.display());
+            outln!("report: {}", report_path.display());
         }
     }
     Ok(())
@@ -450,11 +450,13 @@ fn print_workload_stats(rows: &[PaperRow], seed: u64) {
             continue;
         }
         let stats = gyre_simulator::sample_stats(workload, row.config.n, seed, 20_000);
-        println!(
+        outln!(
             "{} (N = {}, {} sampled queries)",
-            workload.profile, row.config.n, stats.queries
+            workload.profile,
+            row.config.n,
+            stats.queries
         );
-        println!(
+        outln!(
             "  simulated: execution mean {:.2} h, query mean {:.2} h, {:.2}% of queries > 4 h, {:.2}% harness timeouts, {:.2}% overall timeouts, {:.1}% of longest executions overall-timeout",
             stats.execution_mean_h,
             stats.query_mean_h,
@@ -463,6 +465,6 @@ fn print_workload_stats(rows: &[PaperRow], seed: u64) {
             stats.overall_timeout_fraction * 100.0,
             stats.longest_execution_overall_timeout_fraction * 100.0
         );
-        println!("  {}", paper_workload_figures(&workload.profile));
+        outln!("  {}", paper_workload_figures(&workload.profile));
     }
 }

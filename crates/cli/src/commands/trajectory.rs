@@ -119,7 +119,7 @@ fn read_input(tree: &TreeArgs) -> Result<(Input, RoleClasses)> {
 }
 
 fn print_line(value: &Value) -> Result<()> {
-    println!("{}", serde_json::to_string(value)?);
+    outln!("{}", serde_json::to_string(value)?);
     Ok(())
 }
 
@@ -180,24 +180,28 @@ fn build(args: BuildArgs) -> Result<()> {
                 "tree": nodes,
             }))?;
         } else {
-            println!("execution {}", execution.name);
-            print!("{}", render_tree(tree, &classes, &name));
-            println!(
+            outln!("execution {}", execution.name);
+            out!("{}", render_tree(tree, &classes, &name));
+            outln!(
                 "requests {}  nodes {}  segments {}  roots {}  leaves {}",
-                stats.requests, stats.nodes, stats.segments, stats.roots, stats.leaves
+                stats.requests,
+                stats.nodes,
+                stats.segments,
+                stats.roots,
+                stats.leaves
             );
             let per_class: Vec<String> = stats
                 .candidates_per_class
                 .iter()
                 .map(|(class, count)| format!("{class} {count}"))
                 .collect();
-            println!(
+            outln!(
                 "candidates  {}  (unclassified {})",
                 per_class.join(", "),
                 stats.unclassified_leaves
             );
             for prefix in &stats.shared_prefixes {
-                println!(
+                outln!(
                     "shared prefix of root {}: {} nodes, {} segments, {} tokens",
                     name(tree.node(prefix.root).call),
                     prefix.nodes,
@@ -205,17 +209,19 @@ fn build(args: BuildArgs) -> Result<()> {
                     prefix.tokens
                 );
             }
-            println!(
+            outln!(
                 "node occurrences: {} if unrolled, {} in the tree, {} repeated",
                 stats.node_occurrences_unrolled,
                 stats.node_occurrences_tree,
                 stats.node_occurrences_repeated()
             );
-            println!(
+            outln!(
                 "tokens: {} in the tree, {} if unrolled, {} trainable",
-                stats.tokens_tree, stats.tokens_unrolled, stats.trainable_tokens
+                stats.tokens_tree,
+                stats.tokens_unrolled,
+                stats.trainable_tokens
             );
-            println!();
+            outln!();
         }
     }
     Ok(())

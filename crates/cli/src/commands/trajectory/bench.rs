@@ -128,11 +128,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         &mut SplitMix64::for_execution(7, execution.get()),
     );
     let full_context_tokens: u64 = samples.iter().map(|sample| sample.context_tokens).sum();
-    println!(
+    outln!(
         "== build + admit (synthetic Appendix C execution, seed {}) ==",
         args.seed
     );
-    println!(
+    outln!(
         "calls {}  nodes {}  segments {}  roots {}  leaves {}  lifecycle tokens {}  trainable {}",
         stats.requests,
         stats.nodes,
@@ -142,7 +142,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         stats.tokens_tree,
         stats.trainable_tokens
     );
-    println!(
+    outln!(
         "node occurrences unrolled {} vs tree {} ({} repeated); segments unrolled {} vs {}",
         stats.node_occurrences_unrolled,
         stats.node_occurrences_tree,
@@ -150,31 +150,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
         stats.segment_occurrences_unrolled,
         stats.segments
     );
-    println!("full contexts sent by the harness over the execution: {full_context_tokens} tokens");
-    println!(
+    outln!("full contexts sent by the harness over the execution: {full_context_tokens} tokens");
+    outln!(
         "admitted {} trajectories, L_i = {}",
         admission.trajectories.len(),
         admission.targets_count
     );
     let build = median(build_ms);
     let admit_time = median(admit_ms);
-    println!("{:<34} {:>10}", "section", "median ms");
-    println!(
+    outln!("{:<34} {:>10}", "section", "median ms");
+    outln!(
         "{:<34} {:>10.3}",
         format!("build (apply {} records)", records.len()),
         build
     );
-    println!("{:<34} {:>10.3}", "admit (J_max = 5)", admit_time);
-    println!(
+    outln!("{:<34} {:>10.3}", "admit (J_max = 5)", admit_time);
+    outln!(
         "{:<34} {:>10.3}  (goal ≤ 10 ms)",
         "build + admit",
         build + admit_time
     );
-    println!();
+    outln!();
 
     // 2. Matcher cost per call vs context length.
-    println!("== matcher cost per call vs context length ==");
-    println!(
+    outln!("== matcher cost per call vs context length ==");
+    outln!(
         "{:<18} {:>6} {:>12} {:>14} {:>16} {:>18}",
         "context tokens",
         "calls",
@@ -218,7 +218,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .map(|sample| sample.new_tokens as f64)
                 .collect(),
         );
-        println!(
+        outln!(
             "{:<18} {:>6} {:>12.0} {:>14.1} {:>16.3} {:>18.2}",
             label,
             bucket.len(),
@@ -228,10 +228,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             incremental / 1e3
         );
     }
-    println!();
+    outln!();
 
     // 3. Packing: the admitted rows of 8 executions (a group) packed vs one row per micro-step.
-    println!(
+    outln!(
         "== packing (8 executions × J_max 5 admitted rows, tokens_max {}) ==",
         args.tokens_max
     );
@@ -266,23 +266,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .max(lengths.iter().copied().max().unwrap_or(1));
     let bins = pack_rows(&lengths, tokens_max).map_err(|error| anyhow!("{error}"))?;
     let total: u64 = lengths.iter().sum();
-    println!(
+    outln!(
         "{:<28} {:>12} {:>18}",
-        "packing", "micro-steps", "padding fraction"
+        "packing",
+        "micro-steps",
+        "padding fraction"
     );
-    println!(
+    outln!(
         "{:<28} {:>12} {:>18.3}",
         "first-fit decreasing",
         bins.len(),
         padding_fraction(total, bins.len() as u64, tokens_max)
     );
-    println!(
+    outln!(
         "{:<28} {:>12} {:>18.3}",
         "one row per micro-step",
         lengths.len(),
         padding_fraction(total, lengths.len() as u64, tokens_max)
     );
-    println!(
+    outln!(
         "rows {}  tokens {}  longest row {}",
         lengths.len(),
         total,
