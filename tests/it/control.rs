@@ -354,6 +354,31 @@ fn kill_leader_and_follower_under_writes_loses_nothing_acknowledged() {
         String::from_utf8_lossy(&bad.stderr)
     );
 
+    // A digest from a client would halt every replica (each compares it with its own
+    // projection): refused, and the quorum keeps serving.
+    let digest = gyre()
+        .args(["log", "append", "--cluster", &cluster.cluster()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            writeln!(
+                child.stdin.take().expect("stdin"),
+                r#"{{"kind":"projection_digest","upto":1,"hash":"{}"}}"#,
+                "ab".repeat(32)
+            )?;
+            child.wait_with_output()
+        })
+        .expect("append runs");
+    assert!(!digest.status.success());
+    let said = String::from_utf8_lossy(&digest.stderr);
+    assert!(
+        said.contains("`projection_digest` events are written by the leader only"),
+        "{said}"
+    );
+
     let out = dir.join("export.log");
     let export = gyre()
         .args(["log", "export", "--node", &cluster.addresses[&1]])

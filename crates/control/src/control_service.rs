@@ -115,6 +115,19 @@ impl ControlService {
                 "the batch holds no events".to_string(),
             ));
         }
+        // Every replica checks a digest against its own projection and halts on a mismatch; one
+        // from a client (a tail of another cluster piped into `gyre log append`, or a made-up
+        // hash) would stop the whole quorum, again on every restart. Only the leader's proposer
+        // writes them.
+        if let Some(position) = records.iter().position(|record| {
+            gyre_log::codec::kind_from_number(record.kind)
+                == Some(gyre_log::codec::EventKind::ProjectionDigest)
+        }) {
+            return Err(ControlError::BadRequest(format!(
+                "event {position}: `projection_digest` events are written by the leader only, \
+                 never appended by a client"
+            )));
+        }
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(AppendJob { records, reply })
