@@ -205,6 +205,29 @@ impl SnapshotDir {
         path
     }
 
+    /// Stores a snapshot this node built, unless it is older than the current one: openraft
+    /// builds in a task of its own, so an install of a newer snapshot (after which the log
+    /// before it may be purged) can land while a build copies older state. The stale build is
+    /// dropped and the current snapshot returned in its place.
+    pub fn store_built(
+        &mut self,
+        meta: SnapshotMeta,
+        bytes: &[u8],
+    ) -> Result<(SnapshotMeta, PathBuf), RaftStoreError> {
+        if let Some((current, path)) = &self.current {
+            if current.last_log_id > meta.last_log_id {
+                tracing::info!(
+                    built = ?meta.last_log_id,
+                    current = ?current.last_log_id,
+                    "a snapshot built before a newer one was installed is dropped"
+                );
+                return Ok((current.clone(), path.clone()));
+            }
+        }
+        let path = self.store(meta.clone(), bytes)?;
+        Ok((meta, path))
+    }
+
     /// Stores a complete snapshot file durably, makes it current, and keeps the last two.
     pub fn store(&mut self, meta: SnapshotMeta, bytes: &[u8]) -> Result<PathBuf, RaftStoreError> {
         let path = self.dir.join(format!("snap-{:020}.snap", self.next_seq));
@@ -231,5 +254,39 @@ impl SnapshotDir {
             fs::remove_file(&path).map_err(RaftStoreError::io(&path, "delete old snapshot"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::types::log_id;
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(log_id(1, 1, index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("1-{index}"),
+        }
+    }
+
+    /// openraft builds a snapshot in a task of its own, so an install of a newer snapshot can
+    /// land while a build copies older state, and the log before the installed one may then
+    /// be purged. The stale build is neither written nor made current.
+    #[test]
+    fn a_build_older_than_the_current_snapshot_steps_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut snapshots, _) = SnapshotDir::open(dir.path().join("s")).expect("opens");
+        snapshots.store(meta(10), b"installed").expect("stores");
+        let (current, path) = snapshots.store_built(meta(3), b"stale").expect("answers");
+        assert_eq!(current, meta(10));
+        assert_eq!(fs::read(&path).expect("reads"), b"installed");
+        assert_eq!(
+            fs::read_dir(dir.path().join("s")).expect("lists").count(),
+            1
+        );
+        let (current, path) = snapshots.store_built(meta(12), b"newer").expect("stores");
+        assert_eq!(current, meta(12));
+        assert_eq!(fs::read(&path).expect("reads"), b"newer");
     }
 }

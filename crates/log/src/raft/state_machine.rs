@@ -91,7 +91,22 @@ impl<P: Projection> StateMachineStore<P> {
             last_membership: StoredMembership::default(),
         };
         let mut failures = Vec::new();
-        for path in &newest_first {
+        // The one holding the most of the log first (a file number says only which was
+        // written last); one whose header does not read goes last, to be reported.
+        let mut candidates: Vec<(Option<LogId>, &std::path::PathBuf)> = newest_first
+            .iter()
+            .map(|path| {
+                let last = std::fs::read(path).ok().and_then(|bytes| {
+                    decode_snapshot(path, &bytes)
+                        .ok()
+                        .map(|(header, _)| header.last_log_id)
+                });
+                (last.flatten(), path)
+            })
+            .collect();
+        // Stable: among equals the newer file stays first.
+        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, path) in candidates {
             match load_snapshot::<P>(path) {
                 Ok((header, projection)) => {
                     tracing::info!(
@@ -104,7 +119,7 @@ impl<P: Projection> StateMachineStore<P> {
                         last_applied: header.last_log_id,
                         last_membership: header.last_membership.clone(),
                     };
-                    snapshots.current = Some((header.meta(), path.clone()));
+                    snapshots.current = Some((header.meta(), path.to_path_buf()));
                     break;
                 }
                 Err(error) => {
@@ -142,7 +157,8 @@ impl<P: Projection> StateMachineStore<P> {
     fn apply_entry(state: &mut State<P>, entry: Entry) -> Result<Applied, StorageError> {
         let log_id = entry.log_id;
         let index = log_id.index;
-        state.last_applied = Some(log_id);
+        // `last_applied` moves only once the entry is applied: a snapshot built meanwhile must
+        // never claim an entry that halted the state machine.
         let applied = match entry.payload {
             EntryPayload::Blank => Applied {
                 index,
@@ -185,6 +201,7 @@ impl<P: Projection> StateMachineStore<P> {
                 }
             }
         };
+        state.last_applied = Some(log_id);
         Ok(applied)
     }
 }
@@ -226,6 +243,17 @@ impl<P: Projection> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<P> {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let (body, digest, last_log_id, last_membership) = {
             let state = lock(&self.inner.state);
+            if let Some(detail) = state.projection.halted() {
+                // A halted projection may hold part of the entry that stopped it; a snapshot
+                // of it would let a restart carry on past that entry.
+                return Err(snapshot_error(
+                    RaftStoreError::BadEntry {
+                        index: state.last_applied.map_or(0, |id| id.index + 1),
+                        detail: format!("no snapshot of a halted state machine: {detail}"),
+                    },
+                    ErrorVerb::Write,
+                ));
+            }
             (
                 state.projection.snapshot_body(),
                 state.projection.digest(),
@@ -246,8 +274,8 @@ impl<P: Projection> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<P> {
             };
             let bytes = encode_snapshot(&header, &body);
             let meta = header.meta();
-            let path = snapshots.store(meta.clone(), &bytes)?;
-            tracing::info!(snapshot = %path.display(), last_log_id = ?last_log_id, "built snapshot");
+            let (meta, path) = snapshots.store_built(meta, &bytes)?;
+            tracing::info!(snapshot = %path.display(), last_log_id = ?meta.last_log_id, "built snapshot");
             Ok(Snapshot {
                 meta,
                 snapshot: Box::new(SnapshotFile { path }),

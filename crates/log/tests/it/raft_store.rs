@@ -452,6 +452,40 @@ async fn snapshots_keep_the_last_two_and_a_damaged_newest_falls_back() {
     let _ = blank(1, 0);
 }
 
+/// A directory where the snapshot file written last holds less of the log than an earlier one
+/// (a build that raced an install of a newer snapshot left that before the build learnt to
+/// step aside, `snapshot::tests`): a restart restores the one holding more, since the log
+/// before it may be purged and `Raft::new` could not re-apply the entries after the other.
+#[tokio::test]
+async fn a_restart_restores_the_snapshot_holding_the_most_of_the_log() {
+    let entries = sample_entries(10);
+    let mut built = Vec::new();
+    for upto in [3usize, 10] {
+        let dir = TempDir::new().expect("temp dir");
+        let (_log, mut sm) =
+            open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("opens");
+        sm.apply(entries[..upto].to_vec()).await.expect("apply");
+        let snapshot = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let bytes = snapshot.snapshot.read_bytes().expect("reads");
+        built.push((snapshot.meta, bytes, sm.digest(), dir));
+    }
+    let (_, old_bytes, _, _) = &built[0];
+    let (_, new_bytes, new_digest, _) = &built[1];
+
+    let dir = TempDir::new().expect("temp dir");
+    let snapshots = dir.path().join("snapshots");
+    std::fs::create_dir_all(&snapshots).expect("mkdir");
+    std::fs::write(snapshots.join(format!("snap-{:020}.snap", 1)), new_bytes).expect("write");
+    std::fs::write(snapshots.join(format!("snap-{:020}.snap", 2)), old_bytes).expect("write");
+    let sm = StateMachineStore::<CountingProjection>::open(dir.path()).expect("opens");
+    assert_eq!(sm.digest(), *new_digest);
+}
+
 /// Appends entries `*next..` one durable append at a time (each of `events` events) until the
 /// writer has created `preallocated` preallocated segments, then `extra` more.
 async fn append_until_preallocated(
@@ -659,4 +693,74 @@ async fn truncation_inside_a_preallocated_segment_leaves_no_stale_record_behind(
     assert_eq!(entries[cut as usize].log_id, log_id(5, 1, cut));
     let state = log.get_log_state().await.expect("state");
     assert_eq!(state.last_log_id, Some(log_id(5, 1, cut)));
+}
+
+/// A projection that halts (as a digest mismatch does) on the batch holding marker 7.
+#[derive(Clone, Debug, Default)]
+struct HaltsOnSeven {
+    inner: CountingProjection,
+    halted: Option<String>,
+}
+
+impl gyre_log::raft::Projection for HaltsOnSeven {
+    fn apply_events(&mut self, index: u64, batch: &[u8], events: Vec<Event>) -> Result<(), String> {
+        let seven = events
+            .iter()
+            .any(|event| matches!(event.body, EventBody::EngineReady { engine } if engine.0 == 7));
+        self.inner.apply_events(index, batch, events)?;
+        if seven {
+            self.halted = Some(format!("entry {index} does not match"));
+        }
+        Ok(())
+    }
+    fn snapshot_body(&self) -> Vec<u8> {
+        self.inner.snapshot_body()
+    }
+    fn restore(body: &[u8]) -> Result<Self, String> {
+        Ok(HaltsOnSeven {
+            inner: CountingProjection::restore(body)?,
+            halted: None,
+        })
+    }
+    fn digest(&self) -> [u8; 32] {
+        self.inner.digest()
+    }
+    fn empty() -> Self {
+        HaltsOnSeven::default()
+    }
+    fn halted(&self) -> Option<String> {
+        self.halted.clone()
+    }
+}
+
+/// The entry that halts a state machine is not counted as applied, and no snapshot is built of
+/// the halted state (it may hold part of that entry): a restart must stop at it again rather
+/// than carry on past it from a snapshot.
+#[tokio::test]
+async fn a_halted_state_machine_neither_counts_the_entry_nor_snapshots_it() {
+    let dir = TempDir::new().expect("temp dir");
+    let (_log, mut sm) = open_storage::<HaltsOnSeven>(dir.path(), tiny_segments()).expect("opens");
+    sm.apply(vec![normal(1, 1, batch(1, 2))])
+        .await
+        .expect("applies");
+    assert!(sm.apply(vec![normal(1, 2, batch(7, 2))]).await.is_err());
+    assert_eq!(
+        sm.digest().0,
+        Some(log_id(1, 1, 1)),
+        "entry 2 is not applied"
+    );
+    let built = sm.get_snapshot_builder().await.build_snapshot().await;
+    let error = built.expect_err("no snapshot of a halted state machine");
+    assert!(
+        error
+            .to_string()
+            .contains("no snapshot of a halted state machine"),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("snapshots"))
+            .expect("lists")
+            .count(),
+        0
+    );
 }
