@@ -105,7 +105,7 @@ impl<P: Projection> StateMachineStore<P> {
             })
             .collect();
         // Stable: among equals the newer file stays first.
-        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        candidates.sort_by_key(|candidate| std::cmp::Reverse(candidate.0));
         for (_, path) in candidates {
             match load_snapshot::<P>(path) {
                 Ok((header, projection)) => {
