@@ -22,9 +22,9 @@
 //! - *zero tail*: zeros from a record boundary to the end of the file, which is unused space,
 //!   not damage;
 //! - *torn*: a write interrupted by a crash. Either the file ends inside a record, or a record
-//!   fails its checksum while one of its 512-byte sectors (aligned in the file) is all zeros, a
-//!   sector the crash kept from reaching the disk, and only zeros follow it (etcd's WAL uses
-//!   the same rule);
+//!   fails its checksum while one of its 512-byte sectors (aligned in the file) is all zeros, or
+//!   it is zeros from a sector boundary inside it to its end, sectors the crash kept from
+//!   reaching the disk, and only zeros follow it (etcd's WAL uses the same rule);
 //! - anything else is corruption, refused with the segment, offset and index.
 
 use std::fs::File;
@@ -277,10 +277,23 @@ pub fn scan_segment(
 /// Size of the sectors a torn write leaves unwritten as a whole.
 const SECTOR_BYTES: u64 = 512;
 
-/// Whether the record at file offset `offset` (its `frame` then `payload`) contains a whole
-/// 512-byte sector, aligned in the file, of zeros.
+/// Whether the record at file offset `offset` (its `frame` then `payload`) has sectors a crash
+/// kept from the disk: a whole 512-byte sector, aligned in the file, of zeros, or zeros from a
+/// sector boundary inside it to its end. The second is the common torn append: the record ends
+/// less than a sector past the last page that reached the disk.
 fn has_zero_sector(offset: u64, frame: &[u8], payload: &[u8]) -> bool {
     let record_len = frame.len() as u64 + payload.len() as u64;
+    let last_non_zero = payload
+        .iter()
+        .rposition(|byte| *byte != 0)
+        .map(|at| frame.len() + at)
+        .or_else(|| frame.iter().rposition(|byte| *byte != 0));
+    if let Some(last) = last_non_zero {
+        let zeros_from = (offset + last as u64 + 1).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        if zeros_from < offset + record_len {
+            return true;
+        }
+    }
     let byte_at = |at: u64| -> u8 {
         let at = (at - offset) as usize;
         if at < frame.len() {

@@ -637,6 +637,27 @@ async fn in_preallocated_space_a_torn_record_is_truncated_but_a_flipped_bit_is_r
     assert_eq!(entries[next as usize - 1].log_id, log_id(2, 1, next - 1));
     close(log).await;
 
+    // The common torn append: the record's last page missed the disk, and it ends less than a
+    // sector past the page that made it (no whole zero sector inside it). Also recovered.
+    let end = offset + len;
+    assert_ne!(end % 512, 0, "the record ends inside a sector");
+    let tail = TempDir::new().expect("temp dir");
+    copy_dir(dir.path(), tail.path());
+    let tail_segment = tail
+        .path()
+        .join("log")
+        .join(active.file_name().expect("name"));
+    let boundary = (end - 1) / 512 * 512;
+    OpenOptions::new()
+        .write(true)
+        .open(&tail_segment)
+        .expect("open")
+        .write_all_at(&vec![0u8; (end - boundary) as usize], boundary)
+        .expect("zero the record's last partial sector");
+    let mut log = LogStore::open(tail.path(), options).expect("a torn tail sector is recovered");
+    assert_eq!(read_all(&mut log).await.len() as u64, next - 1);
+    close(log).await;
+
     // A flipped bit in a record that is all there is damage, not a torn write: refused.
     let flipped = TempDir::new().expect("temp dir");
     copy_dir(dir.path(), flipped.path());
