@@ -471,6 +471,40 @@ pub async fn warmup(
     let _ = out.send(piece).await;
 }
 
+/// The prompt of a call in flight. Its tokens are the agent's context, taken by `prepare`: a
+/// call that ends without a record (any early return below, or a panic) gives them back when
+/// the lease drops ([`Session::give_back`]); `finish_call` takes them for good.
+struct PromptLease {
+    execution: ExecutionHandle,
+    prepared: Option<Prepared>,
+}
+
+impl PromptLease {
+    fn take(&mut self) -> Prepared {
+        self.prepared
+            .take()
+            .expect("a prompt is taken once, at the end of its call")
+    }
+}
+
+impl std::ops::Deref for PromptLease {
+    type Target = Prepared;
+
+    fn deref(&self) -> &Prepared {
+        self.prepared
+            .as_ref()
+            .expect("the prompt is read only before the call finishes")
+    }
+}
+
+impl Drop for PromptLease {
+    fn drop(&mut self) {
+        if let Some(prepared) = self.prepared.take() {
+            self.execution.lock().give_back(prepared);
+        }
+    }
+}
+
 /// Runs the call and sends its pieces to `out` (dropped receiver = the harness went away: the
 /// engine request is aborted and nothing is recorded).
 pub async fn run(
@@ -484,6 +518,10 @@ pub async fn run(
     if let Some(replay) = prepared.replay.take() {
         return run_replay(app, execution, request, prepared, replay, store_on_end, out).await;
     }
+    let mut prepared = PromptLease {
+        execution: execution.clone(),
+        prepared: Some(prepared),
+    };
     let started = Instant::now();
     let requested_at = wall_clock();
     let api = request.api;
@@ -815,6 +853,7 @@ pub async fn run(
             u32::try_from(sampled.output_ids.len()).unwrap_or(u32::MAX),
         )
     });
+    let prepared = prepared.take();
     let finished = execution.lock().finish_call(prepared, sampled);
     let record = match finished {
         Ok(record) => record,

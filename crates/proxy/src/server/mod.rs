@@ -2169,11 +2169,19 @@ async fn serve_call(
     };
     if let (Ok(prepared), Some(dir)) = (&prepared, std::env::var_os("GYRE_PROXY_DUMP_DIR")) {
         // Debugging aid: every rendered prompt, as the engine will see it.
-        let name = format!(
-            "{}-{}.txt",
-            prepared.agent.replace(':', "_"),
-            execution.lock().calls()
-        );
+        // The agent's name comes from a request header: only safe characters reach the path.
+        let agent: String = prepared
+            .agent
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let name = format!("{agent}-{}.txt", execution.lock().calls());
         let _ = std::fs::write(std::path::Path::new(&dir).join(name), &prepared.text);
     }
     let prepared = match prepared {

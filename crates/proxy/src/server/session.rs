@@ -780,6 +780,42 @@ impl Session {
         Ok(record)
     }
 
+    /// A call that ends without a record (the harness went away, every engine failed, a 4xx
+    /// from the engine) gives its prompt's tokens back to its agent, whose context `prepare`
+    /// emptied: the next call (often the harness's retry of this one) then reuses them rather
+    /// than encoding the whole conversation again, which would re-encode the sampled answers
+    /// in its history. Nothing happens when another call of the agent finished meanwhile (its
+    /// context is newer), for a re-sent call answered from the log (it took nothing), or for an
+    /// agent whose first call this was (its history holds no sampled answer, and an unknown
+    /// agent's first call is what ties a sub-agent to the call that spawned it).
+    pub fn give_back(&mut self, prepared: Prepared) {
+        if prepared.replay.is_some() {
+            return;
+        }
+        let Some(current) = self.agents.get_mut(&prepared.agent) else {
+            return;
+        };
+        if !current.ids.is_empty() || !current.text.is_empty() {
+            return;
+        }
+        let ids = Arc::try_unwrap(prepared.context_ids).unwrap_or_else(|shared| (*shared).clone());
+        let ids_json =
+            Arc::try_unwrap(prepared.context_json).unwrap_or_else(|shared| (*shared).clone());
+        *current = AgentContext {
+            call: current.call,
+            output_start: ids.len(),
+            prompt_len: prepared.text.len(),
+            committed: false,
+            delivered: false,
+            stops: None,
+            text: prepared.text,
+            ids,
+            ids_json,
+            ends: prepared.ends,
+            provenance: prepared.provenance,
+        };
+    }
+
     /// How many agents' contexts the session holds.
     pub fn agent_contexts_count(&self) -> usize {
         self.agents.len()

@@ -219,10 +219,10 @@ proptest! {
                 serde_json::to_string(&*prepared.context_ids).expect("serialises")
             );
             if matches!(turn, Turn::Fails) {
-                // The engine failed: the prepared prompt is dropped, the harness retries later
-                // with the same history.
+                // The engine failed: the prepared prompt goes back to its agent (as the call's
+                // lease does), the harness retries later with the same history.
                 request.messages.pop();
-                drop(prepared);
+                session.give_back(prepared);
                 last[agent] = None;
                 continue;
             }
@@ -284,6 +284,58 @@ fn a_growing_conversation_encodes_only_its_new_tokens() {
         second.reused_by_text
     );
     assert!(second.encoded < 16, "encoded {}", second.encoded);
+}
+
+/// A call that fails after `prepare` (the harness went away, every engine failed) gives its
+/// prompt's tokens back to the agent: the retry encodes only what is new again, rather than the
+/// whole conversation with its sampled answers (whose tokens a fresh encode may not give back).
+#[test]
+fn a_failed_calls_retry_reuses_its_prompt_tokens() {
+    let model = model();
+    let mut session = Session::new(ExecutionId(8), &model, 0);
+    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+    request
+        .messages
+        .push(Message::new(Role::User, "first question ".repeat(50)));
+    let first = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let record = session
+        .finish_call(first, sampled(&model, "first answer"))
+        .expect("finishes");
+    session.record_committed(&record);
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "first answer"));
+    request.messages.push(Message::new(Role::User, "second"));
+    let failed = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let prompt = failed.context_ids.clone();
+    session.give_back(failed);
+    let retry = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert_eq!(retry.context_ids, prompt, "the same prompt tokens");
+    assert!(retry.encoded < 16, "encoded {} again", retry.encoded);
+    // Two calls of the agent in flight together: the one that finishes keeps its context, and
+    // the other's late give-back leaves it alone.
+    let overlapping = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    let record = session
+        .finish_call(retry, sampled(&model, "second answer"))
+        .expect("finishes");
+    session.record_committed(&record);
+    session.give_back(overlapping);
+    request
+        .messages
+        .push(Message::new(Role::Assistant, "second answer"));
+    request.messages.push(Message::new(Role::User, "third"));
+    let third = session
+        .prepare(&model, &request, None, reference_now())
+        .expect("prepares");
+    assert!(third.encoded < 16, "encoded {}", third.encoded);
 }
 
 /// A call the harness marks as a compaction in its headers is a summary call even when its
