@@ -259,6 +259,26 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
         sink.commit(event(&record))
             .await
             .expect("the same record again: already in the log, accepted");
+        // The tree a node answers from keeps neither the answer format's schema nor the
+        // sampling settings: a record that has them is still the one the log holds.
+        let mut structured = record.clone();
+        structured.call = CallId(1);
+        structured.parent_call = Some(CallId(0));
+        structured.reused_prefix_tokens_count = 5;
+        structured.output_constraint = Some(gyre_event::OutputConstraint {
+            schema: Some(r#"{"type":"object"}"#.into()),
+            enforced: true,
+            constrained_tokens: 2,
+        });
+        structured.sampling = gyre_event::SamplingSettings {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: Some(40),
+        };
+        sink.commit(event(&structured)).await.expect("first commit");
+        sink.commit(event(&structured))
+            .await
+            .expect("a structured, harness-sampled record again: accepted");
         let mut other = record.clone();
         other.output_ids = vec![4, 6];
         let refused = sink

@@ -75,7 +75,8 @@ impl ControlSink {
     /// sample a sibling beside a record the log already holds). A different record under the
     /// same call id is a real conflict. Each node is asked until one holds the call (the node
     /// that refused the retry holds it; another may lag). A node answers from its trajectory
-    /// tree, which keeps every token, log-prob and the call's place but no times (and no stop
+    /// tree, which keeps every token, log-prob and the call's place but no times, no sampling
+    /// settings, of an answer format only how many outputs it constrained (and no stop
     /// sequences for trees restored from a format-2 snapshot): those are not compared.
     async fn already_in_log(
         mut client: gyre_control::ClusterClient,
@@ -100,6 +101,16 @@ impl ControlSink {
                         ours.first_token_after = held.first_token_after;
                         ours.completed_after = held.completed_after;
                         ours.stop_sequences.clone_from(&held.stop_sequences);
+                        ours.sampling = held.sampling;
+                        let constrained = |record: &gyre_event::ModelCallRecord| {
+                            record
+                                .output_constraint
+                                .as_ref()
+                                .map_or(0, |constraint| constraint.constrained_tokens)
+                        };
+                        if constrained(&ours) == constrained(held) {
+                            ours.output_constraint.clone_from(&held.output_constraint);
+                        }
                         return Ok(**held == ours);
                     }
                 }
