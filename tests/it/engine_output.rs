@@ -149,3 +149,37 @@ fn an_engine_that_dies_after_the_last_token_ends_the_answer_at_its_limit() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].output_ids.len(), 8);
 }
+
+/// The same on the last attempt a call is allowed: the whole answer was sampled, so it is
+/// answered, not refused as overloaded for want of attempts.
+#[test]
+fn a_complete_answer_on_the_last_allowed_attempt_is_answered() {
+    let runtime = crate::support::runtime();
+    let engine = recording();
+    engine
+        .inner
+        .inject(gyre_proxy::engine::Fault::DieAfterTokens(8));
+    let proxy = crate::in_process::proxy_with(
+        &runtime,
+        engine.clone(),
+        gyre_proxy::server::ServerConfig {
+            engine_attempts_max: 1,
+            ..gyre_proxy::server::ServerConfig::default()
+        },
+    );
+    let (status, answer) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Say something."}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["stop_reason"], "max_tokens", "{answer}");
+    let calls: Vec<_> = proxy
+        .sink
+        .records()
+        .into_iter()
+        .filter(|record| record.kind != gyre_event::CallKind::Aborted)
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].output_ids.len(), 8);
+}

@@ -794,6 +794,11 @@ pub async fn run(
             produced = sampled.output_ids.len(),
             "engine failed mid-call; continuing on the next engine"
         );
+        if sampled.output_ids.len() as u32 >= max_new {
+            // The whole answer was sampled before the engine failed: it is complete at its
+            // limit whatever the failure or the attempts left (the loop's top ends it).
+            continue 'engines;
+        }
         if !failure.is_retryable() {
             // A 4xx or a refusal fails the same way on any engine and on a retry of the same
             // body: the harness is told it is its request (a 400), not asked to retry (529).
