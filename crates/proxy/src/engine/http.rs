@@ -177,7 +177,12 @@ impl HttpEngine {
         };
         let status = response.status();
         if !status.is_success() {
-            let body = read_truncated(response.into_body(), self.config.error_body_bytes_max).await;
+            let body = read_truncated(
+                response.into_body(),
+                self.config.error_body_bytes_max,
+                timeout,
+            )
+            .await;
             return Err(EngineFailure::Status {
                 engine: self.name.clone(),
                 code: status.as_u16(),
@@ -196,16 +201,29 @@ impl HttpEngine {
         json_body: Option<super::PiecesBody>,
     ) -> Result<(), EngineFailure> {
         let response = self.send(method, path, json_body, false, None).await?;
-        read_truncated(response.into_body(), self.config.error_body_bytes_max).await;
+        read_truncated(
+            response.into_body(),
+            self.config.error_body_bytes_max,
+            Duration::from_millis(self.config.response_timeout_ms),
+        )
+        .await;
         Ok(())
     }
 }
 
-/// Up to `bytes_max` bytes of `body` as (lossy) text; the rest is dropped.
-async fn read_truncated(mut body: Incoming, bytes_max: usize) -> String {
+/// What a finished stream may still send before its connection is dropped rather than drained.
+const DRAIN_BYTES_MAX: usize = 64 << 10;
+
+/// Up to `bytes_max` bytes of `body` as (lossy) text, read for at most `within`; the rest is
+/// dropped (an engine or gateway that sends a head and then stalls cannot hold the caller).
+async fn read_truncated(mut body: Incoming, bytes_max: usize, within: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + within;
     let mut bytes = Vec::new();
     while bytes.len() < bytes_max {
-        match body.frame().await {
+        let Ok(frame) = tokio::time::timeout_at(deadline, body.frame()).await else {
+            break;
+        };
+        match frame {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     bytes.extend_from_slice(&data);
@@ -530,11 +548,18 @@ impl EventReader {
         }
     }
 
-    /// Reads to the end of the body, bounded by the idle timeout; errors are irrelevant now.
+    /// Reads to the end of the body (normally a `[DONE]`) so the connection can be reused, for
+    /// at most the idle timeout in all and [`DRAIN_BYTES_MAX`] bytes; errors are irrelevant
+    /// now. An engine that keeps sending after its finish loses the connection instead of
+    /// holding this task for ever.
     async fn drain(&mut self) {
-        loop {
-            match tokio::time::timeout(self.idle, self.body.frame()).await {
-                Ok(Some(Ok(_))) => {}
+        let deadline = tokio::time::Instant::now() + self.idle;
+        let mut bytes = 0usize;
+        while bytes <= DRAIN_BYTES_MAX {
+            match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    bytes += frame.data_ref().map_or(0, |data| data.len());
+                }
                 _ => return,
             }
         }

@@ -387,3 +387,36 @@ fn addresses_must_be_plain_http_with_a_port() {
     let engine = SglangEngine::new("10.0.0.5:30000", SglangConfig::default()).expect("valid");
     assert_eq!(engine.name(), "sglang@10.0.0.5:30000");
 }
+
+/// An engine (or a gateway) that sends an error's head and then stalls its body: the failure
+/// comes back within the response timeout, with what the body held so far, instead of holding
+/// the call (and a stop sequence's or a disconnect's abort) for ever.
+#[tokio::test]
+async fn an_error_whose_body_stalls_fails_within_the_response_timeout() {
+    let fake = fake().await;
+    let config = SglangConfig {
+        http: HttpEngineConfig {
+            response_timeout_ms: 300,
+            ..HttpEngineConfig::default()
+        },
+        ..SglangConfig::default()
+    };
+    let engine = SglangEngine::new(&fake.url(), config).expect("valid");
+    fake.inject(FakeFault::StatusThenStall { code: 503 });
+    let started = std::time::Instant::now();
+    let failure = within(engine.generate(request("r1", None)))
+        .await
+        .expect_err("503");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    match &failure {
+        EngineFailure::Status { code, body, .. } => {
+            assert_eq!(*code, 503);
+            assert!(body.starts_with("{\"error\""), "{body}");
+        }
+        other => panic!("expected a status, got {other:?}"),
+    }
+}

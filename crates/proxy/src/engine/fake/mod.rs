@@ -78,6 +78,9 @@ pub enum FakeFault {
     /// this many milliseconds until the client goes away, as a stuck engine behind a gateway
     /// that keeps idle streams alive.
     KeepAliveOnly { every_ms: u64 },
+    /// Answer this status with a body that starts and never ends (a gateway that stalls after
+    /// the head) until the client goes away.
+    StatusThenStall { code: u16 },
 }
 
 /// What a fake served so far.
@@ -482,6 +485,28 @@ pub(crate) async fn start_generation(
                 }
             });
             return Err(response);
+        }
+        Some(FakeFault::StatusThenStall { code }) => {
+            let (sender, receiver) = mpsc::channel::<Result<Bytes, io::Error>>(1);
+            let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+                receiver.recv().await.map(|item| (item, receiver))
+            });
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            // Task "fake-stall": owned by the response body; ends when the client left.
+            tokio::spawn(async move {
+                if sender
+                    .send(Ok(Bytes::from_static(b"{\"error\": ")))
+                    .await
+                    .is_ok()
+                {
+                    sender.closed().await;
+                }
+            });
+            return Err(Response::builder()
+                .status(status)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(stream))
+                .expect("a status and a fixed header make a valid response"));
         }
         Some(FakeFault::CutAfterTokens(tokens)) => cut_after = Some(tokens as usize),
         None => {}
