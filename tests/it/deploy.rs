@@ -315,3 +315,42 @@ fn proxy_execution_numbering_is_checked() {
         "{stderr}"
     );
 }
+
+/// `--check` (systemd's `ExecStartPre`) catches what would stop the start: an admin token file
+/// that cannot be read, and a log or capture file whose directory does not exist.
+#[test]
+fn proxy_check_catches_what_would_stop_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("tito.log");
+    let log = log.to_str().expect("utf-8");
+    let missing = dir.path().join("missing");
+    let missing = missing.to_str().expect("utf-8");
+    let in_missing = format!("{missing}/tito.log");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--log", log, "--admin-token-file", missing],
+            "field `admin_token_file`: reading",
+        ),
+        (&["--log", &in_missing], "field `log`: the directory"),
+        (
+            &["--log", log, "--capture", &in_missing],
+            "field `capture`: the directory",
+        ),
+    ];
+    for (extra, wanted) in cases {
+        let mut args = vec!["proxy", "--engine", "deterministic", "--check"];
+        args.extend_from_slice(extra);
+        let (code, _, stderr) = crate::support::gyre(&args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(wanted), "{extra:?}: {stderr}");
+    }
+    let (code, _, stderr) = crate::support::gyre(&[
+        "proxy",
+        "--engine",
+        "deterministic",
+        "--check",
+        "--log",
+        log,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+}

@@ -52,7 +52,8 @@ enum Command {
     /// Start here: run the paper's scheduling table on the simulator and write a report.
     ///
     /// Needs no GPU, no network and no setup. Today this is a simulation with the real
-    /// scheduler; the embedded end-to-end training run replaces it when the CPU policy lands.
+    /// scheduler; the embedded end-to-end training run (the CPU policy, the proxy and cell
+    /// workers together) replaces it once the cell workers land.
     Quickstart(commands::quickstart::QuickstartArgs),
     /// Run the real scheduler on a simulated cluster: the paper's tables, or one TOML config.
     ///

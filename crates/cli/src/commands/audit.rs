@@ -44,6 +44,7 @@ pub struct AuditArgs {
 enum AuditCommand {
     /// Check a bundle offline against a head hash you trust.
     Verify {
+        /// The bundle written by `gyre audit LOG --execution E --out FILE`.
         bundle: PathBuf,
         /// The log head hash (hex) the bundle must chain to.
         #[arg(long)]

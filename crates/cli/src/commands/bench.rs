@@ -26,7 +26,7 @@ enum BenchCommand {
         repeat: usize,
     },
     /// The replicated log on a 3-node loopback cluster with fdatasync: committed events/s and
-    /// p50/p99 commit latency (1, 64, 256 writers), token-record MB/s, replay events/s and
+    /// p50/p99 commit latency (1, 64, 256 and 2048 writers), token-record MB/s, replay events/s and
     /// restart-to-serving time, beside the goals (same as `gyre control bench`).
     Log(super::control::LogBenchArgs),
     /// The model proxy: added latency p50/p99 vs calling the same fake SGLang engine directly

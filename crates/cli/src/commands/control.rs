@@ -48,6 +48,7 @@ enum ControlCommand {
     Run(RunArgs),
     /// Print every node's view: leader, term, commit / applied index, digest, membership.
     Status {
+        /// Node addresses, `host:port,host:port,...` (every node is asked).
         #[arg(long)]
         cluster: String,
         /// One JSON object per node instead of a table.
@@ -94,7 +95,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
     /// A follower that hears no leader for a random time between these two bounds (ms)
-    /// starts an election. Keep the lower bound several heartbeats long.
+    /// starts an election. The lower bound must be at least 3 heartbeats.
     #[arg(long, default_value_t = 600)]
     election_timeout_min_ms: u64,
     /// Upper bound of the election timeout, ms.

@@ -47,8 +47,11 @@ enum LogCommand {
     },
     /// Write a node's log to an event file (`gyre replay FILE` reads it).
     Export {
+        /// The node whose log is written, `host:port`; a log purged behind a snapshot is
+        /// written from its first kept entry.
         #[arg(long)]
         node: String,
+        /// The event file to create; an existing file is never overwritten.
         #[arg(long)]
         out: PathBuf,
     },

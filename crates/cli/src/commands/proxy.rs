@@ -278,7 +278,36 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     if args.log.is_none() && args.cluster.is_none() {
         bail!("say where records go: --log FILE (a local event file) or --cluster ADDRS (the control quorum)");
     }
+    // Read before `--check` answers: a token file that cannot be read stops the start, so the
+    // check (systemd's `ExecStartPre`) must catch it too.
+    let admin_token = match &args.admin_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("field `admin_token_file`: reading {}", path.display()))?;
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                anyhow::bail!("field `admin_token_file`: {} is empty", path.display());
+            }
+            Some(token)
+        }
+    };
     if args.check {
+        // Files the proxy creates need their directory; a check that passed them would
+        // let the start fail and a supervisor restart it in a loop.
+        for (field, path) in [("log", &args.log), ("capture", &args.capture)] {
+            let Some(path) = path else { continue };
+            let parent = path
+                .parent()
+                .filter(|parent| !parent.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            if !parent.is_dir() {
+                bail!(
+                    "field `{field}`: the directory {} does not exist",
+                    parent.display()
+                );
+            }
+        }
         if let Some(addresses) = &args.cluster {
             gyre_control::ClusterClient::new(addresses).context("field `cluster`")?;
         }
@@ -336,18 +365,6 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let address = listener.local_addr()?;
     drop(listener);
-    let admin_token = match &args.admin_token_file {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("field `admin_token_file`: reading {}", path.display()))?;
-            let token = text.trim().to_string();
-            if token.is_empty() {
-                anyhow::bail!("field `admin_token_file`: {} is empty", path.display());
-            }
-            Some(token)
-        }
-    };
     if admin_token.is_none() && !address.ip().is_loopback() {
         tracing::warn!(
             listen = %address,
