@@ -92,7 +92,7 @@ fn config_errors_name_the_field() {
         ),
         (
             base.replace("id = 1", "id = \"one\""),
-            "field `id`: invalid value 'one': invalid digit found in string",
+            "field `id`: expected an integer, found string",
         ),
         (
             base.replace("peers = \"1=127.0.0.1:7001\"", "peers = \"2=127.0.0.1:7001\""),

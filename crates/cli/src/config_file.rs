@@ -89,8 +89,15 @@ pub fn settings(
         .parse()
         .map_err(|error: toml::de::Error| anyhow!("{file}: {}", error.to_string().trim_end()))?;
     let mut flags = Vec::new();
+    let mut seen: std::collections::BTreeMap<String, &str> = std::collections::BTreeMap::new();
     for (key, value) in &table {
         let long = key.replace('_', "-");
+        if let Some(first) = seen.insert(long.clone(), key) {
+            return Err(anyhow!(
+                "{file}: field `{}` is given twice (as `{first}` and `{key}`)",
+                long.replace('-', "_")
+            ));
+        }
         let arg = command
             .get_arguments()
             .find(|arg| arg.get_long() == Some(long.as_str()))
@@ -139,6 +146,41 @@ pub fn settings(
             }
             (_, value) => vec![scalar(value).map_err(&field_error)?],
         };
+        let wanted = toml_kind(arg);
+        let given_kinds: Vec<&toml::Value> = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            toml::Value::Table(_) => Vec::new(),
+            other => vec![other],
+        };
+        for item in given_kinds {
+            if !wanted.admits(item) {
+                return Err(field_error(format!(
+                    "expected {}, found {}",
+                    wanted.describe(),
+                    item.type_str()
+                )));
+            }
+        }
+        // A field the command line overrides through a conflicting flag (`--log` on the
+        // command line, `cluster` in the file) gives way to it, as the same field would.
+        // Conflicts are declared on one side (`log` conflicts with `cluster`): both are read.
+        let conflicts = |one: &clap::Arg, other: &clap::Arg| {
+            command
+                .get_arg_conflicts_with(one)
+                .iter()
+                .any(|conflict| conflict.get_id() == other.get_id())
+        };
+        let overridden = command.get_arguments().any(|other| {
+            (conflicts(arg, other) || conflicts(other, arg))
+                && other.get_long().is_some_and(|other| {
+                    let flag = format!("--{other}");
+                    let prefix = format!("--{other}=");
+                    given
+                        .iter()
+                        .take_while(|word| *word != "--")
+                        .any(|word| *word == flag || word.starts_with(&prefix))
+                })
+        });
         // The flag's own parser, alone on a throw-away command (the real one would also
         // insist on its required flags).
         let mut parser = clap::Arg::new(arg.get_id().clone())
@@ -155,11 +197,70 @@ pub fn settings(
                 .try_get_matches_from([value.clone()])
                 .map_err(|error| field_error(clap_reason(&error)))?;
         }
+        if overridden {
+            continue;
+        }
         for value in values {
             flags_if_not_given(&mut flags, &long, Some(value), given);
         }
     }
     Ok(flags)
+}
+
+/// The TOML type a flag's values must have, from the type its parser yields.
+#[derive(Clone, Copy)]
+enum TomlKind {
+    Integer,
+    Number,
+    Boolean,
+    Text,
+}
+
+impl TomlKind {
+    fn admits(self, value: &toml::Value) -> bool {
+        matches!(
+            (self, value),
+            (TomlKind::Integer, toml::Value::Integer(_))
+                | (
+                    TomlKind::Number,
+                    toml::Value::Integer(_) | toml::Value::Float(_)
+                )
+                | (TomlKind::Boolean, toml::Value::Boolean(_))
+                | (TomlKind::Text, toml::Value::String(_))
+        )
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            TomlKind::Integer => "an integer",
+            TomlKind::Number => "a number",
+            TomlKind::Boolean => "true or false",
+            TomlKind::Text => "a string",
+        }
+    }
+}
+
+fn toml_kind(arg: &clap::Arg) -> TomlKind {
+    use std::any::TypeId;
+    let id = arg.get_value_parser().type_id();
+    let integers = [
+        TypeId::of::<u8>(),
+        TypeId::of::<u16>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<usize>(),
+        TypeId::of::<i32>(),
+        TypeId::of::<i64>(),
+    ];
+    if integers.iter().any(|integer| id == *integer) {
+        TomlKind::Integer
+    } else if id == TypeId::of::<f32>() || id == TypeId::of::<f64>() {
+        TomlKind::Number
+    } else if id == TypeId::of::<bool>() {
+        TomlKind::Boolean
+    } else {
+        TomlKind::Text
+    }
 }
 
 fn flags_if_not_given(
@@ -295,6 +396,52 @@ auto_open = true
         );
         // Words after `--` are not flags.
         assert_eq!(flags("id = 3\n", &["--", "--id"]).unwrap(), ["--id", "3"]);
+    }
+
+    #[test]
+    fn values_of_the_wrong_toml_type_are_refused() {
+        let message = |text: &str| flags(text, &[]).unwrap_err().to_string();
+        assert_eq!(
+            message("id = \"3\"\n"),
+            "node.toml: field `id`: expected an integer, found string"
+        );
+        assert_eq!(
+            message("id = 3.0\n"),
+            "node.toml: field `id`: expected an integer, found float"
+        );
+        assert_eq!(
+            message("data_dir = 5\n"),
+            "node.toml: field `data_dir`: expected a string, found integer"
+        );
+        assert_eq!(
+            message("engine_url = [\"http://a:1\", 2]\n"),
+            "node.toml: field `engine_url`: expected a string, found integer"
+        );
+    }
+
+    #[test]
+    fn a_field_given_twice_is_refused() {
+        let error = flags("data_dir = \"a\"\ndata-dir = \"b\"\n", &[]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "node.toml: field `data_dir` is given twice (as `data-dir` and `data_dir`)"
+        );
+    }
+
+    #[test]
+    fn a_conflicting_flag_on_the_command_line_replaces_the_field() {
+        let command = command()
+            .arg(Arg::new("log").long("log").conflicts_with("cluster"))
+            .arg(Arg::new("cluster").long("cluster"));
+        let given = ["--log".to_string(), "x.log".to_string()];
+        let flags = settings(
+            &command,
+            Path::new("p.toml"),
+            "cluster = \"a:1\"\nid = 2\n",
+            &given,
+        )
+        .unwrap();
+        assert_eq!(flags, ["--id", "2"]);
     }
 
     #[test]

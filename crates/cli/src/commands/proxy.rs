@@ -106,7 +106,7 @@ pub struct ProxyArgs {
     #[arg(long = "engine-url")]
     engine_urls: Vec<String>,
     /// Engines for scripted / deterministic (each an independent copy).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     engines: usize,
     /// Record TITO events to this local event file (fdatasync per group).
     #[arg(long, conflicts_with = "cluster")]
@@ -127,7 +127,7 @@ pub struct ProxyArgs {
     credentials: Option<PathBuf>,
     /// Request bodies over this many bytes get 413: as sent, and again after undoing a
     /// `Content-Encoding` (gzip, deflate, br, zstd), so a compressed body cannot inflate past it.
-    #[arg(long, default_value_t = 32 << 20)]
+    #[arg(long, default_value_t = 32 << 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     body_limit: usize,
     /// A client that sends no byte of its request body for this many seconds gets 408 (a
     /// harness host that stalled or vanished mid-request does not hold the request open).
