@@ -139,7 +139,11 @@ impl ControlNode {
             tokio::spawn(controller.run(shutdown_seen.clone())),
         ));
 
-        let raft_service = RaftService::new(node.raft.clone(), options.data_dir.clone());
+        let raft_service = RaftService::new(
+            node.raft.clone(),
+            options.data_dir.clone(),
+            node.state_machine.install_gate(),
+        );
         let control_service = ControlService {
             id: options.id,
             raft: node.raft.clone(),

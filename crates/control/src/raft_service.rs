@@ -22,14 +22,17 @@ pub struct RaftService {
     raft: Raft,
     snapshot_dir: PathBuf,
     received: Arc<AtomicU64>,
+    /// The state machine's gate: a received snapshot is pending there until it settles.
+    installs: Arc<gyre_log::raft::InstallGate>,
 }
 
 impl RaftService {
-    pub fn new(raft: Raft, data_dir: PathBuf) -> Self {
+    pub fn new(raft: Raft, data_dir: PathBuf, installs: Arc<gyre_log::raft::InstallGate>) -> Self {
         RaftService {
             raft,
             snapshot_dir: data_dir.join("snapshots"),
             received: Arc::new(AtomicU64::new(0)),
+            installs,
         }
     }
 
@@ -101,10 +104,13 @@ impl pb::raft_server::Raft for RaftService {
             "incoming-rpc-{}-{sequence}.snap",
             std::process::id()
         ));
-        let file = tokio::task::spawn_blocking(move || SnapshotFile::write_received(path, &bytes))
-            .await
-            .map_err(|join| Status::internal(format!("snapshot writer task failed: {join}")))?
-            .map_err(|error| Status::internal(format!("storing received snapshot: {error}")))?;
+        let installs = self.installs.clone();
+        let file = tokio::task::spawn_blocking(move || {
+            SnapshotFile::write_received(path, &bytes, &installs)
+        })
+        .await
+        .map_err(|join| Status::internal(format!("snapshot writer task failed: {join}")))?
+        .map_err(|error| Status::internal(format!("storing received snapshot: {error}")))?;
         let snapshot = Snapshot {
             meta,
             snapshot: Box::new(file),

@@ -13,6 +13,7 @@ use tokio::sync::{oneshot, watch};
 use super::error::RaftStoreError;
 use super::index::{Place, Slot};
 use super::record::payload_len_hint;
+use super::snapshot::InstallGate;
 use super::types::{Entry, LogFlushed, LogId, StorageError, TypeConfig, Vote};
 use super::writer::{lock, read_slot, Command, Completion, LogStats, Shared, Writer, WriterStats};
 
@@ -50,7 +51,13 @@ pub struct LogStore {
     commands: mpsc::Sender<Command>,
     exited: watch::Receiver<bool>,
     options: LogStoreOptions,
+    /// The state machine's received snapshots not yet settled: a purge waits for them.
+    installs: Option<Arc<InstallGate>>,
 }
+
+/// How long a purge waits for a received snapshot to settle before it leaves the log as it is
+/// (keeping entries is always safe; openraft asks again after the next snapshot).
+const PURGE_WAITS_FOR_INSTALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Reads entries for replication; cheap to clone.
 #[derive(Clone)]
@@ -103,7 +110,17 @@ impl LogStore {
             commands,
             exited,
             options,
+            installs: None,
         })
+    }
+
+    /// Makes every purge wait until the snapshots `gate` counts have settled
+    /// ([`StateMachineStore::install_gate`]; `open_storage` does this). openraft 0.9 queues the
+    /// purge after an install without waiting for the install to be durable.
+    ///
+    /// [`StateMachineStore::install_gate`]: super::StateMachineStore::install_gate
+    pub fn wait_for_installs(&mut self, gate: Arc<InstallGate>) {
+        self.installs = Some(gate);
     }
 
     pub fn dir(&self) -> &Path {
@@ -395,6 +412,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        if let Some(gate) = &self.installs {
+            if !gate.settled(log_id, PURGE_WAITS_FOR_INSTALL).await {
+                tracing::warn!(
+                    upto = %log_id,
+                    pending = gate.pending(),
+                    "a received snapshot has not settled; the log is not purged this time"
+                );
+                return Ok(());
+            }
+        }
         self.shared
             .index
             .write()

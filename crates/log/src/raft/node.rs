@@ -18,8 +18,9 @@ pub fn open_storage<P: Projection>(
     options: LogStoreOptions,
 ) -> Result<(LogStore, StateMachineStore<P>), RaftStoreError> {
     let dir = dir.as_ref();
-    let log_store = LogStore::open(dir, options)?;
+    let mut log_store = LogStore::open(dir, options)?;
     let state_machine = StateMachineStore::<P>::open(dir)?;
+    log_store.wait_for_installs(state_machine.install_gate());
     Ok((log_store, state_machine))
 }
 

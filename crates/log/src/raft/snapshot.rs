@@ -12,6 +12,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,21 +32,131 @@ pub const SNAPSHOTS_KEPT: usize = 2;
 /// to a file of its own ([`SnapshotFile::write_received`]) and passes that handle to
 /// `Raft::install_full_snapshot`, which copies it into the node's snapshot directory after
 /// checking it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct SnapshotFile {
     pub path: PathBuf,
+    /// Held on a received snapshot for its drop, which settles it (see [`InstallGate`]).
+    _pending: Option<Arc<PendingInstall>>,
 }
 
+impl PartialEq for SnapshotFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path
+    }
+}
+
+impl Eq for SnapshotFile {}
+
 impl SnapshotFile {
+    /// A handle on a complete snapshot file of this node's.
+    pub fn at(path: PathBuf) -> Self {
+        SnapshotFile {
+            path,
+            _pending: None,
+        }
+    }
+
+    /// A handle on a received snapshot's file, pending at `gate` until it is dropped.
+    pub fn received(path: PathBuf, gate: &Arc<InstallGate>) -> Self {
+        SnapshotFile {
+            _pending: Some(Arc::new(gate.enter(path.clone()))),
+            path,
+        }
+    }
+
     pub fn read_bytes(&self) -> Result<Vec<u8>, RaftStoreError> {
         fs::read(&self.path).map_err(RaftStoreError::io(&self.path, "read snapshot"))
     }
 
-    /// Writes received snapshot bytes to `path` (durably) and returns a handle on it.
-    pub fn write_received(path: impl Into<PathBuf>, bytes: &[u8]) -> Result<Self, RaftStoreError> {
+    /// Writes received snapshot bytes to `path` (durably) and returns a handle on it, pending
+    /// at `gate` (the state machine's, [`StateMachineStore::install_gate`]) until openraft
+    /// installs it or lets it go.
+    ///
+    /// [`StateMachineStore::install_gate`]: super::StateMachineStore::install_gate
+    pub fn write_received(
+        path: impl Into<PathBuf>,
+        bytes: &[u8],
+        gate: &Arc<InstallGate>,
+    ) -> Result<Self, RaftStoreError> {
         let path = path.into();
         write_file_atomically(&path, bytes)?;
-        Ok(SnapshotFile { path })
+        Ok(SnapshotFile::received(path, gate))
+    }
+}
+
+/// Received snapshots not yet settled (stored durably by an install, or let go by openraft)
+/// and the newest snapshot stored durably. openraft 0.9 queues the log purge that follows an
+/// install without waiting for the install, so a purge up to an entry no stored snapshot covers
+/// waits here while a received one is pending ([`InstallGate::settled`]): a crash between the
+/// two must not leave the log purged past the newest snapshot on disk. A purge behind a stored
+/// snapshot (the usual one, after a build) never waits, so one cannot hold openraft's core
+/// while an install waits behind it.
+#[derive(Debug)]
+pub struct InstallGate {
+    state: tokio::sync::watch::Sender<GateState>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct GateState {
+    pending: usize,
+    stored: Option<LogId>,
+}
+
+impl InstallGate {
+    pub fn new() -> Arc<InstallGate> {
+        Arc::new(InstallGate {
+            state: tokio::sync::watch::Sender::new(GateState::default()),
+        })
+    }
+
+    fn enter(self: &Arc<Self>, path: PathBuf) -> PendingInstall {
+        self.state.send_modify(|state| state.pending += 1);
+        PendingInstall {
+            gate: self.clone(),
+            path,
+        }
+    }
+
+    /// A snapshot up to `last_log_id` is stored durably.
+    pub fn stored(&self, last_log_id: Option<LogId>) {
+        self.state
+            .send_modify(|state| state.stored = state.stored.max(last_log_id));
+    }
+
+    /// Received snapshots not yet settled.
+    pub fn pending(&self) -> usize {
+        self.state.borrow().pending
+    }
+
+    /// Waits until a stored snapshot covers `upto` or no received snapshot is pending, for at
+    /// most `within`; false on timeout.
+    pub async fn settled(&self, upto: LogId, within: std::time::Duration) -> bool {
+        let mut state = self.state.subscribe();
+        let settled = tokio::time::timeout(
+            within,
+            state.wait_for(|state| state.pending == 0 || state.stored >= Some(upto)),
+        )
+        .await
+        .is_ok_and(|waited| waited.is_ok());
+        settled
+    }
+}
+
+/// One received snapshot's place at the gate; leaves it when the last handle drops. A received
+/// file that is still there then was never installed (an install removes it once stored): it is
+/// removed too, rather than left until the next restart.
+#[derive(Debug)]
+struct PendingInstall {
+    gate: Arc<InstallGate>,
+    path: PathBuf,
+}
+
+impl Drop for PendingInstall {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+        self.gate
+            .state
+            .send_modify(|state| state.pending = state.pending.saturating_sub(1));
     }
 }
 

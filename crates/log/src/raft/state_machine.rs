@@ -14,7 +14,7 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 
 use super::error::RaftStoreError;
 use super::snapshot::{
-    decode_snapshot, encode_snapshot, SnapshotDir, SnapshotFile, SnapshotHeader,
+    decode_snapshot, encode_snapshot, InstallGate, SnapshotDir, SnapshotFile, SnapshotHeader,
 };
 use super::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -58,6 +58,8 @@ struct State<P> {
 struct Inner<P> {
     state: Mutex<State<P>>,
     snapshots: Mutex<SnapshotDir>,
+    /// Received snapshots not yet settled; the log store's purge waits on it.
+    install_gate: Arc<InstallGate>,
 }
 
 /// The state machine of one node; cheap to clone (clones share the state), so the node can keep
@@ -134,12 +136,29 @@ impl<P: Projection> StateMachineStore<P> {
                 detail: format!("no snapshot is usable: {}", failures.join("; ")),
             });
         }
+        let install_gate = InstallGate::new();
+        install_gate.stored(
+            snapshots
+                .current
+                .as_ref()
+                .and_then(|(meta, _)| meta.last_log_id),
+        );
         Ok(StateMachineStore {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),
                 snapshots: Mutex::new(snapshots),
+                install_gate,
             }),
         })
+    }
+
+    /// The gate of the snapshots this node received and has not settled: hand it to the log
+    /// store ([`LogStore::wait_for_installs`], as `open_storage` does) and to whatever writes
+    /// received snapshot files ([`SnapshotFile::write_received`]).
+    ///
+    /// [`LogStore::wait_for_installs`]: super::LogStore::wait_for_installs
+    pub fn install_gate(&self) -> Arc<InstallGate> {
+        self.inner.install_gate.clone()
     }
 
     /// Runs `read` on the projection and the last applied log id.
@@ -275,10 +294,11 @@ impl<P: Projection> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<P> {
             let bytes = encode_snapshot(&header, &body);
             let meta = header.meta();
             let (meta, path) = snapshots.store_built(meta, &bytes)?;
+            inner.install_gate.stored(meta.last_log_id);
             tracing::info!(snapshot = %path.display(), last_log_id = ?meta.last_log_id, "built snapshot");
             Ok(Snapshot {
                 meta,
-                snapshot: Box::new(SnapshotFile { path }),
+                snapshot: Box::new(SnapshotFile::at(path)),
             })
         };
         tokio::task::spawn_blocking(build)
@@ -326,7 +346,10 @@ impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
         let path = lock(&self.inner.snapshots).incoming_path();
-        Ok(Box::new(SnapshotFile { path }))
+        Ok(Box::new(SnapshotFile::received(
+            path,
+            &self.inner.install_gate,
+        )))
     }
 
     async fn install_snapshot(
@@ -349,6 +372,7 @@ impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
             }
             let projection = restore_checked::<P>(&snapshot.path, &header, body)?;
             lock(&self.inner.snapshots).store(meta.clone(), &bytes)?;
+            self.inner.install_gate.stored(meta.last_log_id);
             let own_incoming = snapshot.path.starts_with(&lock(&self.inner.snapshots).dir)
                 && snapshot
                     .path
@@ -375,7 +399,7 @@ impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
             .as_ref()
             .map(|(meta, path)| Snapshot {
                 meta: meta.clone(),
-                snapshot: Box::new(SnapshotFile { path: path.clone() }),
+                snapshot: Box::new(SnapshotFile::at(path.clone())),
             }))
     }
 }

@@ -785,3 +785,60 @@ async fn a_halted_state_machine_neither_counts_the_entry_nor_snapshots_it() {
         0
     );
 }
+
+/// openraft 0.9 queues the purge that follows a snapshot install without waiting for the
+/// install: a purge past every stored snapshot waits while a received snapshot has not settled
+/// (stored by an install, or let go), so a crash between the two cannot leave the log purged
+/// past the newest snapshot on disk. A received file that was never installed is removed when
+/// it is let go.
+#[tokio::test]
+async fn a_purge_waits_for_a_received_snapshot_to_settle() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    let dir = TempDir::new().expect("temp dir");
+    let (mut log, sm) =
+        open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(30)).await;
+    let incoming = dir.path().join("snapshots").join("incoming-test.snap");
+    let received = gyre_log::raft::SnapshotFile::write_received(
+        incoming.clone(),
+        b"bytes as received",
+        &sm.install_gate(),
+    )
+    .expect("written");
+    assert_eq!(sm.install_gate().pending(), 1);
+
+    let mut purge = Box::pin(log.purge(log_id(1, 1, 20)));
+    let waker = std::task::Waker::noop();
+    assert!(
+        matches!(
+            purge.as_mut().poll(&mut Context::from_waker(waker)),
+            Poll::Pending
+        ),
+        "the purge waits while the received snapshot is pending"
+    );
+    drop(received);
+    assert_eq!(sm.install_gate().pending(), 0);
+    assert!(!incoming.exists(), "a received file let go is removed");
+    purge.await.expect("purges once it settled");
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 20)));
+
+    // A purge behind a stored snapshot (the one after a build) never waits: it must not hold
+    // openraft's core while an install of a received snapshot queues behind it.
+    sm.install_gate().stored(Some(log_id(1, 1, 25)));
+    let _received = gyre_log::raft::SnapshotFile::write_received(
+        incoming,
+        b"bytes as received",
+        &sm.install_gate(),
+    )
+    .expect("written");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        log.purge(log_id(1, 1, 24)),
+    )
+    .await
+    .expect("does not wait")
+    .expect("purges");
+}
