@@ -611,6 +611,43 @@ fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
     });
 }
 
+/// A restarted proxy whose harness has not called yet since the restart: an `ExecutionClosed`
+/// that arrives then (the scheduler finished or cancelled the execution) closes that
+/// credential too, durably, so the harness's next call is refused instead of recorded after the
+/// close.
+#[test]
+fn an_execution_closed_after_a_restart_before_its_next_call_is_closed() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ServerConfig {
+            credentials: Some(dir.path().join("credentials")),
+            ..ServerConfig::default()
+        };
+        let start = || one_engine_state(config.clone(), Arc::new(MemorySink::default()));
+        let (execution, token) = start().open_execution(None, None).expect("open");
+        let sink = Arc::new(MemorySink::default());
+        let restarted = one_engine_state(config.clone(), sink.clone());
+        let recovery = restarted.recover([]);
+        assert_eq!(recovery.credentials_open, 1);
+        let closed = restarted.apply_route_event(&EventBody::ExecutionClosed {
+            execution: gyre_event::ExecutionId(execution),
+            status: gyre_event::CloseStatus::Completed,
+        });
+        assert_eq!(closed, 1, "the recovered credential is closed");
+        let (status, text) = post(&restarted, "/v1/messages", &token, body(0)).await;
+        assert_eq!(status, 401, "{text}");
+        assert!(
+            sink.events.lock().expect("sink").is_empty(),
+            "nothing recorded"
+        );
+        // Durably: another restart still refuses it.
+        let again = start();
+        again.recover([]);
+        let (status, text) = post(&again, "/v1/messages", &token, body(0)).await;
+        assert_eq!(status, 401, "{text}");
+    });
+}
+
 /// A sink that can hold a commit open: the record is written, then the commit waits until the
 /// test releases it (a harness can go away meanwhile, after its record reached the log).
 #[derive(Default)]

@@ -1342,7 +1342,32 @@ impl AppState {
                         tracing::warn!(%error, execution = execution.get(), ?status, "closed, but not durably");
                     }
                 }
-                open.len()
+                // Credentials issued before a restart and not used since live only in
+                // `issued`: closed there too, or the harness's next call would rebuild the
+                // session and be recorded after the close.
+                let mut issued = self.issued();
+                let hashes: Vec<credentials::TokenHash> = issued
+                    .credentials
+                    .by_hash
+                    .iter()
+                    .filter(|(_, entry)| entry.execution == execution.get() && !entry.closed)
+                    .map(|(hash, _)| *hash)
+                    .collect();
+                for hash in &hashes {
+                    if let Some(entry) = issued.credentials.by_hash.get_mut(hash) {
+                        entry.closed = true;
+                    }
+                    if let Some(file) = &self.credentials {
+                        if let Err(error) = file.record_close(hash) {
+                            tracing::warn!(%error, execution = execution.get(), ?status, "closed, but not durably");
+                        }
+                    }
+                }
+                if !hashes.is_empty() {
+                    issued.sessions.remove(&execution.get());
+                    issued.responses.remove(&execution.get());
+                }
+                open.len() + hashes.len()
             }
             _ => 0,
         }
