@@ -183,3 +183,52 @@ fn a_complete_answer_on_the_last_allowed_attempt_is_answered() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].output_ids.len(), 8);
 }
+
+/// A Responses stream that fails after its first events (every engine attempt died): the
+/// `error` event is numbered after the events before it, as a Responses stream must be (it was
+/// always 0, which goes backwards).
+#[test]
+fn a_responses_streams_error_event_follows_the_events_before_it() {
+    let runtime = crate::support::runtime();
+    let engine = recording();
+    engine
+        .inner
+        .inject(gyre_proxy::engine::Fault::DieAfterTokens(3));
+    let proxy = crate::in_process::proxy_with(
+        &runtime,
+        engine.clone(),
+        gyre_proxy::server::ServerConfig {
+            engine_attempts_max: 1,
+            ..gyre_proxy::server::ServerConfig::default()
+        },
+    );
+    let auth = format!("Bearer {}", proxy.token);
+    let (status, text) = crate::support::http(
+        &proxy.address,
+        "POST",
+        "/v1/responses",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+        &json!({"model": "m", "stream": true, "max_output_tokens": 64, "input": "Say something."})
+            .to_string(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).expect("JSON event"))
+        .collect();
+    let error = events.last().expect("events");
+    assert_eq!(error["type"], "error", "{text}");
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|event| event["sequence_number"].as_u64().expect("numbered"))
+        .collect();
+    assert!(numbers.len() > 1, "{text}");
+    assert!(
+        numbers.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "{numbers:?}"
+    );
+}

@@ -34,6 +34,15 @@ enum Builder {
 }
 
 impl Builder {
+    /// The `sequence_number` an error event sent now carries (Responses streams number their
+    /// events; the other APIs do not).
+    fn sequence_number(&self) -> u64 {
+        match self {
+            Builder::Responses(responses) => responses.sequence_number(),
+            Builder::Anthropic(_) | Builder::Chat(_) => 0,
+        }
+    }
+
     fn new(api: Api, meta: ResponseMeta, usage: Usage, include_usage: bool) -> Self {
         match api {
             Api::Anthropic => Builder::Anthropic(AnthropicResponse::new(meta, usage)),
@@ -80,7 +89,8 @@ impl Builder {
 pub enum Piece {
     Frames(String),
     Body(Value),
-    Failed(ApiError),
+    /// The call failed; on a stream, the error event carries this `sequence_number`.
+    Failed(ApiError, u64),
 }
 
 fn random_id(prefix: &str, length: usize) -> String {
@@ -184,10 +194,13 @@ impl Outlet {
         }
     }
 
-    async fn failed(&self, api: Api, kind: ApiErrorKind, message: String) {
+    async fn failed(&self, api: Api, kind: ApiErrorKind, message: String, sequence_number: u64) {
         let _ = self
             .out
-            .send(Piece::Failed(ApiError::new(api, kind, message)))
+            .send(Piece::Failed(
+                ApiError::new(api, kind, message),
+                sequence_number,
+            ))
             .await;
     }
 
@@ -237,8 +250,14 @@ impl Outlet {
                     tracing::error!(%error, "a stored response was not committed; the call fails");
                     execution.lock().mark_delivered(agent, call, false);
                     let message = format!("the stored response could not be committed: {error}");
-                    self.failed(Api::OpenAiResponses, ApiErrorKind::Overloaded, message)
-                        .await;
+                    let sequence_number = builder.sequence_number();
+                    self.failed(
+                        Api::OpenAiResponses,
+                        ApiErrorKind::Overloaded,
+                        message,
+                        sequence_number,
+                    )
+                    .await;
                     return;
                 }
             }
@@ -455,7 +474,7 @@ pub async fn warmup(
                     let message = format!("the stored response could not be committed: {error}");
                     let failure =
                         ApiError::new(Api::OpenAiResponses, ApiErrorKind::Overloaded, message);
-                    let _ = out.send(Piece::Failed(failure)).await;
+                    let _ = out.send(Piece::Failed(failure, 0)).await;
                     return;
                 }
             }
@@ -539,11 +558,10 @@ pub async fn run(
             app.metrics.context_too_long();
             let _ = outlet
                 .out
-                .send(Piece::Failed(ApiError::context_too_long(
-                    api,
-                    prompt_tokens,
-                    prompt_tokens_max,
-                )))
+                .send(Piece::Failed(
+                    ApiError::context_too_long(api, prompt_tokens, prompt_tokens_max),
+                    0,
+                ))
                 .await;
             return;
         }
@@ -716,7 +734,14 @@ pub async fn run(
                             );
                             match pushed {
                                 Err(message) => {
-                                    outlet.failed(api, ApiErrorKind::Internal, message).await;
+                                    outlet
+                                        .failed(
+                                            api,
+                                            ApiErrorKind::Internal,
+                                            message,
+                                            builder.sequence_number(),
+                                        )
+                                        .await;
                                     return;
                                 }
                                 Ok(None) => {}
@@ -804,14 +829,26 @@ pub async fn run(
             // body: the harness is told it is its request (a 400), not asked to retry (529).
             let message = format!("the engine refused the call: {failure}");
             outlet
-                .failed(api, ApiErrorKind::InvalidRequest, message)
+                .failed(
+                    api,
+                    ApiErrorKind::InvalidRequest,
+                    message,
+                    builder.sequence_number(),
+                )
                 .await;
             return;
         }
         if attempts >= app.config.engine_attempts_max.max(1) {
             let message =
                 format!("no engine could finish the call after {attempts} attempts: {failure}");
-            outlet.failed(api, ApiErrorKind::Overloaded, message).await;
+            outlet
+                .failed(
+                    api,
+                    ApiErrorKind::Overloaded,
+                    message,
+                    builder.sequence_number(),
+                )
+                .await;
             return;
         }
         engine_index = (engine_index + 1) % app.engines.len();
@@ -864,7 +901,14 @@ pub async fn run(
         Ok(record) => record,
         Err(error) => {
             let message = format!("recording the call: {error}");
-            outlet.failed(api, ApiErrorKind::Internal, message).await;
+            outlet
+                .failed(
+                    api,
+                    ApiErrorKind::Internal,
+                    message,
+                    builder.sequence_number(),
+                )
+                .await;
             return;
         }
     };
@@ -881,7 +925,14 @@ pub async fn run(
     if let Err(error) = committed {
         tracing::error!(%error, "a TITO record was not committed; the call fails");
         let message = format!("the call's record could not be committed: {error}");
-        outlet.failed(api, ApiErrorKind::Overloaded, message).await;
+        outlet
+            .failed(
+                api,
+                ApiErrorKind::Overloaded,
+                message,
+                builder.sequence_number(),
+            )
+            .await;
         return;
     }
     // The session's tree takes the record now that the log holds it; from now on a re-send
@@ -1007,7 +1058,14 @@ async fn run_replay(
             &output[..=at],
         ) {
             Err(message) => {
-                outlet.failed(api, ApiErrorKind::Internal, message).await;
+                outlet
+                    .failed(
+                        api,
+                        ApiErrorKind::Internal,
+                        message,
+                        builder.sequence_number(),
+                    )
+                    .await;
                 return;
             }
             Ok(None) => {}

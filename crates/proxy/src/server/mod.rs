@@ -2244,7 +2244,7 @@ async fn answer(
     if streaming {
         let first = receiver.recv().await;
         let head = match first {
-            Some(generate::Piece::Failed(error)) => return rejected(app, &error),
+            Some(generate::Piece::Failed(error, _)) => return rejected(app, &error),
             Some(generate::Piece::Frames(frames)) => frames,
             Some(generate::Piece::Body(_)) | None => String::new(),
         };
@@ -2267,10 +2267,11 @@ async fn answer(
                         Some(generate::Piece::Frames(frames)) => {
                             Some((Ok(Bytes::from(frames)), (None, receiver, false)))
                         }
-                        Some(generate::Piece::Failed(error)) => {
+                        Some(generate::Piece::Failed(error, sequence_number)) => {
                             app.metrics.stream_error();
-                            // A well-formed error event: harnesses retry the identical body.
-                            let event = error.sse_event(0).to_wire();
+                            // A well-formed error event (numbered after the events before
+                            // it, on a Responses stream): harnesses retry the identical body.
+                            let event = error.sse_event(sequence_number).to_wire();
                             Some((Ok(Bytes::from(event)), (None, receiver, true)))
                         }
                         Some(generate::Piece::Body(_)) | None => None,
@@ -2297,7 +2298,7 @@ async fn answer(
                         .insert("content-type", HeaderValue::from_static("application/json"));
                     return response;
                 }
-                Some(generate::Piece::Failed(error)) => return rejected(app, &error),
+                Some(generate::Piece::Failed(error, _)) => return rejected(app, &error),
                 None => {
                     return rejected(
                         app,
