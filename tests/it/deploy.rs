@@ -32,6 +32,9 @@ fn every_deploy_config_checks() {
     files.sort();
     assert!(files.len() >= 8, "deploy/ configs: {files:?}");
     let test_model = gyre_proxy::test_model::directory();
+    let scratch = tempfile::tempdir().unwrap();
+    let admin_token = scratch.path().join("admin-token");
+    std::fs::write(&admin_token, "a-test-token\n").unwrap();
     for file in &files {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(file).unwrap();
@@ -48,12 +51,24 @@ fn every_deploy_config_checks() {
         if name.starts_with("control") && !text.lines().any(|line| line.starts_with("id =")) {
             args.extend(["--id".into(), "2".into()]);
         }
-        // Production model directories do not exist here; the command line replaces them.
+        // Production model directories and admin token files do not exist here; the command
+        // line replaces them.
         if name.starts_with("proxy") {
             args.extend([
                 "--model-dir".into(),
                 test_model.to_string_lossy().into_owned(),
+                "--admin-token-file".into(),
+                admin_token.to_string_lossy().into_owned(),
             ]);
+            // A proxy that listens beyond loopback guards its admin routes.
+            let table: toml::Table = text.parse().unwrap();
+            let listen = table.get("listen").and_then(toml::Value::as_str);
+            if !listen.is_some_and(|listen| listen.starts_with("127.")) {
+                assert!(
+                    table.contains_key("admin_token_file"),
+                    "{path} listens on {listen:?} without admin_token_file"
+                );
+            }
         }
         let words: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, stdout, stderr) = gyre(&words);
