@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
     let argv = match config_file::expand(&Cli::command(), std::env::args_os().collect()) {
         Ok(argv) => argv,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_text(&error));
             return std::process::ExitCode::from(2);
         }
     };
@@ -115,10 +115,24 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_text(&error));
             std::process::ExitCode::from(exit_code(&error))
         }
     }
+}
+
+/// An error with its causes, each once: a cause whose text the message already holds (an IO
+/// error that names its OS error and also reports it as its source) is not repeated.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// The exit status for a command's error: 3 for a control node that halted (a supervisor must
@@ -133,6 +147,28 @@ fn exit_code(error: &anyhow::Error) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cause_the_message_already_names_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        #[derive(Debug)]
+        struct Wraps(std::io::Error);
+        impl std::fmt::Display for Wraps {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "x.log: open: {}", self.0)
+            }
+        }
+        impl std::error::Error for Wraps {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let error = anyhow::Error::from(Wraps(io)).context("opening x.log");
+        assert_eq!(
+            super::error_text(&error),
+            "opening x.log: x.log: open: no such file"
+        );
+    }
+
     #[test]
     fn a_halted_node_exits_3_and_any_other_error_2() {
         let halted = anyhow::Error::from(crate::commands::control::NodeHalted::new(

@@ -325,6 +325,13 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
 
 fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyhow::Result<()> {
     let execution = parse_execution(execution)?;
+    if log.is_dir() {
+        bail!(
+            "{} is a directory: audit reads an event file; export a control node's log with \
+             `gyre log export --node ADDR --out FILE` (or a proxy's `--log` file)",
+            log.display()
+        );
+    }
     let reader =
         EventFileReader::open(log).with_context(|| format!("opening {}", log.display()))?;
     let base = reader.header().base_hash;

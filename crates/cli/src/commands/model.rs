@@ -189,7 +189,9 @@ fn bench_quickstart(new_tokens: u32, steps: usize) -> anyhow::Result<()> {
 }
 
 fn bench_smollm2(directory: &std::path::Path) -> anyhow::Result<()> {
-    let path = find_gguf(directory)?;
+    let path = anyhow::Context::with_context(find_gguf(directory), || {
+        format!("finding the GGUF file in {}", directory.display())
+    })?;
     let start = Instant::now();
     let model = SmolLm2::load(&path)?;
     let load_seconds = start.elapsed().as_secs_f64();
@@ -242,7 +244,9 @@ fn answer_row(prompt: &[u32], output: &[u32], logprobs: &[f32]) -> Row {
 }
 
 fn smollm2(directory: &std::path::Path, question: &str, new_tokens: u32) -> anyhow::Result<()> {
-    let path = find_gguf(directory)?;
+    let path = anyhow::Context::with_context(find_gguf(directory), || {
+        format!("finding the GGUF file in {}", directory.display())
+    })?;
     let start = Instant::now();
     let model = SmolLm2::load(&path)?;
     println!(
