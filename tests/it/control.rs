@@ -20,6 +20,26 @@ fn gyre() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gyre"))
 }
 
+/// `gyre log append --cluster CLUSTER` with `lines` on its stdin, run to its end.
+fn log_append(cluster: &str, lines: &str) -> std::process::Output {
+    gyre()
+        .args(["log", "append", "--cluster", cluster])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(lines.as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("append runs")
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind an ephemeral port")
@@ -331,22 +351,7 @@ fn kill_leader_and_follower_under_writes_loses_nothing_acknowledged() {
         .expect("append prints INDEX.POSITION");
     assert!(sequence.index > 0);
 
-    let bad = gyre()
-        .args(["log", "append", "--cluster", &cluster.cluster()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(b"{\"kind\":\"no_such_kind\"}\n")?;
-            child.wait_with_output()
-        })
-        .expect("append runs");
+    let bad = log_append(&cluster.cluster(), "{\"kind\":\"no_such_kind\"}\n");
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("stdin line 1"),
@@ -356,22 +361,13 @@ fn kill_leader_and_follower_under_writes_loses_nothing_acknowledged() {
 
     // A digest from a client would halt every replica (each compares it with its own
     // projection): refused, and the quorum keeps serving.
-    let digest = gyre()
-        .args(["log", "append", "--cluster", &cluster.cluster()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            writeln!(
-                child.stdin.take().expect("stdin"),
-                r#"{{"kind":"projection_digest","upto":1,"hash":"{}"}}"#,
-                "ab".repeat(32)
-            )?;
-            child.wait_with_output()
-        })
-        .expect("append runs");
+    let digest = log_append(
+        &cluster.cluster(),
+        &format!(
+            "{{\"kind\":\"projection_digest\",\"upto\":1,\"hash\":\"{}\"}}\n",
+            "ab".repeat(32)
+        ),
+    );
     assert!(!digest.status.success());
     let said = String::from_utf8_lossy(&digest.stderr);
     assert!(

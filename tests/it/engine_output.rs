@@ -118,70 +118,58 @@ fn tokens_no_sampler_gives_are_refused_and_the_answer_continues() {
     }
 }
 
-/// An engine that samples the whole answer, to the call's limit, and dies before saying it
-/// ended: the answer is complete at its limit, and no other engine is asked for more.
-#[test]
-fn an_engine_that_dies_after_the_last_token_ends_the_answer_at_its_limit() {
-    let runtime = crate::support::runtime();
+/// A proxy whose engine dies after `tokens` sampled tokens on its first request, allowing
+/// `attempts` engine attempts per call.
+fn dying_engine_proxy(
+    runtime: &tokio::runtime::Runtime,
+    tokens: u32,
+    attempts: usize,
+) -> (Arc<Recording>, crate::in_process::Proxy) {
     let engine = recording();
     engine
         .inner
-        .inject(gyre_proxy::engine::Fault::DieAfterTokens(8));
-    let proxy = proxy(&runtime, engine.clone());
-    let (status, answer) = proxy.post(
-        "/v1/messages",
-        &json!({"model": "m", "max_tokens": 8,
-                "messages": [{"role": "user", "content": "Say something."}]}),
-    );
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["stop_reason"], "max_tokens", "{answer}");
-    assert_eq!(
-        engine.max_new_tokens.lock().expect("lock").len(),
-        1,
-        "no second engine request"
-    );
-    let calls: Vec<_> = proxy
-        .sink
-        .records()
-        .into_iter()
-        .filter(|record| record.kind != gyre_event::CallKind::Aborted)
-        .collect();
-    assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].output_ids.len(), 8);
-}
-
-/// The same on the last attempt a call is allowed: the whole answer was sampled, so it is
-/// answered, not refused as overloaded for want of attempts.
-#[test]
-fn a_complete_answer_on_the_last_allowed_attempt_is_answered() {
-    let runtime = crate::support::runtime();
-    let engine = recording();
-    engine
-        .inner
-        .inject(gyre_proxy::engine::Fault::DieAfterTokens(8));
+        .inject(gyre_proxy::engine::Fault::DieAfterTokens(tokens));
     let proxy = crate::in_process::proxy_with(
-        &runtime,
+        runtime,
         engine.clone(),
         gyre_proxy::server::ServerConfig {
-            engine_attempts_max: 1,
+            engine_attempts_max: attempts,
             ..gyre_proxy::server::ServerConfig::default()
         },
     );
-    let (status, answer) = proxy.post(
-        "/v1/messages",
-        &json!({"model": "m", "max_tokens": 8,
-                "messages": [{"role": "user", "content": "Say something."}]}),
-    );
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["stop_reason"], "max_tokens", "{answer}");
-    let calls: Vec<_> = proxy
-        .sink
-        .records()
-        .into_iter()
-        .filter(|record| record.kind != gyre_event::CallKind::Aborted)
-        .collect();
-    assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].output_ids.len(), 8);
+    (engine, proxy)
+}
+
+/// An engine that samples the whole answer, to the call's limit, and dies before saying it
+/// ended: the answer is complete at its limit, and no other engine is asked for more. On the
+/// last attempt a call is allowed too: it is answered, not refused as overloaded for want of
+/// attempts.
+#[test]
+fn an_engine_that_dies_after_the_last_token_ends_the_answer_at_its_limit() {
+    let runtime = crate::support::runtime();
+    for attempts in [4, 1] {
+        let (engine, proxy) = dying_engine_proxy(&runtime, 8, attempts);
+        let (status, answer) = proxy.post(
+            "/v1/messages",
+            &json!({"model": "m", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Say something."}]}),
+        );
+        assert_eq!(status, 200, "{attempts} attempts: {answer}");
+        assert_eq!(answer["stop_reason"], "max_tokens", "{answer}");
+        assert_eq!(
+            engine.max_new_tokens.lock().expect("lock").len(),
+            1,
+            "no second engine request"
+        );
+        let calls: Vec<_> = proxy
+            .sink
+            .records()
+            .into_iter()
+            .filter(|record| record.kind != gyre_event::CallKind::Aborted)
+            .collect();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].output_ids.len(), 8);
+    }
 }
 
 /// A Responses stream that fails after its first events (every engine attempt died): the
@@ -190,18 +178,7 @@ fn a_complete_answer_on_the_last_allowed_attempt_is_answered() {
 #[test]
 fn a_responses_streams_error_event_follows_the_events_before_it() {
     let runtime = crate::support::runtime();
-    let engine = recording();
-    engine
-        .inner
-        .inject(gyre_proxy::engine::Fault::DieAfterTokens(3));
-    let proxy = crate::in_process::proxy_with(
-        &runtime,
-        engine.clone(),
-        gyre_proxy::server::ServerConfig {
-            engine_attempts_max: 1,
-            ..gyre_proxy::server::ServerConfig::default()
-        },
-    );
+    let (_engine, proxy) = dying_engine_proxy(&runtime, 3, 1);
     let auth = format!("Bearer {}", proxy.token);
     let (status, text) = crate::support::http(
         &proxy.address,

@@ -194,13 +194,12 @@ impl Outlet {
         }
     }
 
-    async fn failed(&self, api: Api, kind: ApiErrorKind, message: String, sequence_number: u64) {
+    /// Sends the call's failure; on a stream, numbered after `builder`'s events.
+    async fn failed(&self, api: Api, kind: ApiErrorKind, message: String, builder: &Builder) {
+        let failure = ApiError::new(api, kind, message);
         let _ = self
             .out
-            .send(Piece::Failed(
-                ApiError::new(api, kind, message),
-                sequence_number,
-            ))
+            .send(Piece::Failed(failure, builder.sequence_number()))
             .await;
     }
 
@@ -250,12 +249,11 @@ impl Outlet {
                     tracing::error!(%error, "a stored response was not committed; the call fails");
                     execution.lock().mark_delivered(agent, call, false);
                     let message = format!("the stored response could not be committed: {error}");
-                    let sequence_number = builder.sequence_number();
                     self.failed(
                         Api::OpenAiResponses,
                         ApiErrorKind::Overloaded,
                         message,
-                        sequence_number,
+                        builder,
                     )
                     .await;
                     return;
@@ -735,12 +733,7 @@ pub async fn run(
                             match pushed {
                                 Err(message) => {
                                     outlet
-                                        .failed(
-                                            api,
-                                            ApiErrorKind::Internal,
-                                            message,
-                                            builder.sequence_number(),
-                                        )
+                                        .failed(api, ApiErrorKind::Internal, message, &builder)
                                         .await;
                                     return;
                                 }
@@ -829,12 +822,7 @@ pub async fn run(
             // body: the harness is told it is its request (a 400), not asked to retry (529).
             let message = format!("the engine refused the call: {failure}");
             outlet
-                .failed(
-                    api,
-                    ApiErrorKind::InvalidRequest,
-                    message,
-                    builder.sequence_number(),
-                )
+                .failed(api, ApiErrorKind::InvalidRequest, message, &builder)
                 .await;
             return;
         }
@@ -842,12 +830,7 @@ pub async fn run(
             let message =
                 format!("no engine could finish the call after {attempts} attempts: {failure}");
             outlet
-                .failed(
-                    api,
-                    ApiErrorKind::Overloaded,
-                    message,
-                    builder.sequence_number(),
-                )
+                .failed(api, ApiErrorKind::Overloaded, message, &builder)
                 .await;
             return;
         }
@@ -902,12 +885,7 @@ pub async fn run(
         Err(error) => {
             let message = format!("recording the call: {error}");
             outlet
-                .failed(
-                    api,
-                    ApiErrorKind::Internal,
-                    message,
-                    builder.sequence_number(),
-                )
+                .failed(api, ApiErrorKind::Internal, message, &builder)
                 .await;
             return;
         }
@@ -926,12 +904,7 @@ pub async fn run(
         tracing::error!(%error, "a TITO record was not committed; the call fails");
         let message = format!("the call's record could not be committed: {error}");
         outlet
-            .failed(
-                api,
-                ApiErrorKind::Overloaded,
-                message,
-                builder.sequence_number(),
-            )
+            .failed(api, ApiErrorKind::Overloaded, message, &builder)
             .await;
         return;
     }
@@ -1059,12 +1032,7 @@ async fn run_replay(
         ) {
             Err(message) => {
                 outlet
-                    .failed(
-                        api,
-                        ApiErrorKind::Internal,
-                        message,
-                        builder.sequence_number(),
-                    )
+                    .failed(api, ApiErrorKind::Internal, message, &builder)
                     .await;
                 return;
             }

@@ -255,26 +255,33 @@ proptest! {
 }
 
 /// The second call of an agent reuses the first call's tokens instead of encoding them.
-#[test]
-fn a_growing_conversation_encodes_only_its_new_tokens() {
-    let model = model();
-    let mut session = Session::new(ExecutionId(8), &model, 0);
+/// A session after one finished, committed turn, and the request of the second turn (the
+/// first answer and a new question appended); also the first prompt's length in tokens.
+fn after_a_first_turn(model: &ChatModel) -> (Session, ChatRequest, usize) {
+    let mut session = Session::new(ExecutionId(8), model, 0);
     let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
     request
         .messages
         .push(Message::new(Role::User, "first question ".repeat(50)));
     let first = session
-        .prepare(&model, &request, None, reference_now())
+        .prepare(model, &request, None, reference_now())
         .expect("prepares");
     let first_len = first.context_ids.len();
     let record = session
-        .finish_call(first, sampled(&model, "first answer"))
+        .finish_call(first, sampled(model, "first answer"))
         .expect("finishes");
     session.record_committed(&record);
     request
         .messages
         .push(Message::new(Role::Assistant, "first answer"));
     request.messages.push(Message::new(Role::User, "second"));
+    (session, request, first_len)
+}
+
+#[test]
+fn a_growing_conversation_encodes_only_its_new_tokens() {
+    let model = model();
+    let (mut session, request, first_len) = after_a_first_turn(&model);
     let second = session
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
@@ -292,22 +299,7 @@ fn a_growing_conversation_encodes_only_its_new_tokens() {
 #[test]
 fn a_failed_calls_retry_reuses_its_prompt_tokens() {
     let model = model();
-    let mut session = Session::new(ExecutionId(8), &model, 0);
-    let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
-    request
-        .messages
-        .push(Message::new(Role::User, "first question ".repeat(50)));
-    let first = session
-        .prepare(&model, &request, None, reference_now())
-        .expect("prepares");
-    let record = session
-        .finish_call(first, sampled(&model, "first answer"))
-        .expect("finishes");
-    session.record_committed(&record);
-    request
-        .messages
-        .push(Message::new(Role::Assistant, "first answer"));
-    request.messages.push(Message::new(Role::User, "second"));
+    let (mut session, mut request, _) = after_a_first_turn(&model);
     let failed = session
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
