@@ -1550,3 +1550,58 @@ fn chat_chunks(text: &str) -> Vec<serde_json::Value> {
         .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
         .collect()
 }
+
+/// A route event waits for each session's lock, and a call's `prepare` holds one through
+/// render and tokenize (100 ms at 128K tokens): the map of executions must not be held
+/// meanwhile, or every other harness's request waits to be authenticated.
+#[test]
+fn a_route_event_waiting_on_a_busy_session_does_not_hold_up_other_executions() {
+    let model = test_model();
+    let end = model.token_id("<|im_end|>").expect("end token");
+    let state = AppState::new(
+        ServerConfig::default(),
+        model,
+        OutputFormat::test_model(),
+        vec![engine("a", None, end), engine("b", None, end)],
+        Arc::new(MemorySink::default()),
+    )
+    .expect("state");
+    let (_, busy) = state.open_execution(None, None).expect("open");
+    let (_, other) = state.open_execution(None, None).expect("open");
+    let busy = state.execution(&busy).expect("known");
+    let preparing = busy.lock();
+    let (routed, route_done) = std::sync::mpsc::channel();
+    let router = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            let moved = state.apply_route_event(&EventBody::EngineDown {
+                engine: gyre_event::EngineId(0),
+                reason: "test".into(),
+            });
+            routed.send(moved).expect("send");
+        })
+    };
+    // Once the engine is marked down the router goes through the executions and waits for
+    // the busy session; the other execution authenticates meanwhile.
+    while state.engines_down().is_empty() {
+        std::thread::yield_now();
+    }
+    let (found, found_done) = std::sync::mpsc::channel();
+    let authenticating = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            found.send(state.execution(&other).is_some()).expect("send");
+        })
+    };
+    assert_eq!(
+        found_done.recv_timeout(std::time::Duration::from_secs(20)),
+        Ok(true),
+        "authenticated while a route event waits on another session"
+    );
+    drop(preparing);
+    route_done
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the route event finishes once the session is free");
+    router.join().expect("router");
+    authenticating.join().expect("authenticating");
+}

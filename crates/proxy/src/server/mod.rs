@@ -1062,6 +1062,16 @@ impl AppState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Every execution's credential and handle, with the map's lock already released: a
+    /// caller that locks the sessions (a call's `prepare` holds one through render and
+    /// tokenize) must not hold the map meanwhile, or every request's authentication waits.
+    fn execution_handles(&self) -> Vec<(String, ExecutionHandle)> {
+        self.executions()
+            .iter()
+            .map(|(token, handle)| (token.clone(), handle.clone()))
+            .collect()
+    }
+
     fn taken(&self) -> MutexGuard<'_, HashSet<u64>> {
         self.taken
             .lock()
@@ -1182,9 +1192,7 @@ impl AppState {
             session.closed = true;
             (session.execution, session.engine)
         };
-        let mut tombstone = Session::new(execution, &self.model, engine);
-        tombstone.closed = true;
-        let tombstone = ExecutionHandle::new(tombstone);
+        let tombstone = ExecutionHandle::new(Session::tombstone(execution, engine));
         self.executions()
             .insert(token.to_string(), tombstone.clone());
         let mut issued = self.issued();
@@ -1295,7 +1303,7 @@ impl AppState {
         match body {
             EventBody::RoutesUpdated { moves, .. } => {
                 let mut moved = 0;
-                for handle in self.executions().values() {
+                for (_, handle) in self.execution_handles() {
                     let mut session = handle.lock();
                     for route in moves {
                         let to = route.to.get() as usize;
@@ -1314,7 +1322,7 @@ impl AppState {
                     return 0;
                 };
                 let mut moved = 0;
-                for handle in self.executions().values() {
+                for (_, handle) in self.execution_handles() {
                     let mut session = handle.lock();
                     if session.engine == down {
                         session.engine = next;
@@ -1329,13 +1337,12 @@ impl AppState {
             }
             EventBody::ExecutionClosed { execution, status } => {
                 let open: Vec<(String, ExecutionHandle)> = self
-                    .executions()
-                    .iter()
+                    .execution_handles()
+                    .into_iter()
                     .filter(|(_, handle)| {
                         let session = handle.lock();
                         session.execution == *execution && !session.closed
                     })
-                    .map(|(token, handle)| (token.clone(), handle.clone()))
                     .collect();
                 for (token, handle) in &open {
                     if let Err(error) = self.close_execution(token, handle) {
@@ -1376,6 +1383,12 @@ impl AppState {
     /// Route events applied so far (tests and operators wait on it).
     pub fn routes_applied(&self) -> tokio::sync::watch::Receiver<u64> {
         self.routes_applied.subscribe()
+    }
+
+    /// The engines the log says are down (`EngineDown` without a later `EngineReady`), by
+    /// index; `/health` lists them.
+    pub fn engines_down(&self) -> Vec<usize> {
+        self.down().iter().copied().collect()
     }
 
     fn down(&self) -> MutexGuard<'_, std::collections::BTreeSet<usize>> {
@@ -2451,7 +2464,12 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
         "status": "ok",
         "engines": app.engines.iter().map(|engine| engine.name().to_string()).collect::<Vec<_>>(),
         "records": app.sink.describe(),
-        "executions_open": app.executions().values().filter(|e| !e.lock().closed).count(),
+        "engines_down": app.engines_down(),
+        "executions_open": app
+            .execution_handles()
+            .iter()
+            .filter(|(_, handle)| !handle.lock().closed)
+            .count(),
     }))
     .into_response()
 }

@@ -275,6 +275,19 @@ impl Session {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        Session::with_special(execution, special, engine)
+    }
+
+    /// What a closed execution leaves behind for its credential's later calls (a 401 that
+    /// says closed): no tree, no contexts, not even the model's special ids. A long run closes
+    /// an execution per rollout, so this is what the proxy keeps per rollout it served.
+    pub fn tombstone(execution: ExecutionId, engine: usize) -> Self {
+        let mut session = Session::with_special(execution, HashSet::new(), engine);
+        session.closed = true;
+        session
+    }
+
+    fn with_special(execution: ExecutionId, special: HashSet<u32>, engine: usize) -> Self {
         Session {
             execution,
             tree: Tree::new(execution, TreeConfig::default()),
