@@ -209,3 +209,52 @@ fn a_responses_streams_error_event_follows_the_events_before_it() {
         "{numbers:?}"
     );
 }
+
+/// An engine whose request panics (a bug on the call's path): the call's task dies, and the
+/// harness gets an error it can act on (a 500, or an `error` event ending the stream) instead
+/// of an answer or stream that just stops.
+struct Panicking {
+    inner: Arc<Recording>,
+}
+
+impl Panicking {
+    fn panic_on_generate(
+        &self,
+        _request: EngineRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<ChunkStream, EngineFailure>> {
+        Box::pin(async { panic!("a bug on the call's path (this panic is the test's)") })
+    }
+}
+
+wrapping_engine!(Panicking, panic_on_generate);
+
+#[test]
+fn a_panic_on_a_calls_path_reaches_the_harness_as_an_error() {
+    let runtime = crate::support::runtime();
+    let proxy = proxy(&runtime, Arc::new(Panicking { inner: recording() }));
+    let body = json!({"model": "m", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "Say something."}]});
+    let (status, answer) = proxy.post("/v1/messages", &body);
+    assert_eq!(status, 500, "{answer}");
+    assert_eq!(answer["error"]["type"], "api_error", "{answer}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = crate::support::http(
+        &proxy.address,
+        "POST",
+        "/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("x-api-key", &proxy.token),
+        ],
+        &streamed.to_string(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let last_event = text.rfind("event: ").map(|at| &text[at..]);
+    assert!(
+        last_event.is_some_and(|event| event.starts_with("event: error")),
+        "the stream ends with an error event: {text}"
+    );
+    assert!(proxy.sink.records().is_empty(), "nothing recorded");
+}

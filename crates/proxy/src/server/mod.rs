@@ -2235,8 +2235,11 @@ async fn serve_call(
             )
         }
     };
-    // Task "model-call": owned by the response; it notices a dropped receiver.
-    tokio::spawn(generate::run(
+    // Task "model-call": owned by the response; it notices a dropped receiver. Its
+    // supervisor turns a panic (a bug) into an error the harness can act on, rather than an
+    // answer or stream that just stops.
+    let on_panic = sender.clone();
+    let call = tokio::spawn(generate::run(
         app.clone(),
         execution,
         request,
@@ -2244,6 +2247,19 @@ async fn serve_call(
         store_on_end,
         sender,
     ));
+    tokio::spawn(async move {
+        if let Err(join) = call.await {
+            if join.is_panic() {
+                tracing::error!("a model call's task panicked; the harness gets an error");
+                let failure = ApiError::new(
+                    api,
+                    ApiErrorKind::Internal,
+                    "the proxy failed while answering this call (a bug, logged); retry it",
+                );
+                let _ = on_panic.send(generate::Piece::Failed(failure, 0)).await;
+            }
+        }
+    });
     answer(&app, api, streaming, receiver).await
 }
 
