@@ -498,10 +498,25 @@ impl ExecutionHandle {
             };
             parent = Some(Arc::new(response.with_guard(charge)));
         }
-        if let Some(response) = &parent {
-            self.keep_response(id, response.clone());
+        parent.map(|response| self.keep_restored(id, response))
+    }
+
+    /// Keeps `response`, read back as `id`, unless a concurrent read-back of the same id kept
+    /// one meanwhile: then that one is returned and this copy dropped (its charge with it), so
+    /// an id takes one of the kept slots and is charged once.
+    fn keep_restored(&self, id: &str, response: Arc<StoredResponse>) -> Arc<StoredResponse> {
+        let mut kept = self.responses();
+        if let Some(found) = kept.iter().find(|kept| kept.id == id) {
+            return found.response.clone();
         }
-        parent
+        if kept.len() >= RESPONSES_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(KeptResponse {
+            id: id.to_string(),
+            response: response.clone(),
+        });
+        response
     }
 
     /// The stored response `id` of this execution.
@@ -2773,6 +2788,38 @@ fn base36(mut value: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two read-backs of one id that left memory, racing: the second to finish keeps the
+    /// first's copy, so the id takes one kept slot and one charge.
+    #[test]
+    fn a_response_read_back_twice_at_once_is_kept_once() {
+        let model = crate::ChatModel::load(
+            &crate::test_model::directory(),
+            crate::ToolArgumentsForm::RawText,
+        )
+        .expect("the test model loads");
+        let handle = ExecutionHandle::new(Session::new(ExecutionId(1), &model, 0));
+        let first = Arc::new(StoredResponse::from_items(
+            "resp_1",
+            None,
+            b"[]".to_vec(),
+            true,
+        ));
+        let second = Arc::new(StoredResponse::from_items(
+            "resp_1",
+            None,
+            b"[]".to_vec(),
+            true,
+        ));
+        let kept = handle.keep_restored("resp_1", first.clone());
+        assert!(Arc::ptr_eq(&kept, &first));
+        let kept = handle.keep_restored("resp_1", second);
+        assert!(
+            Arc::ptr_eq(&kept, &first),
+            "the copy kept first is the one used"
+        );
+        assert_eq!(handle.responses().len(), 1);
+    }
 
     /// Every stride and offset, from every start: the first owned id at or after the start,
     /// and nothing owned skipped.
