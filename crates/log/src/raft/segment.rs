@@ -25,7 +25,10 @@
 //!   fails its checksum while one of its 512-byte sectors (aligned in the file) is all zeros, or
 //!   it is zeros from a sector boundary inside it to its end, sectors the crash kept from
 //!   reaching the disk, and only zeros follow it (etcd's WAL uses the same rule);
-//! - anything else is corruption, refused with the segment, offset and index.
+//! - anything else is corruption, refused with the segment, offset and index. Recovery
+//!   (`Writer::recover`) also refuses a "torn" record that is not its segment's first and
+//!   whose length runs past the end of a file at least `segment_bytes` long: the writer never
+//!   appends such a record, so its length field is damaged.
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -142,6 +145,9 @@ pub struct SegmentScan {
     /// The file continues past `end_offset` with an incomplete record: a write interrupted by
     /// a crash. Everything before `end_offset` is intact.
     pub torn: bool,
+    /// Torn because the record at `end_offset` declares more bytes than the file holds (a
+    /// write the crash cut short, or a damaged length field: see `Writer::recover`).
+    pub torn_past_end: bool,
     /// The file continues past `end_offset` with zeros only: preallocated space (or a tail the
     /// file system extended whose data never arrived, which is the same thing to a reader).
     pub zero_tail: bool,
@@ -191,6 +197,7 @@ pub fn scan_segment(
         detail,
     };
     let mut torn = false;
+    let mut torn_past_end = false;
     let mut zero_tail = false;
     while offset < file_len {
         let remaining = file_len - offset;
@@ -220,6 +227,7 @@ pub fn scan_segment(
         }
         if FRAME_HEADER_LEN + u64::from(len) > remaining {
             torn = true;
+            torn_past_end = true;
             break;
         }
         payload.resize(len as usize, 0);
@@ -268,6 +276,7 @@ pub fn scan_segment(
         end_offset: offset,
         file_len,
         torn,
+        torn_past_end,
         zero_tail,
         next_index,
         head_hash: head,

@@ -348,6 +348,26 @@ impl Writer {
             }
             let mut len = scan.end_offset;
             let mut capacity = scan.file_len;
+            // The writer starts a new segment before a record that would end past
+            // `segment_bytes`, unless the record is the segment's first: a later record that
+            // claims to run past the end of a file at least that long has a damaged length
+            // field, not a cut write, and cutting the log there would drop what follows it.
+            if scan.torn
+                && scan.torn_past_end
+                && scan.next_index > scan.header.first_index
+                && scan.file_len >= segment_bytes
+            {
+                return Err(RaftStoreError::CorruptRecord {
+                    segment: path,
+                    offset: scan.end_offset,
+                    index: scan.next_index,
+                    detail: format!(
+                        "the record's length runs past the end of the {}-byte segment, which \
+                         no append writes: its length field is damaged",
+                        scan.file_len
+                    ),
+                });
+            }
             if scan.torn {
                 if !is_last {
                     return Err(RaftStoreError::CorruptRecord {

@@ -842,3 +842,39 @@ async fn a_purge_waits_for_a_received_snapshot_to_settle() {
     .expect("does not wait")
     .expect("purges");
 }
+
+/// A damaged length field that makes a record (not its segment's first) run past the end of a
+/// preallocated segment is refused, naming the record: read as a cut write it would have
+/// truncated the log there, dropping every committed entry after it.
+#[tokio::test]
+async fn a_length_running_past_a_preallocated_segment_is_refused_not_truncated() {
+    let dir = TempDir::new().expect("temp dir");
+    let options = prealloc_options(256 << 10);
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    let mut next = 0;
+    append_until_preallocated(&mut log, &mut next, 40, 1, 6).await;
+    close(log).await;
+    let active = segment_files(dir.path()).pop().expect("a segment");
+    let mut records = Vec::new();
+    scan_segment(&active, |record, _| {
+        records.push((record.offset, record.index, record.payload_len));
+        Ok(())
+    })
+    .expect("scans");
+    assert!(records.len() >= 3, "{records:?}");
+    let (offset, index, len) = records[1];
+    let file = OpenOptions::new().write(true).open(&active).expect("open");
+    let damaged = len + (512 << 10);
+    file.write_all_at(&damaged.to_le_bytes(), offset)
+        .expect("damage the length");
+    drop(file);
+    let Err(error) = LogStore::open(dir.path(), options) else {
+        panic!("a damaged length is refused");
+    };
+    let text = error.to_string();
+    assert!(
+        text.contains("length field is damaged") && text.contains(&format!("{offset}")),
+        "{text}"
+    );
+    assert!(text.contains(&index.to_string()), "{text}");
+}
