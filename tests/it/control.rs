@@ -406,3 +406,28 @@ fn kill_leader_and_follower_under_writes_loses_nothing_acknowledged() {
         );
     }
 }
+
+/// A bad node list or address list on the command line is named by its flag, and not called
+/// a "bad request" (no node refused anything).
+#[test]
+fn bad_node_lists_are_named_by_their_flag() {
+    for (args, wanted) in [
+        (
+            &["control", "init", "--nodes", "garbage"][..],
+            "error: --nodes: \"garbage\" is not ID=HOST:PORT",
+        ),
+        (
+            &["control", "status", "--cluster", ""][..],
+            "error: --cluster: no node addresses given",
+        ),
+        (
+            &["log", "tail", "--cluster", ""][..],
+            "error: --cluster: no node addresses given",
+        ),
+    ] {
+        let output = gyre().args(args).output().expect("gyre runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim(), wanted, "{args:?}");
+    }
+}

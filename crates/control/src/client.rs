@@ -68,15 +68,13 @@ impl ClusterClient {
             .filter(|address| !address.is_empty())
             .collect();
         if addresses.is_empty() {
-            return Err(ControlError::BadRequest(
-                "no node addresses given".to_string(),
-            ));
+            return Err(ControlError::Invalid("no node addresses given".to_string()));
         }
         let mut channels = BTreeMap::new();
         for address in &addresses {
             channels.insert(
                 address.clone(),
-                channel(address).map_err(ControlError::BadRequest)?,
+                channel(address).map_err(ControlError::Invalid)?,
             );
         }
         Ok(ClusterClient {

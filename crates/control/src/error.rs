@@ -7,6 +7,10 @@ use gyre_log::raft::RaftStoreError;
 pub enum ControlError {
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A setting given to a tool or a node (node lists, addresses): said as it is, since it is
+    /// not a request any node refused.
+    #[error("{0}")]
+    Invalid(String),
     #[error("events do not decode: {0}")]
     Decode(#[from] gyre_log::CodecError),
     #[error("not the leader; the leader is {leader}")]
@@ -42,6 +46,7 @@ impl ControlError {
     pub fn duplicate(&self) -> ControlError {
         match self {
             ControlError::BadRequest(detail) => ControlError::BadRequest(detail.clone()),
+            ControlError::Invalid(detail) => ControlError::Invalid(detail.clone()),
             ControlError::NotLeader { leader } => ControlError::NotLeader {
                 leader: leader.clone(),
             },

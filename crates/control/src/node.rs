@@ -249,23 +249,21 @@ pub fn parse_nodes(text: &str) -> Result<BTreeMap<NodeId, String>, ControlError>
     {
         let (id, address) = part
             .split_once('=')
-            .ok_or_else(|| ControlError::BadRequest(format!("{part:?} is not ID=HOST:PORT")))?;
+            .ok_or_else(|| ControlError::Invalid(format!("{part:?} is not ID=HOST:PORT")))?;
         let id: NodeId = id.trim().parse().map_err(|_| {
-            ControlError::BadRequest(format!("node id {id:?} is not a positive integer"))
+            ControlError::Invalid(format!("node id {id:?} is not a positive integer"))
         })?;
         if id == 0 {
-            return Err(ControlError::BadRequest(
+            return Err(ControlError::Invalid(
                 "node id 0 is reserved; ids start at 1".to_string(),
             ));
         }
         if nodes.insert(id, address.trim().to_string()).is_some() {
-            return Err(ControlError::BadRequest(format!(
-                "node {id} is listed twice"
-            )));
+            return Err(ControlError::Invalid(format!("node {id} is listed twice")));
         }
     }
     if nodes.is_empty() {
-        return Err(ControlError::BadRequest(
+        return Err(ControlError::Invalid(
             "no nodes given (expected 1=HOST:PORT,...)".to_string(),
         ));
     }

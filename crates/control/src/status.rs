@@ -7,7 +7,9 @@ use crate::error::ControlError;
 /// Server side: a `ControlError` as the status a client sees.
 pub(crate) fn to_status(error: ControlError) -> Status {
     let code = match &error {
-        ControlError::BadRequest(_) | ControlError::Decode(_) => Code::InvalidArgument,
+        ControlError::BadRequest(_) | ControlError::Invalid(_) | ControlError::Decode(_) => {
+            Code::InvalidArgument
+        }
         ControlError::NotLeader { .. } | ControlError::NoLeader => Code::Unavailable,
         ControlError::ShuttingDown | ControlError::Unreachable { .. } => Code::Unavailable,
         ControlError::Halted(_) => Code::Aborted,

@@ -139,8 +139,8 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
 }
 
 async fn init(nodes: &str, timeout: Duration) -> anyhow::Result<()> {
-    let nodes = parse_nodes(nodes)?;
-    let (first, address) = nodes.iter().next().context("at least one node")?;
+    let nodes = parse_nodes(nodes).context("--nodes")?;
+    let (first, address) = nodes.iter().next().context("--nodes: at least one node")?;
     let all: Vec<&str> = nodes.values().map(String::as_str).collect();
     let mut client = ClusterClient::new(&all.join(","))?;
     let deadline = tokio::time::Instant::now() + timeout;
@@ -351,7 +351,7 @@ fn check_own_address(
 }
 
 async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
-    let mut client = ClusterClient::new(cluster)?;
+    let mut client = ClusterClient::new(cluster).context("--cluster")?;
     let mut reachable = 0;
     for (address, status) in client.status_all().await {
         match status {

@@ -93,7 +93,7 @@ async fn send(
 }
 
 async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
-    let mut client = ClusterClient::new(cluster)?;
+    let mut client = ClusterClient::new(cluster).context("--cluster")?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let mut pending = Vec::new();
@@ -117,8 +117,8 @@ async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
 }
 
 async fn tail(cluster: &str, from: &str, follow: bool) -> anyhow::Result<()> {
-    let from: Sequence = from.parse().map_err(anyhow::Error::msg)?;
-    let mut client = ClusterClient::new(cluster)?;
+    let from: Sequence = from.parse().map_err(anyhow::Error::msg).context("--from")?;
+    let mut client = ClusterClient::new(cluster).context("--cluster")?;
     let mut stream = client.subscribe(from, !follow).await?;
     let mut out = std::io::stdout().lock();
     while let Some(entry) = stream.message().await.context("subscription")? {
@@ -142,7 +142,7 @@ async fn tail(cluster: &str, from: &str, follow: bool) -> anyhow::Result<()> {
 }
 
 async fn export(node: &str, out: &std::path::Path) -> anyhow::Result<()> {
-    let mut client = ClusterClient::new(node)?;
+    let mut client = ClusterClient::new(node).context("--node")?;
     let mut stream = client.export(node, 1).await?;
     let mut writer: Option<EventFileWriter> = None;
     let mut records = 0u64;
