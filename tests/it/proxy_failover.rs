@@ -580,16 +580,23 @@ fn a_closed_execution_frees_its_session_and_stays_closed() {
     });
 }
 
+/// Default settings with a credentials file in a fresh directory (kept while the guard lives),
+/// so a second `AppState` on the same config is the first one restarted.
+fn with_a_credentials_file() -> (tempfile::TempDir, ServerConfig) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServerConfig {
+        credentials: Some(dir.path().join("credentials")),
+        ..ServerConfig::default()
+    };
+    (dir, config)
+}
+
 /// A restarted proxy keeps the credential of an execution the scheduler closed while it was
 /// down closed (the `ExecutionClosed` it reads back), and says why.
 #[test]
 fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = ServerConfig {
-            credentials: Some(dir.path().join("credentials")),
-            ..ServerConfig::default()
-        };
+        let (_dir, config) = with_a_credentials_file();
         let start = || one_engine_state(config.clone(), Arc::new(MemorySink::default()));
         let (execution, token) = start().open_execution(None, None).expect("open");
         let restarted = start();
@@ -618,11 +625,7 @@ fn an_execution_closed_while_the_proxy_was_down_stays_closed() {
 #[test]
 fn an_execution_closed_after_a_restart_before_its_next_call_is_closed() {
     runtime().block_on(async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = ServerConfig {
-            credentials: Some(dir.path().join("credentials")),
-            ..ServerConfig::default()
-        };
+        let (_dir, config) = with_a_credentials_file();
         let start = || one_engine_state(config.clone(), Arc::new(MemorySink::default()));
         let (execution, token) = start().open_execution(None, None).expect("open");
         let sink = Arc::new(MemorySink::default());

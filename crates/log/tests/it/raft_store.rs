@@ -597,16 +597,27 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[tokio::test]
-async fn in_preallocated_space_a_torn_record_is_truncated_but_a_flipped_bit_is_refused() {
+/// A closed log of 256 KiB preallocated segments, written until one is preallocated and then
+/// `extra` more entries of `events` events each: its directory, options, next index and
+/// active segment.
+async fn a_preallocated_log(
+    events: usize,
+    extra: u64,
+) -> (TempDir, LogStoreOptions, u64, std::path::PathBuf) {
     let dir = TempDir::new().expect("temp dir");
     let options = prealloc_options(256 << 10);
     let mut log = LogStore::open(dir.path(), options).expect("opens");
     let mut next = 0;
-    // Batches of 400 events: several KiB per record, so a record spans whole sectors.
-    append_until_preallocated(&mut log, &mut next, 400, 1, 3).await;
+    append_until_preallocated(&mut log, &mut next, events, 1, extra).await;
     close(log).await;
     let active = segment_files(dir.path()).pop().expect("a segment");
+    (dir, options, next, active)
+}
+
+#[tokio::test]
+async fn in_preallocated_space_a_torn_record_is_truncated_but_a_flipped_bit_is_refused() {
+    // Batches of 400 events: several KiB per record, so a record spans whole sectors.
+    let (dir, options, next, active) = a_preallocated_log(400, 3).await;
     let (offset, len) = last_record(&active);
     assert!(len > 2048, "records span several sectors: {len} bytes");
 
@@ -848,13 +859,7 @@ async fn a_purge_waits_for_a_received_snapshot_to_settle() {
 /// truncated the log there, dropping every committed entry after it.
 #[tokio::test]
 async fn a_length_running_past_a_preallocated_segment_is_refused_not_truncated() {
-    let dir = TempDir::new().expect("temp dir");
-    let options = prealloc_options(256 << 10);
-    let mut log = LogStore::open(dir.path(), options).expect("opens");
-    let mut next = 0;
-    append_until_preallocated(&mut log, &mut next, 40, 1, 6).await;
-    close(log).await;
-    let active = segment_files(dir.path()).pop().expect("a segment");
+    let (dir, options, _, active) = a_preallocated_log(40, 6).await;
     let mut records = Vec::new();
     scan_segment(&active, |record, _| {
         records.push((record.offset, record.index, record.payload_len));
