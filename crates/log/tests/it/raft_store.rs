@@ -27,6 +27,17 @@ use super::raft_support::{
 
 type Sm = StateMachineStore<CountingProjection>;
 
+/// Builds a snapshot of `sm` as openraft does and waits for it.
+async fn build_snapshot<P: gyre_log::raft::Projection>(
+    sm: &mut StateMachineStore<P>,
+) -> gyre_log::raft::Snapshot {
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("snapshot")
+}
+
 fn tiny_segments() -> LogStoreOptions {
     LogStoreOptions {
         segment_bytes: 1024,
@@ -374,12 +385,7 @@ async fn restart_after_purge_and_snapshot_restores_then_replays_the_suffix() {
         31,
         "one reply per entry, membership included"
     );
-    let snapshot = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("snapshot");
+    let snapshot = build_snapshot(&mut sm).await;
     assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 1, 30)));
     sm.apply(entries[31..].to_vec())
         .await
@@ -426,11 +432,7 @@ async fn snapshots_keep_the_last_two_and_a_damaged_newest_falls_back() {
         sm.apply(entries[start..upto].to_vec())
             .await
             .expect("apply");
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("snapshot");
+        build_snapshot(&mut sm).await;
         digests.push(sm.digest());
     }
     let mut files: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
@@ -465,12 +467,7 @@ async fn a_restart_restores_the_snapshot_holding_the_most_of_the_log() {
         let (_log, mut sm) =
             open_storage::<CountingProjection>(dir.path(), tiny_segments()).expect("opens");
         sm.apply(entries[..upto].to_vec()).await.expect("apply");
-        let snapshot = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("snapshot");
+        let snapshot = build_snapshot(&mut sm).await;
         let bytes = snapshot.snapshot.read_bytes().expect("reads");
         built.push((snapshot.meta, bytes, sm.digest(), dir));
     }
