@@ -132,7 +132,7 @@ fn records_commit_to_the_quorum_and_routes_follow_the_log() {
         .await
         .expect("the route event reaches the proxy")
         .expect("watch");
-        assert_eq!(state.execution(&token).expect("open").lock().engine, 1);
+        assert_eq!(state.execution(&token).expect("open").engine(), 1);
         call("second question").await;
         follower.abort();
         cluster.shutdown().await;

@@ -385,7 +385,7 @@ fn route_events_from_the_log_move_executions() {
             "moved to the next engine that is up"
         );
         // New executions avoid the engine that is down.
-        let pinned = |token: &str| state.execution(token).expect("open").lock().engine;
+        let pinned = |token: &str| state.execution(token).expect("open").engine();
         for _ in 0..6 {
             let (_, opened) = state.open_execution(None, None).expect("open");
             assert_ne!(
@@ -557,12 +557,18 @@ fn a_closed_execution_frees_its_session_and_stays_closed() {
         let (status, text) = post(&state, &close, &token, "{}".into()).await;
         assert_eq!(status, 200, "{text}");
         assert!(text.contains("\"calls\":1"), "{text}");
-        let after = state.execution(&token).expect("still known");
-        assert!(after.lock().closed);
+        assert!(before.is_closed());
         assert!(
-            after.lock().tree.is_empty(),
-            "the credential keeps only a closed stub"
+            matches!(
+                state.credential(&token),
+                Some(gyre_proxy::server::Credential::Closed(closed)) if closed.execution == before.id()
+            ),
+            "the credential keeps only what says it is closed"
         );
+        assert!(state.execution(&token).is_none());
+        let (status, text) = post(&state, &close, &token, "{}".into()).await;
+        assert_eq!(status, 200, "closing again is not an error: {text}");
+        assert!(text.contains("\"already_closed\":true"), "{text}");
         assert_eq!(
             before.lock().tree.len(),
             1,
@@ -1554,11 +1560,12 @@ fn chat_chunks(text: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// A route event waits for each session's lock, and a call's `prepare` holds one through
-/// render and tokenize (100 ms at 128K tokens): the map of executions must not be held
-/// meanwhile, or every other harness's request waits to be authenticated.
+/// A call's `prepare` holds its session's lock through render and tokenize (100 ms at 128K
+/// tokens). Route events, authentication and `/health` never take a session's lock: an
+/// execution whose session is busy is still moved off an engine that went down, and other
+/// harnesses are authenticated meanwhile.
 #[test]
-fn a_route_event_waiting_on_a_busy_session_does_not_hold_up_other_executions() {
+fn a_route_event_moves_an_execution_whose_session_is_busy() {
     let model = test_model();
     let end = model.token_id("<|im_end|>").expect("end token");
     let state = AppState::new(
@@ -1569,42 +1576,32 @@ fn a_route_event_waiting_on_a_busy_session_does_not_hold_up_other_executions() {
         Arc::new(MemorySink::default()),
     )
     .expect("state");
-    let (_, busy) = state.open_execution(None, None).expect("open");
-    let (_, other) = state.open_execution(None, None).expect("open");
+    let (_, busy) = state.open_execution(None, Some(0)).expect("open");
+    let (_, other) = state.open_execution(None, Some(0)).expect("open");
     let busy = state.execution(&busy).expect("known");
     let preparing = busy.lock();
-    let (routed, route_done) = std::sync::mpsc::channel();
-    let router = {
-        let state = state.clone();
-        std::thread::spawn(move || {
-            let moved = state.apply_route_event(&EventBody::EngineDown {
-                engine: gyre_event::EngineId(0),
-                reason: "test".into(),
-            });
-            routed.send(moved).expect("send");
-        })
-    };
-    // Once the engine is marked down the router goes through the executions and waits for
-    // the busy session; the other execution authenticates meanwhile.
-    while state.engines_down().is_empty() {
-        std::thread::yield_now();
-    }
-    let (found, found_done) = std::sync::mpsc::channel();
-    let authenticating = {
-        let state = state.clone();
-        std::thread::spawn(move || {
-            found.send(state.execution(&other).is_some()).expect("send");
-        })
-    };
+    // All of it on this thread while the lock is held: a wait on the session would hang here.
+    let moved = state.apply_route_event(&EventBody::EngineDown {
+        engine: gyre_event::EngineId(0),
+        reason: "test".into(),
+    });
+    assert_eq!(moved, 2, "both executions leave the engine that is down");
+    assert_eq!(busy.engine(), 1);
+    assert_eq!(state.execution(&other).expect("open").engine(), 1);
+    assert_eq!(state.executions_open(), 2);
+    let moved = state.apply_route_event(&EventBody::RoutesUpdated {
+        source: gyre_event::EngineId(1),
+        moves: vec![gyre_event::RouteMove {
+            execution: busy.id(),
+            from: gyre_event::EngineId(1),
+            to: gyre_event::EngineId(0),
+        }],
+    });
+    assert_eq!(moved, 1);
     assert_eq!(
-        found_done.recv_timeout(std::time::Duration::from_secs(20)),
-        Ok(true),
-        "authenticated while a route event waits on another session"
+        busy.engine(),
+        0,
+        "the busy execution's next call goes to its destination"
     );
     drop(preparing);
-    route_done
-        .recv_timeout(std::time::Duration::from_secs(20))
-        .expect("the route event finishes once the session is free");
-    router.join().expect("router");
-    authenticating.join().expect("authenticating");
 }

@@ -589,7 +589,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
 /// Tokens encoded and CPU for one long execution: incremental vs re-render + re-tokenize.
 fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
     let now = CivilDateTime::from_unix_seconds(1_780_000_000);
-    let mut session = Session::new(gyre_event::ExecutionId(1), model, 0);
+    let mut session = Session::new(gyre_event::ExecutionId(1), model);
     let mut request = ChatRequest::new(gyre_proxy::Api::Anthropic, "gyre-test");
     request
         .messages

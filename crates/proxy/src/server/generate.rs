@@ -244,7 +244,7 @@ impl Outlet {
         // `crate::stored_responses`).
         if let (Some(store), Some(kept)) = (&self.store_on_end, kept) {
             if store.durable_before_handover(&kept) {
-                let id = execution.lock().execution;
+                let id = execution.id();
                 if let Err(error) = store.persist(id, &kept).await {
                     tracing::error!(%error, "a stored response was not committed; the call fails");
                     execution.lock().mark_delivered(agent, call, false);
@@ -307,11 +307,7 @@ impl<'m> Answer<'m> {
             reasoning_tokens: 0,
             tool_calls: 0,
             spawns_agent: false,
-            output_ids: OutputIds::new(
-                execution.lock().execution,
-                &prepared.agent,
-                prompt_tokens as u64,
-            ),
+            output_ids: OutputIds::new(execution.id(), &prepared.agent, prompt_tokens as u64),
         }
     }
 
@@ -466,7 +462,7 @@ pub async fn warmup(
     if let Some(store) = &store_on_end {
         if let Some(kept) = store.store(&execution, responses.id(), &[]) {
             if store.durable_before_handover(&kept) {
-                let id = execution.lock().execution;
+                let id = execution.id();
                 if let Err(error) = store.persist(id, &kept).await {
                     tracing::error!(%error, "a warm-up's stored response was not committed");
                     let message = format!("the stored response could not be committed: {error}");
@@ -602,7 +598,7 @@ pub async fn run(
         app.metrics.sampling_overridden();
     }
     sampled.sampling = sampling;
-    let mut engine_index = execution.lock().engine;
+    let mut engine_index = execution.engine();
     let mut attempts = 0usize;
     let mut first_token: Option<std::time::Duration> = None;
     // The engine of the attempt before this one, which sampled the answer's latest tokens.
@@ -835,9 +831,7 @@ pub async fn run(
             return;
         }
         engine_index = (engine_index + 1) % app.engines.len();
-        {
-            execution.lock().engine = engine_index;
-        }
+        execution.pin(engine_index);
     };
     let finish = match (answer.stopped(), finish) {
         (Some(sequence), _) => EngineFinish::StopSequence(sequence.to_string()),

@@ -24,7 +24,7 @@ mod websocket;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -219,7 +219,48 @@ impl Default for ServerConfig {
 #[derive(Clone)]
 pub struct ExecutionHandle(Arc<Execution>);
 
+/// What a credential names.
+#[derive(Clone)]
+pub enum Credential {
+    Open(ExecutionHandle),
+    /// Closed: its calls get 401. The session is freed once the calls in flight finish.
+    Closed(ClosedCredential),
+}
+
+#[derive(Clone, Debug)]
+pub struct ClosedCredential {
+    pub execution: ExecutionId,
+    /// Why the session could not be rebuilt after a restart; `None` for a close.
+    pub lost: Option<Arc<str>>,
+}
+
+impl Credential {
+    /// The open execution, if it is one.
+    pub fn open(self) -> Option<ExecutionHandle> {
+        match self {
+            Credential::Open(handle) => Some(handle),
+            Credential::Closed(_) => None,
+        }
+    }
+
+    pub fn execution(&self) -> ExecutionId {
+        match self {
+            Credential::Open(handle) => handle.id(),
+            Credential::Closed(closed) => closed.execution,
+        }
+    }
+}
+
 struct Execution {
+    /// The execution's id (its session's, kept here so nothing needs the session's lock for it).
+    id: ExecutionId,
+    /// Index of the engine the execution is pinned to. Outside the session's lock: a route
+    /// event moves an execution while a call of it renders and tokenizes under that lock.
+    engine: AtomicUsize,
+    /// Closed (by the scheduler, an operator or a restart that could not rebuild it): its
+    /// credential accepts no more calls. The credential then maps to a [`ClosedCredential`];
+    /// calls in flight hold this handle and finish.
+    closed: AtomicBool,
     session: Mutex<Session>,
     /// Each agent's last request body, parsed: the next body of that agent parses only the
     /// bytes after what the two share (see [`crate::body`]).
@@ -389,13 +430,46 @@ impl Drop for Charge {
 }
 
 impl ExecutionHandle {
-    fn new(session: Session) -> Self {
+    fn new(session: Session, engine: usize) -> Self {
         ExecutionHandle(Arc::new(Execution {
+            id: session.execution,
+            engine: AtomicUsize::new(engine),
+            closed: AtomicBool::new(false),
             session: Mutex::new(session),
             bodies: Mutex::new(Vec::new()),
             responses: Mutex::new(std::collections::VecDeque::new()),
             response_bytes: Arc::new(AtomicUsize::new(0)),
         }))
+    }
+
+    pub fn id(&self) -> ExecutionId {
+        self.0.id
+    }
+
+    /// The engine this execution's next call goes to.
+    pub fn engine(&self) -> usize {
+        self.0.engine.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn pin(&self, engine: usize) {
+        self.0.engine.store(engine, Ordering::Release);
+    }
+
+    /// Moves the execution from engine `from` to `to`; false when it was not on `from`.
+    fn move_off(&self, from: usize, to: usize) -> bool {
+        self.0
+            .engine
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the execution closed; true for the caller that closed it.
+    fn mark_closed(&self) -> bool {
+        !self.0.closed.swap(true, Ordering::AcqRel)
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Session> {
@@ -648,7 +722,9 @@ pub struct AppState {
     pub engines: Vec<Arc<dyn TokenEngine>>,
     pub stop_token_ids: Vec<u32>,
     pub sink: Arc<dyn RecordSink>,
-    executions: Mutex<HashMap<String, ExecutionHandle>>,
+    /// Every credential this process served or was asked about: its open execution, or what
+    /// a closed one leaves (a few words: a long run closes an execution per rollout).
+    executions: Mutex<HashMap<String, Credential>>,
     next_execution: AtomicU64,
     /// Execution ids this proxy opened, was issued credentials for before a restart, or found
     /// records of in its log: an id is opened once, whoever names it (two sessions under one
@@ -724,6 +800,8 @@ struct Issued {
     lost: HashMap<u64, String>,
     /// Handles already given to an earlier credential of the same execution.
     handles: HashMap<u64, ExecutionHandle>,
+    /// Executions of `handles` closed since: their other credentials are closed too.
+    closed: HashSet<u64>,
     /// Stored responses read from the log ([`AppState::recover`]), in commit order, until
     /// their execution's credential is used.
     responses: HashMap<u64, Vec<gyre_event::StoredResponseRecord>>,
@@ -777,16 +855,14 @@ impl Recovering<'_> {
             self.last_taken = Some(id);
             self.state.taken().insert(id);
         }
-        let Some(engine) = self.open.get(&id) else {
-            return;
-        };
-        if self.lost.contains_key(&id) {
+        if !self.open.contains_key(&id) || self.lost.contains_key(&id) {
             return;
         }
         let state = self.state;
-        let session = self.sessions.entry(id).or_insert_with(|| {
-            Session::new(ExecutionId(id), &state.model, engine % state.engines.len())
-        });
+        let session = self
+            .sessions
+            .entry(id)
+            .or_insert_with(|| Session::new(ExecutionId(id), &state.model));
         match session.recover_record(record, &state.model, &state.output_format) {
             Ok(()) => self.calls += 1,
             Err(error) => {
@@ -1025,10 +1101,10 @@ impl AppState {
     /// its oldest. False when nothing is left to give up.
     fn give_up_responses(&self, requester: &ExecutionHandle) -> bool {
         let others: Vec<ExecutionHandle> = self
-            .executions()
-            .values()
+            .execution_handles()
+            .into_iter()
+            .map(|(_, handle)| handle)
             .filter(|handle| !Arc::ptr_eq(&handle.0, &requester.0))
-            .cloned()
             .collect();
         let largest = |persisted_only: bool| {
             others
@@ -1071,20 +1147,35 @@ impl AppState {
         !given_up.is_empty() || found_victim
     }
 
-    fn executions(&self) -> MutexGuard<'_, HashMap<String, ExecutionHandle>> {
+    fn executions(&self) -> MutexGuard<'_, HashMap<String, Credential>> {
         self.executions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Every execution's credential and handle, with the map's lock already released: a
-    /// caller that locks the sessions (a call's `prepare` holds one through render and
+    /// Every open execution's credential and handle, with the map's lock already released:
+    /// a caller that locks the sessions (a call's `prepare` holds one through render and
     /// tokenize) must not hold the map meanwhile, or every request's authentication waits.
     fn execution_handles(&self) -> Vec<(String, ExecutionHandle)> {
         self.executions()
             .iter()
-            .map(|(token, handle)| (token.clone(), handle.clone()))
+            .filter_map(|(token, credential)| match credential {
+                Credential::Open(handle) if !handle.is_closed() => {
+                    Some((token.clone(), handle.clone()))
+                }
+                _ => None,
+            })
             .collect()
+    }
+
+    /// How many executions are open.
+    pub fn executions_open(&self) -> usize {
+        self.executions()
+            .values()
+            .filter(
+                |credential| matches!(credential, Credential::Open(handle) if !handle.is_closed()),
+            )
+            .count()
     }
 
     fn taken(&self) -> MutexGuard<'_, HashSet<u64>> {
@@ -1198,21 +1289,22 @@ impl AppState {
     }
 
     /// Closes the execution under `token` (durably, if there is a credential file). The
-    /// credential then maps to an empty closed session: the execution's tree, contexts, caches
+    /// credential then maps to a [`ClosedCredential`]: the execution's tree, contexts, caches
     /// and kept bodies (its records are in the log) are freed once the calls still in flight
     /// on it finish, so a long run's memory does not grow with every execution it closed.
     fn close_execution(&self, token: &str, handle: &ExecutionHandle) -> Result<(), String> {
-        let (execution, engine) = {
-            let mut session = handle.lock();
-            session.closed = true;
-            (session.execution, session.engine)
-        };
-        let tombstone = ExecutionHandle::new(Session::tombstone(execution, engine));
-        self.executions()
-            .insert(token.to_string(), tombstone.clone());
+        handle.mark_closed();
+        let execution = handle.id();
+        self.executions().insert(
+            token.to_string(),
+            Credential::Closed(ClosedCredential {
+                execution,
+                lost: None,
+            }),
+        );
         let mut issued = self.issued();
-        if issued.handles.contains_key(&execution.get()) {
-            issued.handles.insert(execution.get(), tombstone);
+        if issued.handles.remove(&execution.get()).is_some() {
+            issued.closed.insert(execution.get());
         }
         drop(issued);
         match &self.credentials {
@@ -1229,22 +1321,39 @@ impl AppState {
         format!("{execution}-{call}-{attempt}-{}.{n}", self.request_tag)
     }
 
-    /// The execution under `token`, opened as `id` on `engine` if there is none yet (two
-    /// concurrent first calls with one credential share one execution).
-    fn open_execution_as(&self, id: u64, engine: usize, token: &str) -> ExecutionHandle {
+    /// The execution under `token`, opened as `id` on `engine` if the credential names none
+    /// yet (two concurrent first calls with one credential share one execution).
+    fn open_execution_as(&self, id: u64, engine: usize, token: &str) -> Credential {
         self.executions()
             .entry(token.to_string())
             .or_insert_with(|| {
-                ExecutionHandle::new(Session::new(ExecutionId(id), &self.model, engine))
+                Credential::Open(ExecutionHandle::new(
+                    Session::new(ExecutionId(id), &self.model),
+                    engine,
+                ))
             })
             .clone()
     }
 
-    /// The execution under `token`: opened by this process, or issued before a restart (its
-    /// session rebuilt from the log, or new if it made no call yet).
+    /// The open execution under `token` (see [`AppState::credential`]).
     pub fn execution(&self, token: &str) -> Option<ExecutionHandle> {
-        if let Some(handle) = self.executions().get(token) {
-            return Some(handle.clone());
+        self.credential(token)?.open()
+    }
+
+    /// What `token` names: an execution opened by this process, or one issued before a
+    /// restart (its session rebuilt from the log, or new if it made no call yet), open or
+    /// closed. `None` for a credential this proxy never issued.
+    pub fn credential(&self, token: &str) -> Option<Credential> {
+        let found = self.executions().get(token).cloned();
+        match found {
+            Some(Credential::Open(handle)) if handle.is_closed() => {
+                return Some(Credential::Closed(ClosedCredential {
+                    execution: handle.id(),
+                    lost: None,
+                }))
+            }
+            Some(found) => return Some(found),
+            None => {}
         }
         self.credentials.as_ref()?;
         let mut issued = self.issued();
@@ -1252,37 +1361,40 @@ impl AppState {
             .credentials
             .by_hash
             .get(&credentials::token_hash(token))?;
-        let handle = match issued.handles.get(&entry.execution) {
-            Some(handle) => handle.clone(),
-            None => {
-                let session = issued.sessions.remove(&entry.execution).unwrap_or_else(|| {
-                    Session::new(
-                        ExecutionId(entry.execution),
-                        &self.model,
-                        entry.engine % self.engines.len(),
-                    )
-                });
-                let handle = ExecutionHandle::new(session);
-                if let Some(records) = issued.responses.remove(&entry.execution) {
-                    handle.restore_responses(records, &self.responses);
+        let execution = ExecutionId(entry.execution);
+        let credential = if let Some(reason) = issued.lost.get(&entry.execution) {
+            Credential::Closed(ClosedCredential {
+                execution,
+                lost: Some(reason.as_str().into()),
+            })
+        } else if entry.closed || issued.closed.contains(&entry.execution) {
+            Credential::Closed(ClosedCredential {
+                execution,
+                lost: None,
+            })
+        } else {
+            let handle = match issued.handles.get(&entry.execution) {
+                Some(handle) => handle.clone(),
+                None => {
+                    let session = issued
+                        .sessions
+                        .remove(&entry.execution)
+                        .unwrap_or_else(|| Session::new(execution, &self.model));
+                    let handle = ExecutionHandle::new(session, entry.engine % self.engines.len());
+                    if let Some(records) = issued.responses.remove(&entry.execution) {
+                        handle.restore_responses(records, &self.responses);
+                    }
+                    issued.handles.insert(entry.execution, handle.clone());
+                    handle
                 }
-                if let Some(reason) = issued.lost.get(&entry.execution) {
-                    let mut session = handle.lock();
-                    session.closed = true;
-                    session.lost = Some(reason.clone());
-                }
-                issued.handles.insert(entry.execution, handle.clone());
-                handle
-            }
+            };
+            Credential::Open(handle)
         };
-        if entry.closed {
-            handle.lock().closed = true;
-        }
         drop(issued);
         Some(
             self.executions()
                 .entry(token.to_string())
-                .or_insert(handle)
+                .or_insert(credential)
                 .clone(),
         )
     }
@@ -1317,15 +1429,17 @@ impl AppState {
         let engines = self.engines.len();
         match body {
             EventBody::RoutesUpdated { moves, .. } => {
+                // The last move of an execution wins, as if applied in order.
+                let destinations: HashMap<ExecutionId, usize> = moves
+                    .iter()
+                    .map(|route| (route.execution, route.to.get() as usize))
+                    .filter(|(_, to)| *to < engines)
+                    .collect();
                 let mut moved = 0;
                 for (_, handle) in self.execution_handles() {
-                    let mut session = handle.lock();
-                    for route in moves {
-                        let to = route.to.get() as usize;
-                        if route.execution == session.execution && to < engines {
-                            session.engine = to;
-                            moved += 1;
-                        }
+                    if let Some(to) = destinations.get(&handle.id()) {
+                        handle.pin(*to);
+                        moved += 1;
                     }
                 }
                 moved
@@ -1338,9 +1452,7 @@ impl AppState {
                 };
                 let mut moved = 0;
                 for (_, handle) in self.execution_handles() {
-                    let mut session = handle.lock();
-                    if session.engine == down {
-                        session.engine = next;
+                    if handle.move_off(down, next) {
                         moved += 1;
                     }
                 }
@@ -1354,10 +1466,7 @@ impl AppState {
                 let open: Vec<(String, ExecutionHandle)> = self
                     .execution_handles()
                     .into_iter()
-                    .filter(|(_, handle)| {
-                        let session = handle.lock();
-                        session.execution == *execution && !session.closed
-                    })
+                    .filter(|(_, handle)| handle.id() == *execution)
                     .collect();
                 for (token, handle) in &open {
                     if let Err(error) = self.close_execution(token, handle) {
@@ -1718,34 +1827,35 @@ fn authenticate(
             "no execution credential: send the execution's token as the API key or use the base URL /x/<token>",
         ));
     };
-    match app.execution(&token) {
-        Some(handle) if !handle.lock().closed => Ok(handle),
-        Some(handle) => {
-            let lost = handle.lock().lost.clone();
-            Err(ApiError::new(
-                api,
-                ApiErrorKind::Authentication,
-                match lost {
-                    Some(reason) => {
-                        format!("this execution cannot resume after the proxy restarted: {reason}")
-                    }
-                    None => {
-                        "this execution is closed; its credential no longer accepts calls".into()
-                    }
-                },
-            ))
-        }
+    let closed = |closed: ClosedCredential| {
+        ApiError::new(
+            api,
+            ApiErrorKind::Authentication,
+            match closed.lost {
+                Some(reason) => {
+                    format!("this execution cannot resume after the proxy restarted: {reason}")
+                }
+                None => "this execution is closed; its credential no longer accepts calls".into(),
+            },
+        )
+    };
+    match app.credential(&token) {
+        Some(Credential::Open(handle)) => Ok(handle),
+        Some(Credential::Closed(found)) => Err(closed(found)),
         None if app.config.auto_open => {
             let id = app
                 .number_execution()
                 .map_err(|message| ApiError::new(api, ApiErrorKind::Overloaded, message))?;
             let engine =
                 app.next_engine.fetch_add(1, Ordering::Relaxed) as usize % app.engines.len();
-            let handle = app.open_execution_as(id, engine, &token);
+            let handle = match app.open_execution_as(id, engine, &token) {
+                Credential::Open(handle) => handle,
+                // Closed between the look and the open.
+                Credential::Closed(found) => return Err(closed(found)),
+            };
             // Two first calls with one credential share one execution: only the one whose
             // execution it is records the credential.
-            let won = handle.lock().execution == ExecutionId(id);
-            if won {
+            if handle.id() == ExecutionId(id) {
                 if let Err(error) = app.record_auto_open(&token, id, engine) {
                     return Err(ApiError::new(
                         api,
@@ -1914,7 +2024,7 @@ async fn restore_from_log(
     execution: &ExecutionHandle,
     id: &str,
 ) -> Option<Arc<StoredResponse>> {
-    let number = execution.lock().execution.get();
+    let number = execution.id().get();
     let records = match app.sink.stored_responses(number, id).await {
         Ok(records) => records,
         Err(error) => {
@@ -2096,7 +2206,7 @@ async fn serve_call(
                     if let Some((previous, ..)) = &chained {
                         capture::Capture::note(&mut head, "x-gyre-previous-response-id", previous);
                     }
-                    let id = execution.lock().execution.get();
+                    let id = execution.id().get();
                     capture.write(head, api, id, agent.as_deref(), &bytes);
                 }
                 if let Some(error) = refused {
@@ -2496,11 +2606,7 @@ async fn health(State(app): State<Arc<AppState>>) -> Response {
         "engines": app.engines.iter().map(|engine| engine.name().to_string()).collect::<Vec<_>>(),
         "records": app.sink.describe(),
         "engines_down": app.engines_down(),
-        "executions_open": app
-            .execution_handles()
-            .iter()
-            .filter(|(_, handle)| !handle.lock().closed)
-            .count(),
+        "executions_open": app.executions_open(),
     }))
     .into_response()
 }
@@ -2654,8 +2760,14 @@ async fn admin_open(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 async fn admin_close(State(app): State<Arc<AppState>>, Path(token): Path<String>) -> Response {
-    match app.execution(&token) {
-        Some(handle) => {
+    match app.credential(&token) {
+        // Closing twice is not an error: an operator's retry gets the same answer's shape.
+        Some(Credential::Closed(closed)) => axum::Json(json!({
+            "execution": closed.execution.get(),
+            "already_closed": true,
+        }))
+        .into_response(),
+        Some(Credential::Open(handle)) => {
             if let Err(error) = app.close_execution(&token, &handle) {
                 return admin_error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -2665,6 +2777,7 @@ async fn admin_close(State(app): State<Arc<AppState>>, Path(token): Path<String>
             let session = handle.lock();
             axum::Json(json!({
                 "execution": session.execution.get(),
+                "already_closed": false,
                 "calls": session.calls(),
                 "tokens_encoded": session.tokens_encoded,
                 "tokens_reused": session.tokens_reused,
@@ -2701,11 +2814,15 @@ async fn admin_route(
             ),
         );
     }
-    match app.execution(&token) {
-        Some(handle) => {
-            handle.lock().engine = request.engine;
+    match app.credential(&token) {
+        Some(Credential::Open(handle)) => {
+            handle.pin(request.engine);
             axum::Json(json!({ "engine": request.engine })).into_response()
         }
+        Some(Credential::Closed(_)) => admin_error(
+            StatusCode::CONFLICT,
+            "this execution is closed; there is nothing to route".into(),
+        ),
         None => admin_error(StatusCode::NOT_FOUND, "unknown execution credential".into()),
     }
 }
@@ -2798,7 +2915,7 @@ mod tests {
             crate::ToolArgumentsForm::RawText,
         )
         .expect("the test model loads");
-        let handle = ExecutionHandle::new(Session::new(ExecutionId(1), &model, 0));
+        let handle = ExecutionHandle::new(Session::new(ExecutionId(1), &model), 0);
         let first = Arc::new(StoredResponse::from_items(
             "resp_1",
             None,

@@ -215,16 +215,11 @@ pub struct Session {
     /// The main agent's last call whose answer started a sub-agent: what a new sub-agent's
     /// first call is spawned by (unknown after a restart: then the main agent's last call).
     last_spawn: Option<CallId>,
-    pub closed: bool,
-    /// Why a session could not be rebuilt after a restart (it then stays closed).
-    pub lost: Option<String>,
     /// Rebuilt from records whose agent contexts are not decoded yet: the first `prepare`
     /// does it ([`Session::finish_recovery`]), so a restarted proxy serves at once.
     contexts_pending: bool,
     /// Recovery: the stop sequences of each recovered call that ran with some.
     recovered_stops: BTreeMap<CallId, Vec<String>>,
-    /// Index of the engine this execution is pinned to.
-    pub engine: usize,
     pub tokens_encoded: u64,
     pub tokens_reused: u64,
     /// Requests whose rendered history diverged from the agent's last context inside a sampled
@@ -267,7 +262,7 @@ fn common_prefix_bytes(left: &str, right: &str) -> usize {
 }
 
 impl Session {
-    pub fn new(execution: ExecutionId, model: &ChatModel, engine: usize) -> Self {
+    pub fn new(execution: ExecutionId, model: &ChatModel) -> Self {
         let special = model
             .tokenizer()
             .get_added_tokens_decoder()
@@ -275,19 +270,10 @@ impl Session {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
-        Session::with_special(execution, special, engine)
+        Session::with_special(execution, special)
     }
 
-    /// What a closed execution leaves behind for its credential's later calls (a 401 that
-    /// says closed): no tree, no contexts, not even the model's special ids. A long run closes
-    /// an execution per rollout, so this is what the proxy keeps per rollout it served.
-    pub fn tombstone(execution: ExecutionId, engine: usize) -> Self {
-        let mut session = Session::with_special(execution, HashSet::new(), engine);
-        session.closed = true;
-        session
-    }
-
-    fn with_special(execution: ExecutionId, special: HashSet<u32>, engine: usize) -> Self {
+    fn with_special(execution: ExecutionId, special: HashSet<u32>) -> Self {
         Session {
             execution,
             tree: Tree::new(execution, TreeConfig::default()),
@@ -299,11 +285,8 @@ impl Session {
             special,
             next_call: 0,
             last_spawn: None,
-            closed: false,
-            lost: None,
             contexts_pending: false,
             recovered_stops: BTreeMap::new(),
-            engine,
             tokens_encoded: 0,
             tokens_reused: 0,
             sampled_divergences: 0,

@@ -109,7 +109,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..14),
     ) {
         let model = model();
-        let mut session = Session::new(ExecutionId(7), &model, 0);
+        let mut session = Session::new(ExecutionId(7), &model);
         let agents = ["main", "explorer"];
         // Each agent's last finished call while its context is intact (a call that fails after
         // `prepare` empties it).
@@ -258,7 +258,7 @@ proptest! {
 /// A session after one finished, committed turn, and the request of the second turn (the
 /// first answer and a new question appended); also the first prompt's length in tokens.
 fn after_a_first_turn(model: &ChatModel) -> (Session, ChatRequest, usize) {
-    let mut session = Session::new(ExecutionId(8), model, 0);
+    let mut session = Session::new(ExecutionId(8), model);
     let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
     request
         .messages
@@ -336,7 +336,7 @@ fn a_failed_calls_retry_reuses_its_prompt_tokens() {
 fn a_harness_marked_compaction_is_a_summary_call() {
     use gyre_event::CallKind;
     let model = model();
-    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let mut session = Session::new(ExecutionId(9), &model);
     let mut request = ChatRequest::new(Api::OpenAiResponses, "gyre-test");
     request
         .messages
@@ -364,7 +364,7 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
 
     let model = model();
     let format = OutputFormat::test_model();
-    let mut live = Session::new(ExecutionId(11), &model, 0);
+    let mut live = Session::new(ExecutionId(11), &model);
     let mut records = Vec::new();
     let mut histories: Vec<(Option<&str>, ChatRequest)> = [None, Some("sub:explorer")]
         .into_iter()
@@ -438,7 +438,7 @@ fn a_session_rebuilt_from_its_records_prepares_what_the_original_would() {
             request.messages.push(result);
         }
     }
-    let mut rebuilt = Session::new(ExecutionId(11), &model, 0);
+    let mut rebuilt = Session::new(ExecutionId(11), &model);
     for record in &records {
         rebuilt
             .recover_record(record, &model, &format)
@@ -510,7 +510,7 @@ fn a_rebuilt_session_cuts_stopped_outputs_where_the_harness_saw_them_end() {
     use gyre_proxy::output::OutputFormat;
 
     let model = model();
-    let mut live = Session::new(ExecutionId(14), &model, 0);
+    let mut live = Session::new(ExecutionId(14), &model);
     let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
     request.messages.push(Message::new(
         Role::User,
@@ -534,7 +534,7 @@ fn a_rebuilt_session_cuts_stopped_outputs_where_the_harness_saw_them_end() {
             format!("Observation {round}: a file."),
         ));
     }
-    let mut rebuilt = Session::new(ExecutionId(14), &model, 0);
+    let mut rebuilt = Session::new(ExecutionId(14), &model);
     for record in &records {
         rebuilt
             .recover_record(record, &model, &OutputFormat::test_model())
@@ -572,7 +572,7 @@ fn a_re_sent_call_replays_its_committed_answer() {
     use gyre_proxy::output::OutputFormat;
 
     let model = model();
-    let mut session = Session::new(ExecutionId(12), &model, 0);
+    let mut session = Session::new(ExecutionId(12), &model);
     let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
     request
         .messages
@@ -586,7 +586,7 @@ fn a_re_sent_call_replays_its_committed_answer() {
         .finish_call(first, sampled(&model, "the answer"))
         .expect("finishes");
     // Not before the sink confirms the record: until then a re-send is a new call.
-    let mut unconfirmed = Session::new(ExecutionId(13), &model, 0);
+    let mut unconfirmed = Session::new(ExecutionId(13), &model);
     let call = unconfirmed
         .prepare(&model, &request, None, reference_now())
         .expect("prepares");
@@ -630,7 +630,7 @@ fn a_re_sent_call_replays_its_committed_answer() {
     assert!(next.replay.is_none());
     assert!(next.reused_by_text >= prompt.len() + record.output_ids.len());
     // After a restart, from the record alone.
-    let mut rebuilt = Session::new(ExecutionId(12), &model, 0);
+    let mut rebuilt = Session::new(ExecutionId(12), &model);
     rebuilt
         .recover_record(&record, &model, &OutputFormat::test_model())
         .expect("folds");
@@ -663,7 +663,7 @@ fn a_re_sent_call_replays_its_committed_answer() {
 #[test]
 fn a_side_call_under_the_agents_name_does_not_cost_the_conversation_its_tokens() {
     let model = model();
-    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let mut session = Session::new(ExecutionId(9), &model);
     let (mut request, _, [record, _]) = first_turn_then_side_call(&mut session, &model);
 
     request
@@ -717,10 +717,10 @@ fn a_rebuilt_session_keeps_the_conversation_a_side_call_interrupted() {
     use gyre_proxy::output::OutputFormat;
 
     let model = model();
-    let mut live = Session::new(ExecutionId(15), &model, 0);
+    let mut live = Session::new(ExecutionId(15), &model);
     let (mut request, mut side, records) = first_turn_then_side_call(&mut live, &model);
 
-    let mut rebuilt = Session::new(ExecutionId(15), &model, 0);
+    let mut rebuilt = Session::new(ExecutionId(15), &model);
     for record in &records {
         rebuilt
             .recover_record(record, &model, &OutputFormat::test_model())
@@ -829,7 +829,7 @@ fn committed(
 #[test]
 fn agent_contexts_are_capped_and_a_dropped_agent_still_prepares_exactly() {
     let model = model();
-    let mut session = Session::new(ExecutionId(9), &model, 0);
+    let mut session = Session::new(ExecutionId(9), &model);
     let call = |session: &mut Session, agent: Option<&str>, text: &str| {
         let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
         request.messages.push(Message::new(Role::User, text));
