@@ -131,3 +131,90 @@ async fn last_index(mut stream: tonic::Streaming<gyre_control::pb::CommittedEntr
     }
     last
 }
+
+/// An event of `bytes` bytes as a log entry, about (an engine-down reason of that length).
+fn event_of(bytes: usize) -> Event {
+    Event::new(
+        Timestamp::ZERO,
+        EventBody::EngineDown {
+            engine: gyre_event::EngineId(0),
+            reason: "x".repeat(bytes),
+        },
+    )
+}
+
+/// One Raft entry must fit one AppendEntries message. An append larger than that is refused
+/// before it is proposed, naming its size and the limit (an entry no follower can take was
+/// re-sent on every heartbeat until the followers elected another leader, and the client's
+/// retry carried it there: an election storm). The largest accepted append replicates.
+#[test]
+fn an_append_too_large_for_one_replication_message_is_refused_and_the_largest_replicates() {
+    use gyre_control::ENTRY_BYTES_MAX;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let mut cluster = InProcessCluster::start().await;
+        match cluster
+            .client
+            .append(&[event_of(ENTRY_BYTES_MAX + 1)])
+            .await
+        {
+            Err(gyre_control::ControlError::BadRequest(message)) => {
+                assert!(
+                    message.contains(&format!("at most {ENTRY_BYTES_MAX}")),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a refusal naming the limit, got {other:?}"),
+        }
+        let (sequences, _) = cluster
+            .client
+            .append(&[event_of(ENTRY_BYTES_MAX - 1024)])
+            .await
+            .expect("the largest append commits");
+        let index = sequences[0].index;
+        // Committed on a quorum; every node applies it (a follower that could not take the
+        // entry would never get there).
+        for node in &cluster.nodes {
+            let mut metrics = node.raft.raft.metrics();
+            tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                metrics.wait_for(|metrics| {
+                    metrics
+                        .last_applied
+                        .is_some_and(|applied| applied.index >= index)
+                }),
+            )
+            .await
+            .expect("every node applies the largest entry")
+            .expect("metrics");
+        }
+        cluster.shutdown().await;
+    });
+}
+
+/// The proposer coalesces appends that arrive together into one entry, but never past
+/// `ENTRY_BYTES_MAX`: an append that would take the entry over it opens the next one.
+#[test]
+fn appends_arriving_together_are_split_where_one_entry_would_be_too_large() {
+    use gyre_control::ENTRY_BYTES_MAX;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let cluster = InProcessCluster::start_with(|options| {
+            // Everything that arrives within 2 s joins one entry, up to any size.
+            options.proposer.window = std::time::Duration::from_secs(2);
+            options.proposer.bytes_max = usize::MAX;
+        })
+        .await;
+        let half = ENTRY_BYTES_MAX / 2 + 1024;
+        let mut first = cluster.client.clone();
+        let mut second = cluster.client.clone();
+        let (events_one, events_two) = ([event_of(half)], [event_of(half)]);
+        let (one, two) = tokio::join!(first.append(&events_one), second.append(&events_two));
+        let (one, two) = (one.expect("first commits"), two.expect("second commits"));
+        assert_ne!(
+            one.0[0].index, two.0[0].index,
+            "two halves over the limit together are two entries"
+        );
+        cluster.shutdown().await;
+    });
+}

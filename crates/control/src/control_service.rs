@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::error::ControlError;
-use crate::network::{channel, MESSAGE_BYTES_MAX};
+use crate::network::{channel, ENTRY_BYTES_MAX, MESSAGE_BYTES_MAX};
 use crate::projection::ControlProjection;
 use crate::proposer::AppendJob;
 use crate::status::{from_status, to_status};
@@ -114,6 +114,15 @@ impl ControlService {
             return Err(ControlError::BadRequest(
                 "the batch holds no events".to_string(),
             ));
+        }
+        let entry_bytes: usize = records.iter().map(crate::proposer::record_bytes).sum();
+        if entry_bytes > ENTRY_BYTES_MAX {
+            return Err(ControlError::BadRequest(format!(
+                "the batch of {} events is {entry_bytes} bytes as a log entry; one append \
+                 carries at most {ENTRY_BYTES_MAX} (a Raft entry must fit one replication \
+                 message): send its events in smaller appends",
+                records.len()
+            )));
         }
         // Every replica checks a digest against its own projection and halts on a mismatch; one
         // from a client (a tail of another cluster piped into `gyre log append`, or a made-up

@@ -39,6 +39,7 @@ pub use controller::ControllerOptions;
 pub use error::ControlError;
 pub use gyre_proto::control as pb;
 pub use listen::{bind_listener, LISTEN_BACKLOG};
+pub use network::ENTRY_BYTES_MAX;
 pub use node::{parse_nodes, ControlNode, NodeOptions};
 pub use producer::{Appended, Producer, ProducerOptions};
 pub use projection::ControlProjection;

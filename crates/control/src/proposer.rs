@@ -29,6 +29,7 @@ use gyre_proto::events::EventRecord;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::ControlError;
+use crate::network::ENTRY_BYTES_MAX;
 use crate::projection::{refused_positions, ControlProjection};
 
 /// What an append got back.
@@ -89,7 +90,7 @@ pub struct Proposer {
 }
 
 /// A record's encoded size, about, for batch limits.
-fn record_bytes(record: &EventRecord) -> usize {
+pub(crate) fn record_bytes(record: &EventRecord) -> usize {
     16 + record.body.len()
 }
 
@@ -110,7 +111,17 @@ impl Proposer {
         let in_flight = Arc::new(Semaphore::new(self.options.in_flight_max));
         let mut last_stamp = Timestamp::ZERO;
         let mut entries_since_digest = 0u64;
-        while let Some(first) = jobs.recv().await {
+        // A request that would have made the entry too large for one replication message
+        // (`ENTRY_BYTES_MAX`): it opens the next entry.
+        let mut carried: Option<AppendJob> = None;
+        loop {
+            let first = match carried.take() {
+                Some(job) => job,
+                None => match jobs.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+            };
             // Wait for a pipeline slot before closing the batch: while the pipeline is full,
             // requests queue up and the next entry carries all of them (adaptive batching).
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -122,8 +133,13 @@ impl Proposer {
             let deadline = tokio::time::Instant::now() + self.options.window;
             while events < self.options.events_max && bytes < self.options.bytes_max {
                 if let Ok(job) = jobs.try_recv() {
+                    let job_bytes = job.records.iter().map(record_bytes).sum::<usize>();
+                    if bytes + job_bytes > ENTRY_BYTES_MAX {
+                        carried = Some(job);
+                        break;
+                    }
                     events += job.records.len();
-                    bytes += job.records.iter().map(record_bytes).sum::<usize>();
+                    bytes += job_bytes;
                     batch.push(job);
                     continue;
                 }
@@ -135,8 +151,13 @@ impl Proposer {
                 }
                 match tokio::time::timeout_at(deadline, jobs.recv()).await {
                     Ok(Some(job)) => {
+                        let job_bytes = job.records.iter().map(record_bytes).sum::<usize>();
+                        if bytes + job_bytes > ENTRY_BYTES_MAX {
+                            carried = Some(job);
+                            break;
+                        }
                         events += job.records.len();
-                        bytes += job.records.iter().map(record_bytes).sum::<usize>();
+                        bytes += job_bytes;
                         batch.push(job);
                     }
                     Ok(None) | Err(_) => break,
