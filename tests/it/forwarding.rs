@@ -218,3 +218,66 @@ fn appends_arriving_together_are_split_where_one_entry_would_be_too_large() {
         cluster.shutdown().await;
     });
 }
+
+/// `--from INDEX.POSITION` skips the first POSITION events of entry INDEX only. When INDEX
+/// holds no events (the leader's blank entry, a membership change), the entries after it are
+/// streamed whole.
+#[test]
+fn a_subscription_position_counts_within_the_named_entry_only() {
+    use gyre_control::pb;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let mut cluster = InProcessCluster::start().await;
+        let events: Vec<Event> = (0..3)
+            .map(|_| Event::new(Timestamp::ZERO, EventBody::Tick))
+            .collect();
+        let (sequences, _) = cluster.client.append(&events).await.expect("appends");
+        let index = sequences[0].index;
+        // Entry 1 is the cluster's first membership: no events.
+        let stream = cluster
+            .client
+            .subscribe(
+                gyre_control::Sequence {
+                    index: 1,
+                    position: 2,
+                },
+                true,
+            )
+            .await
+            .expect("subscribes");
+        let entries = collect(stream).await;
+        assert!(
+            entries
+                .iter()
+                .any(|entry| entry.index == cluster.first_index),
+            "the first appended entry is streamed"
+        );
+        for entry in &entries {
+            assert_eq!(
+                entry.first_position, 0,
+                "entry {} follows the named one: streamed whole",
+                entry.index
+            );
+        }
+        // Within the named entry, the position skips events.
+        let stream = cluster
+            .client
+            .subscribe(gyre_control::Sequence { index, position: 2 }, true)
+            .await
+            .expect("subscribes");
+        let entries = collect(stream).await;
+        assert_eq!(entries[0].index, index);
+        assert_eq!(entries[0].first_position, 2);
+        let events = gyre_log::decode_batch(&entries[0].batch).expect("decodes");
+        assert_eq!(events.len(), 1, "the third of three events");
+        cluster.shutdown().await;
+    });
+
+    async fn collect(mut stream: tonic::Streaming<pb::CommittedEntry>) -> Vec<pb::CommittedEntry> {
+        let mut entries = Vec::new();
+        while let Some(entry) = stream.message().await.expect("streams") {
+            entries.push(entry);
+        }
+        entries
+    }
+}

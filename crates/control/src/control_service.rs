@@ -357,6 +357,11 @@ impl pb::control_server::Control for ControlService {
                 };
                 for entry in entries {
                     next = entry.log_id.index + 1;
+                    // The position counts within the entry the client named, never the next
+                    // one (the named entry may be blank, a membership change or unreadable).
+                    if entry.log_id.index != request.from_index {
+                        skip = 0;
+                    }
                     let EntryPayload::Normal(batch) = entry.payload else {
                         continue;
                     };
