@@ -404,3 +404,133 @@ fn a_research_capture_directory_replays_through_a_proxy() {
         (Some(2), Some(3))
     );
 }
+
+/// A group whose members started in different entries, a member re-evaluated on a newer
+/// artifact, and a refused second start: the bundle's rewards and advantage are the scoring
+/// projection's (the highest artifact version is designated; the refused start changes
+/// nothing), every member's start is cited, and the genuine bundle verifies.
+#[test]
+fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
+    use gyre_event::{
+        CloseStatus, DispatchedGroup, Event, EventBody, ExecutionId, GroupId, PolicyVersion,
+        QueryId, Timestamp,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("scoring.log");
+    let at = |seconds: u64| Timestamp(seconds * 1_000_000_000);
+    let start = |execution: u64, group: u64| EventBody::ExecutionStarted {
+        execution: ExecutionId(execution),
+        group: GroupId(group),
+        engine: gyre_event::EngineId(0),
+    };
+    let close = |execution: u64| EventBody::ExecutionClosed {
+        execution: ExecutionId(execution),
+        status: CloseStatus::Completed,
+    };
+    let requested =
+        |execution: u64, attempt: u32, artifact_version: u64| EventBody::EvaluationRequested {
+            execution: ExecutionId(execution),
+            attempt,
+            artifact_version,
+            branch_ref: format!("b{execution}"),
+        };
+    let completed = |execution: u64, attempt: u32, artifact_version: u64, score: f64| {
+        EventBody::EvaluationCompleted {
+            execution: ExecutionId(execution),
+            attempt,
+            score,
+            valid: true,
+            evaluated_state_ref: format!("s{execution}.{attempt}"),
+            artifact_version,
+            branch_ref: format!("b{execution}"),
+            evaluator: "test".into(),
+        }
+    };
+    let entries: Vec<Vec<EventBody>> = vec![
+        vec![EventBody::GroupsDispatched {
+            groups: vec![
+                DispatchedGroup {
+                    group: GroupId(0),
+                    query: QueryId(0),
+                },
+                DispatchedGroup {
+                    group: GroupId(1),
+                    query: QueryId(1),
+                },
+            ],
+            executions_per_group: 2,
+            policy_version: PolicyVersion(0),
+        }],
+        vec![start(0, 0)],
+        vec![close(0), start(1, 0)],
+        // Refused by the projection: e1 already started (in g0).
+        vec![start(1, 1)],
+        vec![
+            requested(0, 0, 1),
+            completed(0, 0, 1, 0.1),
+            requested(0, 1, 2),
+            completed(0, 1, 2, 0.9),
+        ],
+        vec![close(1), requested(1, 0, 1), completed(1, 0, 1, 0.5)],
+    ];
+    let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
+    for (number, bodies) in entries.into_iter().enumerate() {
+        let events: Vec<Event> = bodies
+            .into_iter()
+            .map(|body| Event::new(at(number as u64 + 1), body))
+            .collect();
+        writer.append_batch(&events).expect("appended");
+    }
+    writer.sync().expect("synced");
+    for (execution, reward, sign) in [("e0", 0.9, 1.0), ("e1", 0.5, -1.0)] {
+        let bundle = dir.path().join(format!("{execution}.json"));
+        let (code, _, stderr) = gyre(&[
+            "audit",
+            path.to_str().expect("utf-8"),
+            "--execution",
+            execution,
+            "--out",
+            bundle.to_str().expect("utf-8"),
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        let value: Value =
+            serde_json::from_str(&std::fs::read_to_string(&bundle).expect("bundle")).expect("json");
+        let facts = &value["facts"];
+        assert_eq!(facts["group"], "g0", "{facts}");
+        assert_eq!(facts["designated_result"]["score"], reward, "{facts}");
+        assert_eq!(
+            facts["group_rewards"],
+            serde_json::json!([["e0", 0.9], ["e1", 0.5]]),
+            "the highest artifact version is designated"
+        );
+        let advantage = facts["advantage"].as_f64().expect("the group is ready");
+        assert!((advantage - sign).abs() < 1e-3, "{advantage}");
+        let payloads = value["payloads"].as_object().expect("payloads");
+        assert!(
+            payloads.contains_key("2") && payloads.contains_key("3"),
+            "both members' starts are cited: {:?}",
+            payloads.keys().collect::<Vec<_>>()
+        );
+        let head = value["head"].as_str().expect("head").to_string();
+        let (code, stdout, stderr) = gyre(&[
+            "audit",
+            "verify",
+            bundle.to_str().expect("utf-8"),
+            "--head",
+            &head,
+        ]);
+        assert_eq!(code, 0, "{execution}: {stderr}");
+        assert!(stdout.starts_with("ok:"), "{stdout}");
+    }
+    // A head that is not hex is refused, never a crash.
+    let bundle = dir.path().join("e0.json");
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        "verify",
+        bundle.to_str().expect("utf-8"),
+        "--head",
+        "aéb",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("not a hex digit"), "{stderr}");
+}

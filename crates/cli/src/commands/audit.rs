@@ -8,6 +8,12 @@
 //! the first cited one to the head, so `gyre audit verify bundle.json --head HASH` can recompute
 //! the hash chain up to a head hash the verifier trusts, re-extract the facts from the cited
 //! payloads and check they are exactly what the bundle claims — without the log.
+//!
+//! The group's rewards and the advantage are what the scoring projection makes of the group's
+//! events (see [`extract`]). What a verifier cannot check from a bundle: that the builder left
+//! no relevant entry out (verify recomputes from the entries the bundle carries; only the
+//! builder, reading the whole log, sees them all), and refusals the scheduler makes before
+//! scoring sees an event (the audit folds the scoring projection only).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -20,7 +26,7 @@ use serde_json::{json, Value};
 use gyre_event::{Event, EventBody, ExecutionId, GroupId};
 use gyre_log::file::{chain_hash_of_digest, hex, payload_digest};
 use gyre_log::{decode_batch, EventFileReader};
-use gyre_trajectory::{group_advantages, AdvantageNormalization};
+use gyre_trajectory::{AdvantageNormalization, Resolution, Scoring, ScoringConfig};
 
 const BUNDLE_FORMAT: &str = "gyre-audit-bundle-v1";
 
@@ -98,6 +104,9 @@ fn to_hex(bytes: &[u8]) -> String {
 }
 
 fn from_hex(text: &str) -> anyhow::Result<Vec<u8>> {
+    if let Some((at, found)) = text.char_indices().find(|(_, c)| !c.is_ascii_hexdigit()) {
+        bail!("`{found}` at byte {at} is not a hex digit");
+    }
     if !text.len().is_multiple_of(2) {
         bail!("hex string has odd length");
     }
@@ -114,38 +123,84 @@ fn hash_from_hex(text: &str) -> anyhow::Result<[u8; 32]> {
         .map_err(|_| anyhow::anyhow!("a hash is 32 bytes (64 hex digits)"))
 }
 
+/// Whether `event` concerns the scoring of `group`, whose members so far are `members`: the
+/// dispatch of the group, a member's start, close, evaluations, dummy or exclusion.
+fn concerns_group(event: &Event, group: GroupId, members: &BTreeSet<ExecutionId>) -> bool {
+    match &event.body {
+        EventBody::GroupsDispatched { groups, .. } => {
+            groups.iter().any(|dispatched| dispatched.group == group)
+        }
+        EventBody::ExecutionStarted { group: g, .. } => *g == group,
+        EventBody::ExecutionClosed { execution, .. }
+        | EventBody::EvaluationRequested { execution, .. }
+        | EventBody::EvaluationCompleted { execution, .. }
+        | EventBody::EvaluationFailed { execution, .. }
+        | EventBody::DummyInserted { execution, .. }
+        | EventBody::ExecutionExcluded { execution, .. } => members.contains(execution),
+        _ => false,
+    }
+}
+
 /// Everything the bundle claims about `execution`, extracted from `(entry index, events)` pairs.
 /// The same function builds the bundle and verifies it.
+///
+/// The group's rewards and the advantage are what the scoring projection
+/// ([`gyre_trajectory::Scoring`], the one training folds) makes of the group's events: the
+/// first accepted start names the group, an event the projection refuses (a second start, an
+/// outcome for an attempt never requested, a second close) counts for nothing, each member's
+/// designated result is the valid completion with the highest artifact version, closes by
+/// timeout, cancellation or surplus exclude, and the advantage exists once the group is ready.
+/// Every entry holding an accepted event of the group is cited, so a verifier folding the
+/// cited entries alone reaches the same state.
 fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTreeSet<u64>) {
     let mut cited = BTreeSet::new();
-    let mut group: Option<GroupId> = None;
-    for (_, events) in entries {
-        for event in events {
-            if let EventBody::ExecutionStarted {
+    let group: Option<GroupId> = entries.iter().find_map(|(_, events)| {
+        events.iter().find_map(|event| match &event.body {
+            EventBody::ExecutionStarted {
                 execution: e,
                 group: g,
                 ..
-            } = &event.body
-            {
-                if *e == execution {
-                    group = Some(*g);
-                }
-            }
-        }
-    }
+            } if *e == execution => Some(*g),
+            _ => None,
+        })
+    });
+    let mut scoring = Scoring::new(ScoringConfig::default());
     let mut members: BTreeSet<ExecutionId> = BTreeSet::new();
+    // Accepted scoring events of the group, by (entry, position in the entry).
+    let mut accepted: BTreeSet<(u64, usize)> = BTreeSet::new();
     if let Some(group) = group {
-        for (_, events) in entries {
-            for event in events {
-                if let EventBody::ExecutionStarted {
-                    execution: e,
-                    group: g,
-                    ..
-                } = &event.body
-                {
-                    if *g == group {
+        for (index, events) in entries {
+            for (position, event) in events.iter().enumerate() {
+                if !concerns_group(event, group, &members) {
+                    continue;
+                }
+                // Only this group's events are folded, so the fold of the cited entries alone
+                // (the verifier's) is the same fold.
+                let event = match &event.body {
+                    EventBody::GroupsDispatched {
+                        groups,
+                        executions_per_group,
+                        policy_version,
+                    } => Event::new(
+                        event.at,
+                        EventBody::GroupsDispatched {
+                            groups: groups
+                                .iter()
+                                .filter(|dispatched| dispatched.group == group)
+                                .cloned()
+                                .collect(),
+                            executions_per_group: *executions_per_group,
+                            policy_version: *policy_version,
+                        },
+                    ),
+                    _ => event.clone(),
+                };
+                if scoring.apply(&event).is_ok() {
+                    if let EventBody::ExecutionStarted { execution: e, .. } = &event.body {
                         members.insert(*e);
                     }
+                    accepted.insert((*index, position));
+                    cited.insert(*index);
                 }
             }
         }
@@ -158,25 +213,24 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     let mut consumed_by = Value::Null;
     let mut dummy = false;
     let mut excluded = Value::Null;
-    // Designated result per member: the first valid evaluation, a dummy (0), or exclusion.
-    let mut member_results: BTreeMap<ExecutionId, Option<f64>> = BTreeMap::new();
     for (index, events) in entries {
-        for event in events {
+        for (position, event) in events.iter().enumerate() {
             let at_s = event.at.as_secs_f64();
+            let scored = accepted.contains(&(*index, position));
             let mut cite = false;
             match &event.body {
                 EventBody::ExecutionStarted {
                     execution: e,
                     group: g,
                     engine,
-                } if *e == execution => {
+                } if *e == execution && scored => {
                     started = json!({"entry": index, "at_s": at_s, "group": g.to_string(), "engine": engine.to_string()});
                     cite = true;
                 }
                 EventBody::ExecutionClosed {
                     execution: e,
                     status,
-                } if *e == execution => {
+                } if *e == execution && scored => {
                     closed = json!({"entry": index, "at_s": at_s, "status": status.as_str()});
                     cite = true;
                 }
@@ -218,7 +272,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     attempt,
                     artifact_version,
                     branch_ref,
-                } if *e == execution => {
+                } if *e == execution && scored => {
                     evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "requested", "attempt": attempt, "artifact_version": artifact_version, "branch_ref": branch_ref}));
                     cite = true;
                 }
@@ -231,37 +285,27 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     artifact_version,
                     branch_ref,
                     evaluator,
-                } => {
-                    if members.contains(e) && *valid {
-                        member_results.entry(*e).or_insert(Some(*score));
-                        cite = true;
-                    }
-                    if *e == execution {
-                        evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "completed", "attempt": attempt, "score": score, "valid": valid, "evaluated_state_ref": evaluated_state_ref, "artifact_version": artifact_version, "branch_ref": branch_ref, "evaluator": evaluator}));
-                        cite = true;
-                    }
+                } if *e == execution && scored => {
+                    evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "completed", "attempt": attempt, "score": score, "valid": valid, "evaluated_state_ref": evaluated_state_ref, "artifact_version": artifact_version, "branch_ref": branch_ref, "evaluator": evaluator}));
+                    cite = true;
                 }
                 EventBody::EvaluationFailed {
                     execution: e,
                     attempt,
                     reason,
-                } if *e == execution => {
+                } if *e == execution && scored => {
                     evaluations.push(json!({"entry": index, "at_s": at_s, "kind": "failed", "attempt": attempt, "reason": reason}));
                     cite = true;
                 }
-                EventBody::DummyInserted { execution: e, .. } if members.contains(e) => {
-                    member_results.entry(*e).or_insert(Some(0.0));
-                    dummy |= *e == execution;
+                EventBody::DummyInserted { execution: e, .. } if *e == execution && scored => {
+                    dummy = true;
                     cite = true;
                 }
                 EventBody::ExecutionExcluded {
                     execution: e,
                     reason,
-                } if members.contains(e) => {
-                    member_results.entry(*e).or_insert(None);
-                    if *e == execution {
-                        excluded = json!({"entry": index, "reason": reason});
-                    }
+                } if *e == execution && scored => {
+                    excluded = json!({"entry": index, "reason": reason});
                     cite = true;
                 }
                 EventBody::TrajectoriesAdmitted {
@@ -292,18 +336,26 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
             }
         }
     }
-    let valid: Vec<(ExecutionId, f64)> = member_results
-        .iter()
-        .filter_map(|(e, r)| r.map(|score| (*e, score)))
-        .collect();
-    let rewards: Vec<f64> = valid.iter().map(|(_, r)| *r).collect();
     let normalization = AdvantageNormalization::default();
-    let advantages = group_advantages(&rewards, normalization);
-    let advantage = valid
-        .iter()
-        .zip(&advantages)
-        .find(|((e, _), _)| *e == execution)
-        .map(|(_, a)| *a);
+    let mut rewards: Vec<Value> = Vec::new();
+    let mut without_reward: Vec<String> = Vec::new();
+    for member in &members {
+        match scoring.executions[member].resolution() {
+            Some(Resolution::Valid { reward, .. }) => {
+                rewards.push(json!([member.to_string(), reward]));
+            }
+            Some(Resolution::Dummy) => rewards.push(json!([member.to_string(), 0.0])),
+            Some(Resolution::Excluded { .. }) | None => without_reward.push(member.to_string()),
+        }
+    }
+    let designated = scoring
+        .executions
+        .get(&execution)
+        .and_then(|score| score.designated())
+        .map(|(attempt, score)| json!({"attempt": attempt, "score": score}));
+    let advantage = group
+        .and_then(|group| scoring.advantages(group, normalization))
+        .and_then(|advantages| advantages.get(&execution).copied());
     let facts = json!({
         "execution": execution.to_string(),
         "group": group.map(|g| g.to_string()),
@@ -313,8 +365,9 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
         "evaluations": evaluations,
         "dummy": dummy,
         "excluded": excluded,
-        "group_rewards": valid.iter().map(|(e, r)| json!([e.to_string(), r])).collect::<Vec<_>>(),
-        "group_members_without_reward": member_results.iter().filter(|(_, r)| r.is_none()).map(|(e, _)| e.to_string()).collect::<Vec<_>>(),
+        "designated_result": designated,
+        "group_rewards": rewards,
+        "group_members_without_reward": without_reward,
         "advantage": advantage,
         "advantage_normalization": format!("{normalization:?}"),
         "admitted": admitted,
