@@ -16,7 +16,7 @@ use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
     ToolChoice, TEXT_PART_SEPARATOR,
 };
-use crate::reader::{body_object, classify_fields, Node, Read};
+use crate::reader::{body_object, classify_fields, Node, Read, ToolNames};
 
 const API: Api = Api::Anthropic;
 
@@ -259,12 +259,20 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
     }
     let tools = match root.get("tools")? {
         None => Vec::new(),
-        Some(child) => child
-            .node()
-            .array()?
-            .iter()
-            .map(|tool| read_tool(tool.node()))
-            .collect::<Read<Vec<_>>>()?,
+        Some(child) => {
+            // A call names its tool by name alone, server tools' included.
+            let mut names = ToolNames::default();
+            child
+                .node()
+                .array()?
+                .iter()
+                .map(|tool| {
+                    let definition = read_tool(tool.node())?;
+                    names.add(tool.node().required("name")?.node(), &definition.name)?;
+                    Ok(definition)
+                })
+                .collect::<Read<Vec<_>>>()?
+        }
     };
     let tool_choice = root
         .get("tool_choice")?
@@ -297,7 +305,7 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_positive_u32("top_k")?,
-        stop_sequences: root.stop_sequences("stop_sequences")?,
+        stop_sequences: root.stop_sequence_array("stop_sequences")?,
         user_id,
         thinking,
         answer_format,

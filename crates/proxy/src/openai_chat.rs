@@ -13,7 +13,7 @@ use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
     ToolChoice, TEXT_PART_SEPARATOR,
 };
-use crate::reader::{body_object, classify_fields, Node, Read};
+use crate::reader::{body_object, classify_fields, refuse_unsupported, Node, Read, ToolNames};
 
 const API: Api = Api::OpenAiChat;
 
@@ -50,6 +50,18 @@ const IGNORED_FIELDS: &[&str] = &[
     "safety_identifier",
     "modalities",
     "verbosity",
+];
+/// Members refused by name (see `reader::refuse_unsupported`): the pre-`tools` form of
+/// function calling, which ignored would have the model answer without the functions.
+const UNSUPPORTED_FIELDS: &[(&str, &str)] = &[
+    (
+        "functions",
+        "the legacy function list; send the functions as `tools` of type `function`",
+    ),
+    (
+        "function_call",
+        "the legacy function choice; send `tool_choice` with `tools` instead",
+    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -133,6 +145,7 @@ pub(crate) fn read_value(value: &Value) -> Result<ChatCompletionRequest, ApiErro
 fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
     let object = root.object()?;
     let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
+    refuse_unsupported(root, UNSUPPORTED_FIELDS)?;
     let model = root.required_str("model")?.to_string();
     let messages_child = root.required("messages")?;
     let messages = messages_child
@@ -148,6 +161,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
     }
     let mut tools = Vec::new();
     let mut other_tools = Vec::new();
+    let mut names = ToolNames::default();
     if let Some(child) = root.get("tools")? {
         for tool in child.node().array()? {
             let node = tool.node();
@@ -162,14 +176,23 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
                         Some(child.value.clone())
                     }
                 };
+                let name = function.required_str("name")?;
+                names.add(function.required("name")?.node(), name)?;
                 tools.push(FunctionTool {
-                    name: function.required_str("name")?.to_string(),
+                    name: name.to_string(),
                     description: function.optional_str("description")?.map(str::to_string),
                     parameters,
                 });
             } else {
                 let name = match node.get("custom")? {
-                    Some(custom) => custom.node().optional_str("name")?.map(str::to_string),
+                    Some(custom) => match custom.node().get("name")? {
+                        Some(name) => {
+                            let text = name.node().str()?;
+                            names.add(name.node(), text)?;
+                            Some(text.to_string())
+                        }
+                        None => None,
+                    },
                     None => None,
                 };
                 other_tools.push(name.unwrap_or_else(|| kind.to_string()));

@@ -18,7 +18,7 @@ use crate::messages::{
     Api, ChatRequest, Message, Reasoning, ReasoningRequest, Role, SamplingParams, Tool, ToolCall,
     ToolChoice, TEXT_PART_SEPARATOR,
 };
-use crate::reader::{body_object, classify_fields, Node, Read};
+use crate::reader::{body_object, classify_fields, refuse_unsupported, Node, Read, ToolNames};
 
 const API: Api = Api::OpenAiResponses;
 
@@ -40,7 +40,14 @@ const KNOWN_FIELDS: &[&str] = &[
     "prompt_cache_key",
     "user",
     "text",
+    "generate",
 ];
+/// Members refused by name (see `reader::refuse_unsupported`).
+const UNSUPPORTED_FIELDS: &[(&str, &str)] = &[(
+    "conversation",
+    "it holds no server-side conversations; send the whole conversation in `input`, or \
+     continue a response with `previous_response_id`",
+)];
 const IGNORED_FIELDS: &[&str] = &[
     "store",
     "include",
@@ -214,6 +221,10 @@ pub(crate) fn read_value(value: &Value) -> Result<ResponsesRequest, ApiError> {
 fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
     let object = root.object()?;
     let (ignored_fields, unknown_fields) = classify_fields(object, KNOWN_FIELDS, IGNORED_FIELDS);
+    refuse_unsupported(root, UNSUPPORTED_FIELDS)?;
+    // `"generate": false` is a warm-up the server answers without sampling; read here so that
+    // any other value than a boolean is refused, not taken for `true`.
+    root.optional_bool("generate")?;
     if let Some(child) = root.get("previous_response_id")? {
         return Err(child.node().error(
             "is resolved by the server before this parser; send the whole conversation in `input` here",
@@ -226,7 +237,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
     let model = root.required_str("model")?.to_string();
     let input_child = root.required("input")?;
     let input_node = input_child.node();
-    let mut tools = Tools::default();
+    let mut tools = Tools::named_once();
     if let Some(child) = root.get("tools")? {
         for tool in child.node().array()? {
             read_tool(tool.node(), None, &mut tools)?;
@@ -249,10 +260,14 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
                 if node.value.get("type").and_then(Value::as_str) == Some("configuration_update") {
                     continue;
                 }
+                // Each such item's names are checked among themselves: how the lite models'
+                // items repeat across a conversation's history is not known here.
                 if node.value.get("type").and_then(Value::as_str) == Some("additional_tools") {
+                    let mut listed = Tools::named_once();
                     for tool in node.required("tools")?.node().array()? {
-                        read_tool(tool.node(), None, &mut tools)?;
+                        read_tool(tool.node(), None, &mut listed)?;
                     }
+                    tools.append(listed);
                     continue;
                 }
                 items.push(read_item(node)?);
@@ -268,6 +283,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         other: other_tools,
         freeform: freeform_tools,
         search: search_tools,
+        names: _,
     } = tools;
     let tool_choice = root
         .get("tool_choice")?
@@ -331,6 +347,7 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
         "function" => {
             let parameters = optional_parameters(node)?;
             let name = tool_name(node, "function")?;
+            tools.name_once(node.required("name")?.node(), &qualify(&name))?;
             tools.functions.push(Tool {
                 name: qualify(&name),
                 description: node.optional_str("description")?.map(str::to_string),
@@ -351,6 +368,7 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
                 }
             }
             let qualified = qualify(&name);
+            tools.name_once(node.required("name")?.node(), &qualified)?;
             tools.freeform.push(qualified.clone());
             tools.functions.push(Tool {
                 name: qualified,
@@ -379,6 +397,13 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
         // function; the tools it loads come back in a `tool_search_output` item.
         "tool_search" if node.optional_str("execution")? == Some("client") => {
             let name = qualify(node.optional_str("name")?.unwrap_or(kind));
+            match node.get("name")? {
+                Some(given) if given.node().str()?.is_empty() => {
+                    return Err(given.node().error("a tool name must not be empty"));
+                }
+                Some(given) => tools.name_once(given.node(), &name)?,
+                None => tools.name_once(node, &name)?,
+            }
             let parameters = optional_parameters(node)?;
             tools.search.push(name.clone());
             tools.functions.push(Tool {
@@ -407,11 +432,14 @@ fn optional_parameters(node: Node<'_>) -> Read<Value> {
     }
 }
 
-/// A tool's `name`, which may not contain the namespace separator (`what`: the kind of tool,
-/// for the error).
+/// A tool's `name`, which may not be empty or contain the namespace separator (`what`: the
+/// kind of tool, for the error).
 fn tool_name(node: Node<'_>, what: &str) -> Read<String> {
     let child = node.required("name")?;
     let name = child.node().str()?;
+    if name.is_empty() {
+        return Err(child.node().error("a tool name must not be empty"));
+    }
     if name.contains(NAMESPACE_SEPARATOR) {
         return Err(child
             .node()
@@ -428,6 +456,35 @@ struct Tools {
     other: Vec<String>,
     freeform: Vec<String>,
     search: Vec<String>,
+    /// The names of the tools the model is shown, each non-empty and used once, when the
+    /// list is one the model calls tools from (not a `tool_search_output`'s report).
+    names: Option<ToolNames>,
+}
+
+impl Tools {
+    /// A list the model calls its tools from: names non-empty and used once.
+    fn named_once() -> Self {
+        Tools {
+            names: Some(ToolNames::default()),
+            ..Tools::default()
+        }
+    }
+
+    /// Notes the name (qualified) of a tool shown to the model, read at `node`.
+    fn name_once(&mut self, node: Node<'_>, name: &str) -> Read<()> {
+        match &mut self.names {
+            Some(names) => names.add(node, name),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds another list's tools after these.
+    fn append(&mut self, other: Tools) {
+        self.functions.extend(other.functions);
+        self.other.extend(other.other);
+        self.freeform.extend(other.freeform);
+        self.search.extend(other.search);
+    }
 }
 
 /// The tools a `tool_search_output` loaded, as the model reads them: each function's definition

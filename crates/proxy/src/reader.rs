@@ -269,15 +269,29 @@ impl<'a> Node<'a> {
         self.required_str("type")
     }
 
-    /// A stop-sequence list (a string or an array of strings): each non-empty, within
-    /// [`crate::output::stop::STOP_SEQUENCE_BYTES_MAX`] bytes, at most
+    /// A stop-sequence list (a string or an array of strings, as OpenAI Chat's `stop`): each
+    /// non-empty, within [`crate::output::stop::STOP_SEQUENCE_BYTES_MAX`] bytes, at most
     /// [`crate::output::stop::STOP_SEQUENCES_MAX`] of them.
     pub fn stop_sequences(&self, key: &str) -> Read<Vec<String>> {
+        self.stop_sequence_list(key, true)
+    }
+
+    /// A stop-sequence list that must be an array of strings (Anthropic's `stop_sequences`,
+    /// which the API refuses as a bare string), held to the same bounds as
+    /// [`Node::stop_sequences`].
+    pub fn stop_sequence_array(&self, key: &str) -> Read<Vec<String>> {
+        self.stop_sequence_list(key, false)
+    }
+
+    fn stop_sequence_list(&self, key: &str, string_allowed: bool) -> Read<Vec<String>> {
         use crate::output::stop::{STOP_SEQUENCES_MAX, STOP_SEQUENCE_BYTES_MAX};
         let Some(child) = self.get(key)? else {
             return Ok(Vec::new());
         };
         let items = match child.value.as_str() {
+            Some(_) if !string_allowed => {
+                return Err(child.node().expected("an array of strings"));
+            }
             Some(_) => vec![Child {
                 value: child.value,
                 path: child.path.clone(),
@@ -307,6 +321,48 @@ impl<'a> Node<'a> {
                 Ok(text.to_string())
             })
             .collect()
+    }
+}
+
+/// Refuses the first of `fields` the request holds (`null` counts as absent): members whose
+/// meaning this proxy cannot serve (state held by the API's server, a legacy form of tools)
+/// and which, ignored, would have the model answer a different question than the one asked.
+/// Each comes with why it is refused.
+pub(crate) fn refuse_unsupported(root: Node<'_>, fields: &[(&str, &str)]) -> Read<()> {
+    for (field, why) in fields {
+        if let Some(child) = root.get(field)? {
+            return Err(child
+                .node()
+                .error(format!("not supported by this proxy: {why}")));
+        }
+    }
+    Ok(())
+}
+
+/// The names of a request's tools as they are read: a call names its tool by name alone, so
+/// each must be non-empty and used once. Names are compared as the model calls them
+/// (qualified, where the API groups tools under a namespace); no pattern is imposed beyond
+/// that (real CLIs send names like `mcp__server__tool`).
+#[derive(Default)]
+pub(crate) struct ToolNames {
+    /// Each name and the path it was first read at.
+    first_at: std::collections::BTreeMap<String, String>,
+}
+
+impl ToolNames {
+    /// `name`, read at `node` (the name's own field, or the tool when its name is implied).
+    pub fn add(&mut self, node: Node<'_>, name: &str) -> Read<()> {
+        if name.is_empty() {
+            return Err(node.error("a tool name must not be empty"));
+        }
+        if let Some(first) = self.first_at.get(name) {
+            return Err(node.error(format!(
+                "tool name `{name}` is used twice (first at `{first}`); tool names must be unique"
+            )));
+        }
+        self.first_at
+            .insert(name.to_string(), node.path.to_string());
+        Ok(())
     }
 }
 

@@ -305,7 +305,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str("# HELP gyre_proxy_requests_total Model-API requests received, by API.\n# TYPE gyre_proxy_requests_total counter\n");
+        out.push_str("# HELP gyre_proxy_requests_total Model-API requests received (count_tokens included), by API.\n# TYPE gyre_proxy_requests_total counter\n");
         for (api, name) in ["anthropic", "openai_chat", "openai_responses"]
             .iter()
             .enumerate()

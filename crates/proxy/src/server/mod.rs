@@ -2537,6 +2537,8 @@ async fn count_tokens_inner(
     body: Body,
 ) -> Response {
     let api = Api::Anthropic;
+    // Counted with the model-API requests, as its rejections are counted with theirs.
+    app.metrics.request(api);
     if let Err(error) = authenticate(&app, api, &headers, path_token.as_deref()) {
         return rejected(&app, &error);
     }
@@ -2663,7 +2665,8 @@ async fn method_not_allowed(
 }
 
 /// An error about the route itself, in its client's API shape; `message` gets the path (at
-/// most 200 characters of it).
+/// most 200 characters of it) with any path credential redacted: harnesses log the error
+/// bodies they get, and a `/x/<token>/…` path would put the execution's secret in their logs.
 fn route_error(
     kind: ApiErrorKind,
     uri: &axum::http::Uri,
@@ -2672,8 +2675,22 @@ fn route_error(
 ) -> Response {
     let path = uri.path();
     let api = api_of_request(path, headers);
-    let shown: String = path.chars().take(200).collect();
+    let shown: String = credential_redacted(path).chars().take(200).collect();
     error_response(&ApiError::new(api, kind, message(&shown)))
+}
+
+/// `path` with the credential segment of a path that carries one (`/x/<token>/…`,
+/// `/admin/executions/<token>/…`) replaced by `<credential>`; any other path unchanged.
+fn credential_redacted(path: &str) -> std::borrow::Cow<'_, str> {
+    for prefix in ["/x/", "/admin/executions/"] {
+        if let Some(rest) = path.strip_prefix(prefix) {
+            return match rest.split_once('/') {
+                Some((_, tail)) => format!("{prefix}<credential>/{tail}").into(),
+                None => format!("{prefix}<credential>").into(),
+            };
+        }
+    }
+    path.into()
 }
 
 #[derive(Deserialize, Default)]

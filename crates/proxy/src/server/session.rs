@@ -162,6 +162,42 @@ pub struct Replay {
     pub stops: Option<Vec<String>>,
 }
 
+/// Whether the re-sent `request` admits `replay`'s committed answer: the prompts are the same,
+/// but a harness may re-send with a smaller token limit (a retry after a cut stream, asking
+/// for less), or with a stop sequence the answer did not run with. An answer longer than the
+/// re-send's limit, or holding one of its new stop sequences, is not what the re-send asks for:
+/// it is sampled anew rather than handed over past the bounds the harness set. (The answer's
+/// own stop sequences cut the replay where they cut the answer, so a re-send that leaves them
+/// out still gets the same cut answer.)
+fn admits(model: &ChatModel, request: &ChatRequest, replay: &Replay) -> bool {
+    if request
+        .sampling
+        .max_tokens
+        .is_some_and(|limit| replay.output_ids.len() > limit as usize)
+    {
+        return false;
+    }
+    // Without the answer's stops (a rebuilt context) the re-send's cut the replay itself.
+    let Some(ran_with) = &replay.stops else {
+        return true;
+    };
+    let mut new_stops = request
+        .sampling
+        .stop
+        .iter()
+        .filter(|stop| !stop.is_empty() && !ran_with.contains(stop))
+        .peekable();
+    if new_stops.peek().is_none() {
+        return true;
+    }
+    // The raw text, markup included, as stop sequences are matched; text that cannot be
+    // decoded is not replayed.
+    let Ok(text) = model.decode(&replay.output_ids) else {
+        return false;
+    };
+    new_stops.all(|stop| !text.contains(stop.as_str()))
+}
+
 /// What the engine produced for a call.
 #[derive(Clone, Debug, Default)]
 pub struct Sampled {
@@ -443,7 +479,10 @@ impl Session {
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
         let matched = common_prefix_bytes(&previous.text, &text);
-        if let Some(replay) = self.committed_answer(previous, &text, matched) {
+        if let Some(replay) = self
+            .committed_answer(previous, &text, matched)
+            .filter(|replay| admits(model, request, replay))
+        {
             // Nothing is sent to an engine: no prompt ids are copied.
             let node = self
                 .tree

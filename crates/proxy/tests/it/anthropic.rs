@@ -601,3 +601,62 @@ fn built_in_client_tools_are_shown_with_their_parameters() {
     let chat = parse_json(&forced).expect("parses");
     assert_eq!(chat.tool_choice, ToolChoice::Tool("bash".into()));
 }
+
+/// Anthropic's `stop_sequences` is an array of strings: a bare string is refused naming the
+/// field (OpenAI Chat's `stop` takes one string, Anthropic's API does not), and the count
+/// route reads the field the same way.
+#[test]
+fn stop_sequences_as_a_bare_string_are_refused() {
+    let mut body = base_with(json!("x"));
+    body["stop_sequences"] = json!("END");
+    for error in [
+        parse_json(&body).expect_err("refused"),
+        parse_count_tokens(body.to_string().as_bytes()).expect_err("refused"),
+    ] {
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.param.as_deref(), Some("stop_sequences"));
+        assert_eq!(
+            error.message,
+            "stop_sequences: expected an array of strings, got a string"
+        );
+    }
+    body["stop_sequences"] = json!(["END"]);
+    let request = parse_json(&body).expect("an array is read");
+    assert_eq!(request.sampling.stop, ["END"]);
+    let chat = gyre_proxy::openai_chat::parse(
+        json!({"model": "m", "stop": "END", "messages": [{"role": "user", "content": "x"}]})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("Chat's `stop` takes a string");
+    assert_eq!(chat.sampling.stop, ["END"]);
+}
+
+/// A call names its tool by name alone: two tools of one name make it ambiguous, and a tool
+/// without a name cannot be called. Both are refused naming the field; namespaced-looking
+/// names (real CLIs send `mcp__server__tool`) are fine.
+#[test]
+fn duplicate_or_empty_tool_names_are_refused() {
+    let tool = |name: &str| json!({"name": name, "input_schema": {"type": "object"}});
+    let mut body = base_with(json!("x"));
+    body["tools"] = json!([tool("Bash"), tool("mcp__files__read"), tool("Bash")]);
+    let error = parse_json(&body).expect_err("refused");
+    assert_eq!(error.param.as_deref(), Some("tools[2].name"));
+    assert_eq!(
+        error.message,
+        "tools[2].name: tool name `Bash` is used twice (first at `tools[0].name`); tool names must be unique"
+    );
+    body["tools"] = json!([tool("Bash"), tool("")]);
+    let error = parse_json(&body).expect_err("refused");
+    assert_eq!(
+        error.message,
+        "tools[1].name: a tool name must not be empty"
+    );
+    // A server tool with a client tool's name is as ambiguous.
+    body["tools"] =
+        json!([tool("web_search"), {"type": "web_search_20250305", "name": "web_search"}]);
+    let error = parse_json(&body).expect_err("refused");
+    assert_eq!(error.param.as_deref(), Some("tools[1].name"));
+    body["tools"] = json!([tool("Bash"), tool("mcp__files__read"), tool("Read")]);
+    assert_eq!(parse_json(&body).expect("distinct names").tools.len(), 3);
+}

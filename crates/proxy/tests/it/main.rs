@@ -16,6 +16,7 @@ mod openai_chat;
 mod openai_responses;
 mod output_parser;
 mod python_values;
+mod server_requests;
 mod session;
 mod smollm2;
 mod stream_clients;

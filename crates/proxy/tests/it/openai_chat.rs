@@ -162,3 +162,58 @@ fn top_k_off_values_read_as_no_cut() {
     .expect("parses");
     assert_eq!(responses.sampling.top_k, None);
 }
+
+/// The legacy `functions` / `function_call` members would be dropped silently (the model would
+/// answer without the tools they list): refused naming the field instead.
+#[test]
+fn legacy_functions_are_refused_as_not_supported() {
+    for (field, value) in [
+        (
+            "functions",
+            json!([{"name": "f", "parameters": {"type": "object"}}]),
+        ),
+        ("function_call", json!("auto")),
+    ] {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        body[field] = value;
+        let error = rejection(&body);
+        assert_eq!(error.status(), 400, "{field}");
+        assert_eq!(error.param.as_deref(), Some(field));
+        assert!(
+            error
+                .message
+                .starts_with(&format!("{field}: not supported by this proxy")),
+            "{}",
+            error.message
+        );
+    }
+    // `null` is absent, as for every optional member.
+    let body =
+        json!({"model": "m", "functions": null, "messages": [{"role": "user", "content": "x"}]});
+    parse(body.to_string().as_bytes()).expect("null is absent");
+}
+
+/// Two tools of one name make a call by that name ambiguous; a tool without a name cannot be
+/// called. Both are refused naming the second tool's name.
+#[test]
+fn duplicate_or_empty_tool_names_are_refused() {
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    let body = |tools: Value| json!({"model": "m", "tools": tools, "messages": [{"role": "user", "content": "x"}]});
+    let error = rejection(&body(json!([tool("exec"), tool("exec")])));
+    assert_eq!(error.param.as_deref(), Some("tools[1].function.name"));
+    assert_eq!(
+        error.message,
+        "tools[1].function.name: tool name `exec` is used twice (first at `tools[0].function.name`); tool names must be unique"
+    );
+    let error = rejection(&body(json!([tool("")])));
+    assert_eq!(
+        error.message,
+        "tools[0].function.name: a tool name must not be empty"
+    );
+    parse(
+        body(json!([tool("exec"), tool("mcp__fs__read")]))
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("distinct names");
+}

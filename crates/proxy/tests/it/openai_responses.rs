@@ -557,3 +557,80 @@ fn codex_agent_messages_settings_records_and_sealed_outputs_are_read() {
         ]
     );
 }
+
+/// `conversation` names a conversation the server would hold; this proxy holds none, so the
+/// model would answer without it: refused naming the field. A `generate` that is not a boolean
+/// is refused too (only `false`, the warm-up, changes anything).
+#[test]
+fn conversation_objects_and_non_boolean_generate_are_refused() {
+    for value in [json!("conv_123"), json!({"id": "conv_123"})] {
+        let error = rejection(&json!({"model": "m", "input": "hi", "conversation": value}));
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.param.as_deref(), Some("conversation"));
+        assert!(
+            error
+                .message
+                .starts_with("conversation: not supported by this proxy"),
+            "{}",
+            error.message
+        );
+    }
+    let error = rejection(&json!({"model": "m", "input": "hi", "generate": "no"}));
+    assert_eq!(error.param.as_deref(), Some("generate"));
+    assert_eq!(error.message, "generate: expected a boolean, got a string");
+    for generate in [json!(false), json!(true), Value::Null] {
+        let request = parse(
+            json!({"model": "m", "input": "hi", "generate": generate})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("a boolean is read");
+        assert!(!request.unknown_fields.contains(&"generate".to_string()));
+    }
+}
+
+/// Two tools of one (qualified) name make a call by that name ambiguous; a tool without a
+/// name cannot be called. Refused naming the second one's name.
+#[test]
+fn duplicate_or_empty_tool_names_are_refused() {
+    let function =
+        |name: &str| json!({"type": "function", "name": name, "parameters": {"type": "object"}});
+    let body = |tools: Value| json!({"model": "m", "input": "hi", "tools": tools});
+    let error = rejection(&body(json!([function("shell"), function("shell")])));
+    assert_eq!(error.param.as_deref(), Some("tools[1].name"));
+    assert_eq!(
+        error.message,
+        "tools[1].name: tool name `shell` is used twice (first at `tools[0].name`); tool names must be unique"
+    );
+    let freeform = json!({"type": "custom", "name": "shell"});
+    let error = rejection(&body(json!([function("shell"), freeform])));
+    assert_eq!(error.param.as_deref(), Some("tools[1].name"));
+    let namespace = |names: &[&str]| {
+        json!({"type": "namespace", "name": "multi_agent_v1",
+               "tools": names.iter().map(|name| function(name)).collect::<Vec<_>>()})
+    };
+    let error = rejection(&body(json!([namespace(&["spawn_agent", "spawn_agent"])])));
+    assert_eq!(error.param.as_deref(), Some("tools[0].tools[1].name"));
+    assert!(
+        error
+            .message
+            .contains("`multi_agent_v1.spawn_agent` is used twice"),
+        "{}",
+        error.message
+    );
+    let error = rejection(&body(json!([function("")])));
+    assert_eq!(
+        error.message,
+        "tools[0].name: a tool name must not be empty"
+    );
+    // The same function name in and out of a namespace is two tools.
+    parse(
+        body(json!([
+            function("spawn_agent"),
+            namespace(&["spawn_agent"])
+        ]))
+        .to_string()
+        .as_bytes(),
+    )
+    .expect("distinct qualified names");
+}

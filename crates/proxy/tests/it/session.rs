@@ -865,3 +865,76 @@ fn agent_contexts_are_capped_and_a_dropped_agent_still_prepares_exactly() {
     assert_eq!(*again, model.encode(&rendered).expect("encodes"));
     assert!(session.agent_contexts_count() <= 256);
 }
+
+/// A re-send of a committed call is replayed only when its bounds admit the committed answer:
+/// a smaller token limit than the answer's length (a harness retrying a cut stream, asking for
+/// less), or a new stop sequence the answer holds, is sampled anew instead of handing over an
+/// answer past what the re-send asked for. A limit the answer fits, a stop it does not hold,
+/// or the answer's own stop left out still replay.
+#[test]
+fn a_re_send_is_replayed_only_within_its_own_bounds() {
+    let model = model();
+    let session_with_answer = |id: u64| {
+        let mut session = Session::new(ExecutionId(id), &model);
+        let mut request = ChatRequest::new(Api::Anthropic, "gyre-test");
+        request
+            .messages
+            .push(Message::new(Role::User, "a question ".repeat(40)));
+        let first = session
+            .prepare(&model, &request, None, reference_now())
+            .expect("prepares");
+        let mut answer = sampled(&model, "the whole answer, in many tokens");
+        answer.stop_sequences = vec!["STOP".into()];
+        let record = session.finish_call(first, answer).expect("finishes");
+        session.record_committed(&record);
+        (session, request, record.output_ids.len())
+    };
+    let replayed = |session: &mut Session, request: &ChatRequest| {
+        session
+            .prepare(&model, request, None, reference_now())
+            .expect("prepares")
+            .replay
+            .is_some()
+    };
+
+    let (mut session, request, answer_tokens) = session_with_answer(20);
+    assert!(answer_tokens > 3, "an answer of {answer_tokens} tokens");
+    assert!(replayed(&mut session, &request), "no limit given");
+    let mut bounded = request.clone();
+    bounded.sampling.max_tokens = Some(answer_tokens as u32);
+    assert!(
+        replayed(&mut session, &bounded),
+        "the answer fits the limit exactly"
+    );
+    let mut other_stop = request.clone();
+    other_stop.sampling.stop = vec!["never in the answer".into()];
+    assert!(
+        replayed(&mut session, &other_stop),
+        "a stop the answer does not hold"
+    );
+    let mut own_stop = request.clone();
+    own_stop.sampling.stop = vec!["STOP".into()];
+    assert!(replayed(&mut session, &own_stop), "the answer's own stop");
+    let mut smaller = request.clone();
+    smaller.sampling.max_tokens = Some(3);
+    let anew = session
+        .prepare(&model, &smaller, None, reference_now())
+        .expect("prepares");
+    assert!(
+        anew.replay.is_none(),
+        "an answer past the re-send's limit is sampled anew"
+    );
+    assert_eq!(
+        &*anew.context_ids,
+        &model.encode(&anew.text).expect("encodes"),
+        "a prompt to sample from"
+    );
+
+    let (mut session, request, _) = session_with_answer(21);
+    let mut cutting = request.clone();
+    cutting.sampling.stop = vec!["answer".into()];
+    assert!(
+        !replayed(&mut session, &cutting),
+        "a new stop sequence the answer holds would have cut it"
+    );
+}

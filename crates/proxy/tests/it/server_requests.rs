@@ -1,0 +1,306 @@
+//! The HTTP server through its router in process (no socket): route errors that must not echo
+//! a credential, a Responses `generate` that is not a boolean, `/metrics` counting
+//! `count_tokens` requests with their rejections, and a re-sent call whose token limit the
+//! committed answer exceeds.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::Request;
+use gyre_event::Event;
+use gyre_proxy::engine::{DeterministicEngine, DeterministicOptions};
+use gyre_proxy::output::OutputFormat;
+use gyre_proxy::server::{router, AppState, RecordSink, ServerConfig};
+use gyre_proxy::{ChatModel, ToolArgumentsForm};
+use hyper::service::Service;
+use serde_json::{json, Value};
+
+/// The length of every answer the engine samples (when the call's limit allows it).
+const ANSWER_TOKENS: u32 = 25;
+
+/// A sink that keeps nothing: these requests are refused before anything is recorded.
+struct NoSink;
+
+impl RecordSink for NoSink {
+    fn commit(
+        &self,
+        _event: Event,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn describe(&self) -> String {
+        "nowhere".into()
+    }
+}
+
+/// A sink that can hold a commit open: the record is in the log, and the harness can go away
+/// before its answer ends.
+#[derive(Default)]
+struct GatedSink {
+    records: AtomicUsize,
+    hold: AtomicBool,
+    arrived: tokio::sync::Notify,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl RecordSink for GatedSink {
+    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        if matches!(event.body, gyre_event::EventBody::ModelCall(_)) {
+            self.records.fetch_add(1, Ordering::SeqCst);
+        }
+        let held = self.hold.load(Ordering::SeqCst);
+        if held {
+            self.arrived.notify_one();
+        }
+        let release = self.release.clone();
+        Box::pin(async move {
+            if held {
+                release.notified().await;
+            }
+            Ok(())
+        })
+    }
+
+    fn describe(&self) -> String {
+        "gated memory".into()
+    }
+}
+
+/// A proxy over the test model and a deterministic engine.
+fn state() -> Arc<AppState> {
+    state_with(Arc::new(NoSink))
+}
+
+/// [`state`] recording to `sink`.
+fn state_with(sink: Arc<dyn RecordSink>) -> Arc<AppState> {
+    let model = Arc::new(
+        ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            ToolArgumentsForm::RawText,
+        )
+        .expect("the test model loads"),
+    );
+    let engine = DeterministicEngine::new(DeterministicOptions {
+        output_tokens: ANSWER_TOKENS,
+        end_token_id: model.token_id("<|im_end|>"),
+        vocabulary: 9..2048,
+        ..DeterministicOptions::default()
+    });
+    AppState::new(
+        ServerConfig::default(),
+        model,
+        OutputFormat::test_model(),
+        vec![Arc::new(engine)],
+        sink,
+    )
+    .expect("state")
+}
+
+/// Sends `request` through the router; the status and the body as text.
+async fn send(state: &Arc<AppState>, request: Request<Body>) -> (u16, String) {
+    let service = hyper_util::service::TowerToHyperService::new(router(state.clone()));
+    let answer = async {
+        let response = service.call(request).await.expect("infallible");
+        let status = response.status().as_u16();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+        .await
+        .expect("answered within 60 s")
+}
+
+fn request(method: &str, path: &str, body: &Value) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("a request")
+}
+
+/// The value of one series in the `/metrics` text.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing from:\n{text}"))
+}
+
+/// Harnesses log the error bodies they get: a 404 or 405 on a path that carries the
+/// execution's credential (`/x/<token>/…`, or an admin route naming it) must not put the
+/// token in the harness's logs.
+#[tokio::test]
+async fn route_errors_do_not_echo_the_path_credential() {
+    let state = state();
+    let (_, token) = state.open_execution(None, None).expect("open");
+    for (method, path, status, shown) in [
+        (
+            "GET",
+            format!("/x/{token}/v1/models"),
+            404,
+            "no such route: GET /x/<credential>/v1/models",
+        ),
+        (
+            "POST",
+            format!("/x/{token}"),
+            404,
+            "no such route: POST /x/<credential>",
+        ),
+        (
+            "DELETE",
+            format!("/x/{token}/v1/messages"),
+            405,
+            "/x/<credential>/v1/messages does not take DELETE requests",
+        ),
+        (
+            "GET",
+            format!("/admin/executions/{token}/close"),
+            405,
+            "/admin/executions/<credential>/close does not take GET requests",
+        ),
+    ] {
+        let (got, body) = send(&state, request(method, &path, &json!({}))).await;
+        assert_eq!(got, status, "{method} {path}: {body}");
+        assert!(
+            !body.contains(&token),
+            "{method}: the credential leaks: {body}"
+        );
+        assert!(body.contains(shown), "{method} {path}: {body}");
+        let _: Value = serde_json::from_str(&body).expect("the API's JSON error");
+    }
+    // Paths without a credential are shown as they are.
+    let (got, body) = send(&state, request("GET", "/v1/models", &json!({}))).await;
+    assert_eq!(got, 404);
+    assert!(body.contains("no such route: GET /v1/models"), "{body}");
+}
+
+/// `"generate": false` is Codex's warm-up; any other value that is not a boolean is a 400
+/// naming the field, not a generation.
+#[tokio::test]
+async fn a_responses_generate_that_is_not_a_boolean_is_refused() {
+    let state = state();
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/responses");
+    let body = |generate: Value| json!({"model": "m", "input": "hi", "max_output_tokens": 8, "generate": generate});
+    for bad in [json!("no"), json!(0), json!({})] {
+        let (status, text) = send(&state, request("POST", &path, &body(bad.clone()))).await;
+        assert_eq!(status, 400, "{bad}: {text}");
+        let error: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(error["error"]["param"], "generate", "{text}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.starts_with("generate: expected a boolean")),
+            "{text}"
+        );
+    }
+    assert_eq!(state.metrics.recorded_count(), 0, "nothing was sampled");
+    // The warm-up and a real call still answer.
+    let (status, text) = send(&state, request("POST", &path, &body(json!(false)))).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        state.metrics.recorded_count(),
+        0,
+        "a warm-up samples nothing"
+    );
+    let (status, text) = send(&state, request("POST", &path, &body(json!(true)))).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(state.metrics.recorded_count(), 1);
+}
+
+/// `count_tokens` requests count in `gyre_proxy_requests_total` as their rejections count in
+/// `gyre_proxy_rejected_total`: rejections never outnumber requests.
+#[tokio::test]
+async fn count_tokens_requests_are_counted_with_their_rejections() {
+    let state = state();
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, text) = send(
+        &state,
+        request(
+            "POST",
+            "/x/not-a-credential/v1/messages/count_tokens",
+            &body,
+        ),
+    )
+    .await;
+    assert_eq!(status, 401, "{text}");
+    let (status, text) = send(
+        &state,
+        request(
+            "POST",
+            &format!("/x/{token}/v1/messages/count_tokens"),
+            &json!({"model": 1}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = send(
+        &state,
+        request(
+            "POST",
+            &format!("/x/{token}/v1/messages/count_tokens"),
+            &body,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let text = state.metrics.render();
+    let requests = metric(&text, "gyre_proxy_requests_total{api=\"anthropic\"}");
+    let rejected = metric(&text, "gyre_proxy_rejected_total{class=\"4xx\"}")
+        + metric(&text, "gyre_proxy_rejected_total{class=\"5xx\"}");
+    assert_eq!((requests, rejected), (3, 2), "{text}");
+}
+
+/// A harness re-sends a call whose answer it never received (it went away after the record
+/// was committed) but asks for fewer tokens than that answer holds: the committed answer is
+/// not replayed past the re-send's limit, the call is sampled anew within it.
+#[tokio::test]
+async fn a_re_send_with_a_smaller_token_limit_is_sampled_anew() {
+    let sink = Arc::new(GatedSink::default());
+    let state = state_with(sink.clone());
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/messages");
+    let body = |max_tokens: u32| {
+        json!({"model": "m", "max_tokens": max_tokens, "system": "You are a test agent.",
+               "messages": [{"role": "user", "content": "What is it?"}]})
+    };
+    // The first call is committed, then its harness goes away before the answer ends.
+    sink.hold.store(true, Ordering::SeqCst);
+    let call = tokio::spawn({
+        let (state, request) = (state.clone(), request("POST", &path, &body(200)));
+        async move { send(&state, request).await }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(60), sink.arrived.notified())
+        .await
+        .expect("the record reached the sink");
+    call.abort();
+    assert!(call.await.is_err(), "the harness went away");
+    sink.hold.store(false, Ordering::SeqCst);
+    sink.release.notify_one();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while state.metrics.recorded_count() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never finished"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(sink.records.load(Ordering::SeqCst), 1);
+
+    let (status, text) = send(&state, request("POST", &path, &body(3))).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(answer["usage"]["output_tokens"], 3, "{text}");
+    assert_eq!(answer["stop_reason"], "max_tokens", "{text}");
+    assert_eq!(
+        state.metrics.replayed_count(),
+        0,
+        "not the committed answer"
+    );
+    assert_eq!(sink.records.load(Ordering::SeqCst), 2, "a new sample");
+}
