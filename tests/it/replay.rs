@@ -534,3 +534,79 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("not a hex digit"), "{stderr}");
 }
+
+/// An event every replica refused (a client's `engine_ready` for an engine that does not
+/// exist) is folded as the same no-op: replay goes on past it, verifies the digest after it
+/// and lists it. A file that starts past entry 1 (an export of a purged log) is replayed as
+/// partial: the chain is verified, digests are not, and `--at` before its start is refused.
+#[test]
+fn refused_events_are_listed_and_a_partial_file_says_so() {
+    use gyre_event::{Event, EventBody, Timestamp};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tick = |seconds: u64| Event::new(Timestamp(seconds * 1_000_000_000), EventBody::Tick);
+    let refused = Event::new(
+        Timestamp(2_000_000_000),
+        EventBody::EngineReady {
+            engine: gyre_event::EngineId(5),
+        },
+    );
+    let digest_of = |events: &[Event]| {
+        let mut state = gyre_state::ControlState::new();
+        for event in events {
+            let _ = state.apply(event);
+        }
+        state.digest()
+    };
+    let entries = vec![
+        vec![tick(1)],
+        vec![refused.clone(), tick(2)],
+        vec![Event::new(
+            Timestamp(3_000_000_000),
+            EventBody::ProjectionDigest {
+                upto: gyre_event::LogIndex(2),
+                hash: digest_of(&[tick(1), refused, tick(2)]),
+            },
+        )],
+        vec![tick(4)],
+    ];
+    let whole = dir.path().join("whole.log");
+    let mut writer = gyre_log::EventFileWriter::create(&whole).expect("event file");
+    for events in &entries {
+        writer.append_batch(events).expect("appended");
+    }
+    writer.sync().expect("synced");
+    let (code, report) = replay_json(&["replay", whole.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["events_refused"], 1, "{report}");
+    assert_eq!(report["refused"][0]["entry"], 2);
+    assert_eq!(report["refused"][0]["kind"], "engine_ready");
+    assert_eq!(
+        report["digests_verified"], 1,
+        "the digest after the refusal"
+    );
+    assert_eq!(report["entries"], 4);
+    assert!(report["partial_from"].is_null());
+
+    // Entries 3 and 4 alone, chained on from entry 2's hash.
+    let partial = dir.path().join("partial.log");
+    let mut writer = gyre_log::EventFileWriter::create_at(&partial, 3, [7u8; 32]).expect("file");
+    for events in &entries[2..] {
+        writer.append_batch(events).expect("appended");
+    }
+    writer.sync().expect("synced");
+    let (code, report) = replay_json(&["replay", partial.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["partial_from"], 3, "{report}");
+    assert_eq!(report["entries_read"], 2);
+    assert_eq!(report["digests_unchecked"], 1);
+    assert_eq!(report["digests_verified"], 0);
+    let (code, report) = replay_json(&[
+        "replay",
+        partial.to_str().expect("utf-8"),
+        "--at",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 2, "{report}");
+    assert_eq!(report["problem"]["kind"], "index_out_of_range", "{report}");
+}

@@ -68,7 +68,7 @@ impl ControlProjection {
             }
             let kind = event.body.kind_name();
             if let Err(error) = self.state.apply_owned(event) {
-                refused.push(format!("#{position}: {kind} refused: {error}"));
+                refused.push(refusal_line(position, kind, &error.to_string()));
             }
         }
         refused
@@ -159,6 +159,13 @@ impl Projection for ControlProjection {
     }
 }
 
+/// One refusal of an `Applied::rejected` text. A reason may quote a client's text (a branch
+/// ref), whose line breaks would otherwise read as refusals of other positions.
+fn refusal_line(position: usize, kind: &str, reason: &str) -> String {
+    let reason = reason.replace(['\n', '\r'], " ");
+    format!("#{position}: {kind} refused: {reason}")
+}
+
 /// Positions refused in an `Applied::rejected` text, with their reasons.
 pub(crate) fn refused_positions(rejected: &str) -> Vec<(usize, String)> {
     rejected
@@ -169,4 +176,27 @@ pub(crate) fn refused_positions(rejected: &str) -> Vec<(usize, String)> {
             Some((position.parse().ok()?, reason.to_string()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_quoting_line_breaks_is_one_refusal() {
+        let text = [
+            refusal_line(
+                1,
+                "evaluation_completed",
+                "branch x\n#0: refused: forged\r\n",
+            ),
+            refusal_line(3, "engine_ready", "unknown engine"),
+        ]
+        .join("\n");
+        let positions: Vec<usize> = refused_positions(&text)
+            .into_iter()
+            .map(|(position, _)| position)
+            .collect();
+        assert_eq!(positions, vec![1, 3], "{text}");
+    }
 }

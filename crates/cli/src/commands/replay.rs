@@ -250,8 +250,22 @@ struct PostMortem {
     /// The snapshot entry replay started from (a node data directory whose log start was
     /// purged); `null` when it replayed from the first entry.
     started_from_snapshot: Option<u64>,
+    /// The first entry of an event file that does not start at entry 1 (an export of a node
+    /// whose log before it was purged): the state before it is not in the file, so replay
+    /// verifies CRCs and the hash chain but neither digests nor refusals, and its projections
+    /// cover the file's entries only. `null` for a whole log.
+    partial_from: Option<u64>,
+    /// The last entry replayed (its index).
     entries: u64,
+    /// Entries read (fewer than `entries` when the log does not start at entry 1).
+    entries_read: u64,
     events: u64,
+    /// Events the projection refused, folded as no-ops as every replica folds them (a client's
+    /// event that did not apply, a decision that lost a race): how many, and the first few.
+    events_refused: u64,
+    refused: Vec<Refusal>,
+    /// Digest checkpoints not checked (in a file that does not start at entry 1).
+    digests_unchecked: u64,
     head_hash: String,
     digests_verified: u64,
     decisions_recomputed: u64,
@@ -268,6 +282,18 @@ struct PostMortem {
     final_state: StateDump,
     problem: Option<Problem>,
 }
+
+/// An event the projection refused.
+#[derive(Serialize)]
+struct Refusal {
+    entry: u64,
+    position: usize,
+    kind: &'static str,
+    reason: String,
+}
+
+/// Refusals listed in the report (all are counted).
+const REFUSALS_LISTED: usize = 20;
 
 /// The kinds the controller decides (as opposed to reports from runtimes).
 fn is_decision(body: &EventBody) -> bool {
@@ -625,8 +651,13 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let mut report = PostMortem {
         log: args.log.display().to_string(),
         started_from_snapshot: (started_at > 0).then_some(started_at),
+        partial_from: None,
         entries: started_at,
+        entries_read: 0,
         events: 0,
+        events_refused: 0,
+        refused: Vec::new(),
+        digests_unchecked: 0,
         head_hash: String::new(),
         digests_verified: 0,
         decisions_recomputed: 0,
@@ -659,13 +690,39 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                     }
                 };
                 last_hash = Some(record.hash);
+                if report.entries_read == 0 && started_at == 0 && record.index > 1 {
+                    report.partial_from = Some(record.index);
+                }
+                if let Some(at) = args.at.filter(|at| *at < record.index) {
+                    report.problem = Some(Problem {
+                        kind: "index_out_of_range",
+                        entry: Some(at),
+                        message: format!(
+                            "--at {at}, but replay starts at entry {} (the log before it is {})",
+                            record.index,
+                            if started_at > 0 {
+                                "in the node's snapshot"
+                            } else {
+                                "not in the file: it was purged before the export"
+                            }
+                        ),
+                    });
+                    break;
+                }
+                report.entries_read += 1;
                 let events = record.events;
                 let mut position = 0;
                 // Decisions already checked as part of a batch the controller returned at once.
                 let mut verified_until = 0;
                 while position < events.len() {
                     let event = &events[position];
-                    if args.recompute && is_decision(&event.body) && position >= verified_until {
+                    // The controller's decisions need the state before them: not in a file
+                    // that starts past entry 1.
+                    if args.recompute
+                        && report.partial_from.is_none()
+                        && is_decision(&event.body)
+                        && position >= verified_until
+                    {
                         let mut scratch = state.scheduler.clone();
                         let expected = run_decisions(&mut scratch, event.at);
                         let got = &events[position..(position + expected.len()).min(events.len())];
@@ -685,7 +742,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                         report.decisions_recomputed += expected.len() as u64;
                         verified_until = position + expected.len();
                     }
-                    if let EventBody::ProjectionDigest { hash, .. } = &event.body {
+                    if let (EventBody::ProjectionDigest { .. }, Some(_)) =
+                        (&event.body, report.partial_from)
+                    {
+                        report.digests_unchecked += 1;
+                    } else if let EventBody::ProjectionDigest { hash, .. } = &event.body {
                         let ours = state.digest();
                         if &ours != hash {
                             report.problem = Some(Problem {
@@ -702,19 +763,20 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                         }
                         report.digests_verified += 1;
                     }
+                    // A refused event leaves the state as it was, on every replica too.
                     if let Err(error) = state.apply(event) {
-                        report.problem = Some(Problem {
-                            kind: "rejected_event",
-                            entry: Some(record.index),
-                            message: format!(
-                                "event {position} ({}) of entry {}: {error}",
-                                event.kind_name(),
-                                record.index
-                            ),
-                        });
-                        break 'records;
+                        report.events_refused += 1;
+                        if report.refused.len() < REFUSALS_LISTED {
+                            report.refused.push(Refusal {
+                                entry: record.index,
+                                position,
+                                kind: event.kind_name(),
+                                reason: error.to_string(),
+                            });
+                        }
+                    } else {
+                        observe(event, &mut report, &mut score_sum, &mut staleness_sum);
                     }
-                    observe(event, &mut report, &mut score_sum, &mut staleness_sum);
                     position += 1;
                 }
                 report.entries = record.index;
@@ -830,10 +892,39 @@ fn print_text(report: &PostMortem) {
         report.events,
         report.head_hash
     );
+    if let Some(first) = report.partial_from {
+        outln!(
+            "partial: the file starts at entry {first} (the log before it was purged before the \
+             export); {} entries read. The state before entry {first} is not in the file: \
+             {} digest checkpoints not checked, refusals and projections cover these entries only",
+            report.entries_read,
+            report.digests_unchecked
+        );
+    }
     outln!(
         "verified: CRC and hash chain of every record read; {} digest checkpoints; {} decisions recomputed",
         report.digests_verified, report.decisions_recomputed
     );
+    if report.events_refused > 0 {
+        outln!(
+            "refused: {} events the projection refused (folded as no-ops, as every replica does){}",
+            report.events_refused,
+            if report.events_refused as usize > report.refused.len() {
+                format!("; the first {}:", report.refused.len())
+            } else {
+                ":".to_string()
+            }
+        );
+        for refusal in &report.refused {
+            outln!(
+                "  entry {} event {} ({}): {}",
+                refusal.entry,
+                refusal.position,
+                refusal.kind,
+                refusal.reason
+            );
+        }
+    }
     outln!("\nevents by kind:");
     for (kind, count) in &report.events_by_kind {
         outln!("  {kind:<28} {count:>9}");
