@@ -191,39 +191,78 @@ pub fn chat_templates_from_config(
     }
 }
 
+/// One model file's text and where it came from (named in errors).
+#[derive(Clone, Copy)]
+pub struct ModelText<'a> {
+    pub text: &'a str,
+    pub origin: &'a Path,
+}
+
 impl ChatModel {
     /// Loads `directory`: `tokenizer.json`, `tokenizer_config.json`, and `chat_template.jinja`
     /// if present.
     pub fn load(directory: &Path, tool_arguments: ToolArgumentsForm) -> Result<Self, ProxyError> {
         let tokenizer_path = directory.join(TOKENIZER_FILE);
-        let tokenizer_text = read_file(&tokenizer_path)?;
-        let tokenizer = Tokenizer::from_bytes(tokenizer_text.as_bytes()).map_err(|error| {
+        let config_path = directory.join(TOKENIZER_CONFIG_FILE);
+        let template_path: PathBuf = directory.join(CHAT_TEMPLATE_FILE);
+        let template = if template_path.is_file() {
+            Some(read_file(&template_path)?)
+        } else {
+            None
+        };
+        Self::from_texts(
+            ModelText {
+                text: &read_file(&tokenizer_path)?,
+                origin: &tokenizer_path,
+            },
+            ModelText {
+                text: &read_file(&config_path)?,
+                origin: &config_path,
+            },
+            template.as_deref().map(|text| ModelText {
+                text,
+                origin: &template_path,
+            }),
+            tool_arguments,
+        )
+    }
+
+    /// A model from the texts of its files (`origin`: the path named in errors): what
+    /// [`ChatModel::load`] reads, or files built into the binary ([`crate::test_model`]).
+    pub fn from_texts(
+        tokenizer: ModelText<'_>,
+        config: ModelText<'_>,
+        chat_template: Option<ModelText<'_>>,
+        tool_arguments: ToolArgumentsForm,
+    ) -> Result<Self, ProxyError> {
+        let tokenizer_path = tokenizer.origin;
+        let tokenizer = Tokenizer::from_bytes(tokenizer.text.as_bytes()).map_err(|error| {
             ProxyError::ModelFile {
-                path: tokenizer_path.clone(),
+                path: tokenizer_path.to_path_buf(),
                 message: format!("not a valid tokenizers file: {error}"),
             }
         })?;
-        let config_path = directory.join(TOKENIZER_CONFIG_FILE);
-        let config: Value = serde_json::from_str(&read_file(&config_path)?).map_err(|error| {
-            ProxyError::ModelFile {
-                path: config_path.clone(),
+        let config_path = config.origin;
+        let config: Value =
+            serde_json::from_str(config.text).map_err(|error| ProxyError::ModelFile {
+                path: config_path.to_path_buf(),
                 message: format!("not valid JSON: {error}"),
-            }
-        })?;
+            })?;
         if !config.is_object() {
             return Err(ProxyError::ModelFile {
-                path: config_path,
+                path: config_path.to_path_buf(),
                 message: "expected a JSON object".into(),
             });
         }
-        let special_tokens = special_tokens_from_config(&config_path, &config)?;
-        let template_file: PathBuf = directory.join(CHAT_TEMPLATE_FILE);
-        let (default, tool_use) = if template_file.is_file() {
-            (read_file(&template_file)?, None)
-        } else {
-            chat_templates_from_config(&config_path, &config)?
+        let special_tokens = special_tokens_from_config(config_path, &config)?;
+        let (default, tool_use, origin) = match chat_template {
+            Some(template) => (template.text.to_string(), None, template.origin),
+            None => {
+                let (default, tool_use) = chat_templates_from_config(config_path, &config)?;
+                (default, tool_use, config_path)
+            }
         };
-        let compile = |source: &str, origin: &Path| {
+        let compile = |source: &str| {
             ChatTemplate::new(source, special_tokens.clone(), tool_arguments).map_err(|error| {
                 ProxyError::ModelFile {
                     path: origin.to_path_buf(),
@@ -231,15 +270,8 @@ impl ChatModel {
                 }
             })
         };
-        let origin = if template_file.is_file() {
-            template_file.clone()
-        } else {
-            config_path.clone()
-        };
-        let template = compile(&default, &origin)?;
-        let tool_use_template = tool_use
-            .map(|source| compile(&source, &origin))
-            .transpose()?;
+        let template = compile(&default)?;
+        let tool_use_template = tool_use.map(|source| compile(&source)).transpose()?;
         Ok(Self {
             fast: FastBpe::for_tokenizer(&tokenizer),
             ids_end: ids_end(&tokenizer),
@@ -286,6 +318,22 @@ impl ChatModel {
     /// Renders the prompt text with the right template.
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
         self.template_for(!input.tools.is_empty()).render(input)
+    }
+
+    /// Renders a prompt in which the model continues the final message of `input` (an
+    /// assistant message the harness pre-filled) instead of starting a new turn: rendered
+    /// without the generation prompt and cut right after that message's content
+    /// ([`crate::template::continue_final_message`]).
+    pub fn render_continuing(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
+        let content = input
+            .messages
+            .last()
+            .map_or("", |message| message.content.as_str());
+        let rendered = self.render(&RenderInput {
+            add_generation_prompt: false,
+            ..*input
+        })?;
+        crate::template::continue_final_message(rendered, content)
     }
 
     /// Token ids and their (start, end) byte offsets in `text`, exactly as

@@ -88,8 +88,35 @@ pub fn tokenizer_config(chat_template: &str) -> String {
     text
 }
 
-/// The repository's test model directory (`crates/proxy/assets/test-model`), as built into this
-/// binary; what `gyre proxy` serves when no `--model-dir` is given.
+/// The repository's test model directory (`crates/proxy/assets/test-model`) in the source tree
+/// this binary was built from: for tests and the files' own tooling. A binary serves the copy
+/// built into it ([`model`]), which needs no source tree.
 pub fn directory() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/test-model")
+}
+
+/// The test model's `tokenizer.json`, as built into this binary.
+const TOKENIZER_JSON: &str = include_str!("../assets/test-model/tokenizer.json");
+/// The test model's `tokenizer_config.json` (with its chat template), as built into this binary.
+const TOKENIZER_CONFIG_JSON: &str = include_str!("../assets/test-model/tokenizer_config.json");
+
+/// Where errors about the built-in model point: the built-in copy, not a path on this host.
+pub const BUILT_IN: &str = "(built-in test model)";
+
+/// The test model from the files built into this binary: what `gyre proxy` serves when no
+/// `--model-dir` is given, wherever the binary runs (a container, another host).
+pub fn model(tool_arguments: crate::ToolArgumentsForm) -> Result<crate::ChatModel, ProxyError> {
+    let origin = std::path::Path::new(BUILT_IN);
+    crate::ChatModel::from_texts(
+        crate::model_dir::ModelText {
+            text: TOKENIZER_JSON,
+            origin,
+        },
+        crate::model_dir::ModelText {
+            text: TOKENIZER_CONFIG_JSON,
+            origin,
+        },
+        None,
+        tool_arguments,
+    )
 }

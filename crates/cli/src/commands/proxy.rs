@@ -80,7 +80,7 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// Model directory with `tokenizer.json` and `tokenizer_config.json` (chat template).
-    /// Default: the repository's test model.
+    /// Default: the repository's small test model, built into this binary.
     #[arg(long)]
     model_dir: Option<PathBuf>,
     /// How the model writes reasoning and tool calls (`--engine embedded` uses plain ChatML,
@@ -257,14 +257,21 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         context_tokens_max = Some(context_tokens_max.map_or(window, |given| given.min(window)));
         (path, model, OutputFormat::chatml_plain(), vec![engine])
     } else {
-        let directory = args
-            .model_dir
-            .clone()
-            .unwrap_or_else(gyre_proxy::test_model::directory);
-        let model = Arc::new(
-            ChatModel::load(&directory, ToolArgumentsForm::RawText)
-                .with_context(|| format!("loading the model directory {}", directory.display()))?,
-        );
+        let (directory, model) = match &args.model_dir {
+            Some(directory) => (
+                directory.clone(),
+                ChatModel::load(directory, ToolArgumentsForm::RawText).with_context(|| {
+                    format!("loading the model directory {}", directory.display())
+                })?,
+            ),
+            // Built into the binary: no source tree needed where it runs.
+            None => (
+                PathBuf::from(gyre_proxy::test_model::BUILT_IN),
+                gyre_proxy::test_model::model(ToolArgumentsForm::RawText)
+                    .context("loading the built-in test model")?,
+            ),
+        };
+        let model = Arc::new(model);
         let format = match args.output_format {
             Format::TestModel => OutputFormat::test_model(),
             Format::Qwen => OutputFormat::qwen(),

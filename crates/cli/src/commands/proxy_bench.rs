@@ -289,10 +289,7 @@ pub fn run(args: ProxyBenchArgs) -> anyhow::Result<()> {
 }
 
 async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
-    let model = Arc::new(ChatModel::load(
-        &gyre_proxy::test_model::directory(),
-        ToolArgumentsForm::RawText,
-    )?);
+    let model = Arc::new(gyre_proxy::test_model::model(ToolArgumentsForm::RawText)?);
     let format = OutputFormat::test_model();
     let end = model.token_id("<|im_end|>").context("end token")?;
     let backing: Arc<dyn TokenEngine> = Arc::new(DeterministicEngine::new(DeterministicOptions {

@@ -224,3 +224,33 @@ fn encoding_a_suffix_from_a_special_token_matches_the_full_encoding() {
         assert_eq!(ids, full_ids, "split at byte {split}");
     }
 }
+
+/// The copy built into the binary (what `gyre proxy` serves without `--model-dir`, wherever the
+/// binary runs) is the directory's model: same vocabulary, same ids, same rendering.
+#[test]
+fn the_built_in_model_is_the_directorys() {
+    let built_in = gyre_proxy::test_model::model(gyre_proxy::ToolArgumentsForm::RawText)
+        .expect("the built-in model loads");
+    let loaded = test_model();
+    assert_eq!(
+        built_in.tokenizer().get_vocab_size(true),
+        loaded.tokenizer().get_vocab_size(true)
+    );
+    let text = "<|im_start|>user\nlist the files, then café 日本語<|im_end|>\n";
+    assert_eq!(
+        built_in.encode(text).expect("encodes"),
+        loaded.encode(text).expect("encodes")
+    );
+    let messages = conversation();
+    let tools = case_tools();
+    let rendered = built_in
+        .render(&RenderInput {
+            messages: &messages,
+            tools: &tools,
+            add_generation_prompt: true,
+            now: reference_now(),
+            extra: None,
+        })
+        .expect("renders");
+    assert_eq!(rendered, expected_output("test_model_full"));
+}
