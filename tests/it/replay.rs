@@ -131,6 +131,53 @@ fn audit_bundle_verifies_and_refuses_tampering() {
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("ok:"));
+    assert!(stdout.contains("partial:"), "only cited entries: {stdout}");
+
+    // Built with --complete: every entry from the group's dispatch through the step that
+    // consumed it, so nothing can have been left out.
+    let complete = dir.path().join("complete.json");
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        log.to_str().expect("utf-8"),
+        "--execution",
+        "e5",
+        "--out",
+        complete.to_str().expect("utf-8"),
+        "--complete",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let verify_complete = |path: &std::path::Path| {
+        gyre(&[
+            "audit",
+            "verify",
+            path.to_str().expect("utf-8"),
+            "--head",
+            &head,
+            "--require-complete",
+        ])
+    };
+    let (code, stdout, stderr) = verify_complete(&complete);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("complete:"), "{stdout}");
+    assert!(stdout.contains("consumed the group"), "{stdout}");
+    let (code, _, stderr) = verify_complete(&bundle);
+    assert_eq!(code, 2, "a bundle of cited entries only is partial");
+    assert!(stderr.contains("partial"), "{stderr}");
+    // Leaving out the step that consumed the group (and the fact it supports) is seen.
+    let mut cut: Value =
+        serde_json::from_str(&std::fs::read_to_string(&complete).expect("bundle")).expect("json");
+    let step = cut["facts"]["consumed_by"]["entry"]
+        .as_u64()
+        .expect("consumed");
+    cut["payloads"]
+        .as_object_mut()
+        .expect("payloads")
+        .remove(&step.to_string());
+    cut["facts"]["consumed_by"] = Value::Null;
+    let cut_path = dir.path().join("cut.json");
+    std::fs::write(&cut_path, serde_json::to_string(&cut).expect("json")).expect("write");
+    let (code, _, stderr) = verify_complete(&cut_path);
+    assert_eq!(code, 2, "a left-out entry is found: {stderr}");
 
     // A different trusted head: the bundle does not belong to that log.
     let wrong = format!(

@@ -10,10 +10,13 @@
 //! payloads and check they are exactly what the bundle claims — without the log.
 //!
 //! The group's rewards and the advantage are what the scoring projection makes of the group's
-//! events (see [`extract`]). What a verifier cannot check from a bundle: that the builder left
-//! no relevant entry out (verify recomputes from the entries the bundle carries; only the
-//! builder, reading the whole log, sees them all), and refusals the scheduler makes before
-//! scoring sees an event (the audit folds the scoring projection only).
+//! events (see [`extract`]). Verify recomputes from the entries the bundle carries; whether an
+//! entry was left out it can tell only for a bundle built with `--complete`, which carries
+//! every entry from the group's dispatch through the step that consumed it (or the head):
+//! `verify` prints `complete:` or `partial:`, and `--require-complete` fails on partial. Not
+//! modelled: refusals the scheduler makes before scoring sees an event (the audit folds the
+//! scoring projection only), and a group dispatch appended twice (the projection refuses the
+//! second, a fold from it would not).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -28,7 +31,7 @@ use gyre_log::file::{chain_hash_of_digest, hex, payload_digest};
 use gyre_log::{decode_batch, EventFileReader};
 use gyre_trajectory::{AdvantageNormalization, Resolution, Scoring, ScoringConfig};
 
-const BUNDLE_FORMAT: &str = "gyre-audit-bundle-v1";
+const BUNDLE_FORMAT: &str = "gyre-audit-bundle-v2";
 
 /// Arguments of `gyre audit`.
 #[derive(Args, Debug)]
@@ -44,6 +47,11 @@ pub struct AuditArgs {
     /// Where to write the bundle (JSON).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Carry every entry from the group's dispatch to the last cited one, not only the cited
+    /// ones: `audit verify` can then say nothing relevant was left out in between (larger:
+    /// every other execution's calls in that span are in it).
+    #[arg(long)]
+    complete: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,6 +63,10 @@ enum AuditCommand {
         /// The log head hash (hex) the bundle must chain to.
         #[arg(long)]
         head: String,
+        /// Fail unless the bundle carries every entry from the group's dispatch on (one built
+        /// with `--complete`), so no relevant entry can have been left out.
+        #[arg(long)]
+        require_complete: bool,
     },
 }
 
@@ -80,13 +92,17 @@ struct Bundle {
 
 pub fn run(args: AuditArgs) -> anyhow::Result<()> {
     match args.command {
-        Some(AuditCommand::Verify { bundle, head }) => verify(&bundle, &head),
+        Some(AuditCommand::Verify {
+            bundle,
+            head,
+            require_complete,
+        }) => verify(&bundle, &head, require_complete),
         None => {
             let (Some(log), Some(execution), Some(out)) = (args.log, args.execution, args.out)
             else {
                 bail!("usage: gyre audit LOG --execution E --out bundle.json, or gyre audit verify BUNDLE --head HASH");
             };
-            build(&log, &execution, &out)
+            build(&log, &execution, &out, args.complete)
         }
     }
 }
@@ -168,6 +184,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     let mut members: BTreeSet<ExecutionId> = BTreeSet::new();
     // Accepted scoring events of the group, by (entry, position in the entry).
     let mut accepted: BTreeSet<(u64, usize)> = BTreeSet::new();
+    let mut dispatched_in: Option<u64> = None;
     if let Some(group) = group {
         for (index, events) in entries {
             for (position, event) in events.iter().enumerate() {
@@ -196,8 +213,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     _ => event.clone(),
                 };
                 if scoring.apply(&event).is_ok() {
-                    if let EventBody::ExecutionStarted { execution: e, .. } = &event.body {
-                        members.insert(*e);
+                    match &event.body {
+                        EventBody::ExecutionStarted { execution: e, .. } => {
+                            members.insert(*e);
+                        }
+                        EventBody::GroupsDispatched { .. } => dispatched_in = Some(*index),
+                        _ => {}
                     }
                     accepted.insert((*index, position));
                     cited.insert(*index);
@@ -359,6 +380,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     let facts = json!({
         "execution": execution.to_string(),
         "group": group.map(|g| g.to_string()),
+        "group_dispatched_in": dispatched_in,
         "started": started,
         "closed": closed,
         "model_calls": calls,
@@ -376,7 +398,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     (facts, cited)
 }
 
-fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyhow::Result<()> {
+fn build(
+    log: &std::path::Path,
+    execution: &str,
+    out: &std::path::Path,
+    complete: bool,
+) -> anyhow::Result<()> {
     let execution = parse_execution(execution)?;
     if log.is_dir() {
         bail!(
@@ -424,6 +451,8 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
         hashes[position - 1]
     };
     let head = *hashes.last().expect("the log has entries");
+    let head_index = links.last().map_or(first, |link| link.index);
+    let consumed = !facts["consumed_by"].is_null();
     let bundle = Bundle {
         format: BUNDLE_FORMAT.to_string(),
         execution: execution.to_string(),
@@ -431,11 +460,22 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
         base_hash: hex(&base_hash),
         chain: links.split_off(position),
         head: hex(&head),
-        payloads: payloads
-            .into_iter()
-            .filter(|(index, _)| cited.contains(index))
-            .map(|(index, payload)| (index, to_hex(&payload)))
-            .collect(),
+        payloads: {
+            // Through the step that consumed the group; while none has, to the head (a later
+            // entry could still add to the group's facts).
+            let last = if complete && !consumed {
+                head_index
+            } else {
+                cited.last().copied().unwrap_or(first)
+            };
+            payloads
+                .into_iter()
+                .filter(|(index, _)| {
+                    cited.contains(index) || (complete && (first..=last).contains(index))
+                })
+                .map(|(index, payload)| (index, to_hex(&payload)))
+                .collect()
+        },
     };
     std::fs::write(out, serde_json::to_string_pretty(&bundle)?)
         .with_context(|| format!("writing {}", out.display()))?;
@@ -448,7 +488,11 @@ fn build(log: &std::path::Path, execution: &str, out: &std::path::Path) -> anyho
     Ok(())
 }
 
-fn verify(path: &std::path::Path, trusted_head: &str) -> anyhow::Result<()> {
+fn verify(
+    path: &std::path::Path,
+    trusted_head: &str,
+    require_complete: bool,
+) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let bundle: Bundle = serde_json::from_str(&text)
@@ -503,12 +547,66 @@ fn verify(path: &std::path::Path, trusted_head: &str) -> anyhow::Result<()> {
     }
     let closed = facts["closed"]["status"].as_str().unwrap_or("open");
     outln!(
-        "ok: {} facts verified from {} cited entries, chained to head {} ({} links); closed {closed}, advantage {}",
+        "ok: {} facts verified from {} carried entries, chained to head {} ({} links); closed {closed}, advantage {}",
         bundle.execution,
         entries.len(),
         bundle.head,
         bundle.chain.len(),
         facts["advantage"]
     );
+    let completeness = completeness(&bundle, &facts);
+    outln!("{completeness}");
+    if require_complete && !completeness.starts_with("complete") {
+        bail!("--require-complete: the bundle is partial");
+    }
     Ok(())
+}
+
+/// What a verifier can say about entries the bundle does not carry. With every entry from the
+/// group's dispatch (before which none of its events can be) to the last carried one, nothing
+/// relevant was left out in that span; when the step that consumed the group is in it, later
+/// entries cannot change what training used.
+fn completeness(bundle: &Bundle, facts: &Value) -> String {
+    let (Some(&first), Some(&last)) =
+        (bundle.payloads.keys().next(), bundle.payloads.keys().last())
+    else {
+        return "partial: the bundle carries no entry".into();
+    };
+    let gaps = bundle
+        .chain
+        .iter()
+        .filter(|link| (first..=last).contains(&link.index))
+        .filter(|link| !bundle.payloads.contains_key(&link.index))
+        .count();
+    let from_dispatch = facts["group_dispatched_in"].as_u64() == Some(first);
+    if gaps > 0 || !from_dispatch {
+        return format!(
+            "partial: the facts are recomputed from the carried entries only; {gaps} entries \
+             between entry {first} and entry {last} are not carried{}, so an event in one of them \
+             is not checked (build the bundle with --complete to carry them)",
+            if from_dispatch {
+                ""
+            } else {
+                " and the first carried entry is not the group's dispatch"
+            }
+        );
+    }
+    let head = bundle.chain.last().map_or(last, |link| link.index);
+    match facts["consumed_by"]["entry"].as_u64() {
+        Some(step) => format!(
+            "complete: every entry from the group's dispatch (entry {first}) to entry {last} is \
+             carried, through the optimizer step that consumed the group (entry {step}): no \
+             later entry changes what training used"
+        ),
+        None if last == head => format!(
+            "complete: every entry from the group's dispatch (entry {first}) to the head (entry \
+             {head}) is carried; no optimizer step has consumed the group"
+        ),
+        None => format!(
+            "partial: every entry from the group's dispatch (entry {first}) to entry {last} is \
+             carried, but the group had not been consumed there and entries {} to {head} are \
+             not carried",
+            last + 1
+        ),
+    }
 }
