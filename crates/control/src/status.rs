@@ -34,7 +34,10 @@ pub(crate) fn from_status(address: &str, status: Status) -> ControlError {
             }
         }
         Code::InvalidArgument => {
-            ControlError::BadRequest(format!("{address}: {}", status.message()))
+            // The node's message already says "bad request" (`to_status`); said once.
+            let message = status.message();
+            let message = message.strip_prefix("bad request: ").unwrap_or(message);
+            ControlError::BadRequest(format!("{address}: {message}"))
         }
         _ => ControlError::Rpc {
             address: address.to_string(),
@@ -46,4 +49,19 @@ pub(crate) fn from_status(address: &str, status: Status) -> ControlError {
 /// A bad JSON body from a peer: never a panic, an `InvalidArgument`.
 pub(crate) fn bad_json(what: &str, error: serde_json::Error) -> Status {
     Status::invalid_argument(format!("{what} does not parse: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_bad_request_once_and_names_the_node() {
+        let status = to_status(ControlError::BadRequest("event 0: unknown kind".into()));
+        let error = from_status("127.0.0.1:7001", status);
+        assert_eq!(
+            error.to_string(),
+            "bad request: 127.0.0.1:7001: event 0: unknown kind"
+        );
+    }
 }
