@@ -261,6 +261,23 @@ fn a_bad_format_is_refused_in_the_apis_shape_and_nothing_is_recorded() {
             json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "xml"}}}),
             "output_config.format",
         ),
+        // A schema no engine's grammar compiler can read is refused before any engine is
+        // asked, naming the keyword (the engine's own refusal named nothing).
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "grade", "schema": {"type": "object", "properties": {"score": {"type": "float"}}}}}}),
+            "response_format.json_schema.schema.properties.score.type",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "g", "schema": {"type": "object", "required": "score"}}}}),
+            "text.format.schema.required",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "json_schema", "schema": {"items": {"$ref": "#/$defs/row"}}}}}),
+            "output_config.format.schema.items.$ref",
+        ),
     ];
     for (path, body, field) in cases {
         let (status, answer) = proxy.post(path, &body);

@@ -153,7 +153,8 @@ fn read_openai_schema(node: Node<'_>) -> Read<AnswerFormat> {
     }
 }
 
-/// A JSON Schema: an object, at most [`OUTPUT_SCHEMA_BYTES_MAX`] bytes as JSON text.
+/// A JSON Schema: an object that passes [`crate::json_schema::check`], at most
+/// [`OUTPUT_SCHEMA_BYTES_MAX`] bytes as JSON text.
 fn read_schema(node: Node<'_>) -> Read<Arc<str>> {
     node.object()?;
     let text = serde_json::to_string(node.value)
@@ -164,6 +165,7 @@ fn read_schema(node: Node<'_>) -> Read<Arc<str>> {
             text.len()
         )));
     }
+    crate::json_schema::check(node)?;
     Ok(text.into())
 }
 

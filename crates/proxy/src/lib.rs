@@ -25,6 +25,7 @@ pub mod content_encoding;
 pub mod engine;
 mod error;
 pub mod fast_bpe;
+mod json_schema;
 pub mod long_runs;
 pub mod media;
 pub mod messages;
