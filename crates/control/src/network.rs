@@ -28,12 +28,14 @@ use tonic::Code;
 /// Largest gRPC message either side accepts: well above the log store's 8 MiB replication read
 /// batch, so a batch of TITO records of a few MiB each fits.
 pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
-/// Largest log entry, about (16 bytes of envelope per event plus its body): one entry must fit
-/// one AppendEntries message alone, with room for the message's own fields. An append larger
-/// than this is refused, never proposed: an entry no follower can take would be re-sent on
-/// every heartbeat, the followers would time out and elect, and the client's retry would carry
-/// it to the next leader (an election storm that stalls every other writer).
-pub const ENTRY_BYTES_MAX: usize = MESSAGE_BYTES_MAX - (8 << 20);
+/// Largest log entry, about (16 bytes of envelope per event plus its body); an append larger
+/// than this is refused, never proposed. One entry must fit one AppendEntries message alone:
+/// an entry no follower can take would be re-sent on every heartbeat, the followers would time
+/// out and elect, and the client's retry would carry it to the next leader (an election storm
+/// that stalls every other writer). Well under that: on a loaded 2-core host a follower busy
+/// writing and syncing a 56 MiB entry missed heartbeats long enough to elect. 16 MiB holds a
+/// TITO record of a 1M-token context.
+pub const ENTRY_BYTES_MAX: usize = 16 << 20;
 /// Snapshot data chunk size in a `FullSnapshot` stream.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Deadline for sending a whole snapshot (a large body on a slow disk).

@@ -95,7 +95,17 @@ impl Producer {
 
 async fn run(client: ClusterClient, options: ProducerOptions, mut jobs: mpsc::Receiver<Job>) {
     let in_flight = Arc::new(Semaphore::new(options.in_flight_max.max(1)));
-    while let Some(first) = jobs.recv().await {
+    // An append that would have taken the request past what one log entry may hold
+    // (`ENTRY_BYTES_MAX`, which the node refuses whole): it opens the next request.
+    let mut carried: Option<Job> = None;
+    loop {
+        let first = match carried.take() {
+            Some(job) => job,
+            None => match jobs.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
         // Wait for a slot before closing the request, so the queue grows into the next one.
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
@@ -105,6 +115,10 @@ async fn run(client: ClusterClient, options: ProducerOptions, mut jobs: mpsc::Re
         let mut batch = vec![first];
         while events_count < options.events_max && bytes < options.bytes_max {
             let Ok(job) = jobs.try_recv() else { break };
+            if bytes + job.bytes > crate::network::ENTRY_BYTES_MAX {
+                carried = Some(job);
+                break;
+            }
             events_count += job.events.len();
             bytes += job.bytes;
             batch.push(job);

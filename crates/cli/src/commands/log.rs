@@ -1,7 +1,8 @@
 //! `gyre log append | tail | export`: operator tools on a control cluster's replicated log.
 //!
 //! - `append --cluster ADDRS`: events as JSON lines on stdin (the form in docs/control.md), sent
-//!   in requests of up to `--batch` lines; prints each committed event's sequence `INDEX.POSITION`.
+//!   in requests of up to `--batch` lines and at most one log entry's bytes (16 MiB); prints
+//!   each committed event's sequence `INDEX.POSITION`.
 //! - `tail --cluster ADDRS [--from SEQ] [--follow]`: committed events as JSON lines, each with
 //!   its `seq`.
 //! - `export --node ADDR --out FILE`: the node's log as an event file `gyre replay` reads; blank
@@ -29,7 +30,8 @@ enum LogCommand {
         /// Node addresses, `host:port,host:port,...` (any node; writes reach the leader).
         #[arg(long)]
         cluster: String,
-        /// Lines per request (one request commits atomically, in one Raft entry).
+        /// Lines per request (one request commits atomically, in one Raft entry). A request is
+        /// also cut before it would exceed what one entry may hold (16 MiB).
         #[arg(long, default_value_t = 64)]
         batch: usize,
     },
@@ -97,6 +99,8 @@ async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let mut pending = Vec::new();
+    // Bytes of `pending` as a log entry: a request stays within what one entry may hold.
+    let mut pending_bytes = 0usize;
     for (number, line) in stdin.lock().lines().enumerate() {
         let line = line.context("reading stdin")?;
         if line.trim().is_empty() {
@@ -104,10 +108,18 @@ async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
         }
         let event = parse_event(&line)
             .map_err(|error| anyhow::anyhow!("stdin line {}: {error}", number + 1))?;
+        let bytes = gyre_log::encode_batch(std::slice::from_ref(&event)).len();
+        if !pending.is_empty() && pending_bytes + bytes > gyre_control::ENTRY_BYTES_MAX {
+            send(&mut client, &pending, &mut out).await?;
+            pending.clear();
+            pending_bytes = 0;
+        }
         pending.push(event);
+        pending_bytes += bytes;
         if pending.len() >= batch {
             send(&mut client, &pending, &mut out).await?;
             pending.clear();
+            pending_bytes = 0;
         }
     }
     if !pending.is_empty() {
