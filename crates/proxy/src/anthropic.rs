@@ -246,16 +246,18 @@ fn read_request(root: Node<'_>, max_tokens_required: bool) -> Read<MessagesReque
         Some(child) => read_text_blocks(child.node())?,
     };
     let messages_child = root.required("messages")?;
-    let messages = messages_child
-        .node()
-        .array()?
+    let message_nodes = messages_child.node().array()?;
+    let messages = message_nodes
         .iter()
         .map(|child| read_message(child.node()))
         .collect::<Read<Vec<_>>>()?;
-    if messages.is_empty() {
+    let (Some(last), Some(last_node)) = (messages.last(), message_nodes.last()) else {
         return Err(messages_child
             .node()
             .error("at least one message is required"));
+    };
+    if last.role == InputRole::Assistant {
+        check_prefill(last, last_node.node())?;
     }
     let tools = match root.get("tools")? {
         None => Vec::new(),
@@ -435,6 +437,16 @@ fn read_message(node: Node<'_>) -> Read<InputMessage> {
     };
     let content_child = node.required("content")?;
     let content_node = content_child.node();
+    // As Anthropic's API: every message but a final assistant one (an empty prefill) has
+    // content; a user turn with none asks nothing.
+    let empty = match content_node.value {
+        Value::String(text) => text.is_empty(),
+        Value::Array(blocks) => blocks.is_empty(),
+        _ => false,
+    };
+    if empty && role == InputRole::User {
+        return Err(content_node.error("a user message must have non-empty content"));
+    }
     if let Some(text) = content_node.value.as_str() {
         return Ok(InputMessage {
             role,
@@ -449,6 +461,30 @@ fn read_message(node: Node<'_>) -> Read<InputMessage> {
         .map(|child| read_block(child.node(), role))
         .collect::<Read<Vec<_>>>()?;
     Ok(InputMessage { role, content })
+}
+
+/// A final assistant message without `tool_use` is the start of the answer, which the model
+/// continues (see [`ChatRequest::continues_final_message`]): as in Anthropic's API, its text
+/// may not end in white space.
+fn check_prefill(message: &InputMessage, node: Node<'_>) -> Read<()> {
+    if message
+        .content
+        .iter()
+        .any(|block| matches!(block, ContentBlock::ToolUse { .. }))
+    {
+        return Ok(());
+    }
+    let text_end = message.content.iter().rev().find_map(|block| match block {
+        ContentBlock::Text { text } if !text.is_empty() => Some(text),
+        _ => None,
+    });
+    if text_end.is_some_and(|text| text.ends_with(char::is_whitespace)) {
+        return Err(node
+            .required("content")?
+            .node()
+            .error("final assistant content cannot end with trailing whitespace"));
+    }
+    Ok(())
 }
 
 fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
@@ -530,6 +566,15 @@ fn read_block(node: Node<'_>, role: InputRole) -> Read<ContentBlock> {
 
 fn read_tool(node: Node<'_>) -> Read<ToolDefinition> {
     let kind = node.optional_str("type")?.map(str::to_string);
+    if kind.as_deref() == Some("mcp_toolset") {
+        // The API runs the tools of an MCP server it connects to (`mcp_servers`); no MCP
+        // server is reachable through the proxy, and listing no tools would leave the model
+        // unaware of them.
+        return Err(node.required("type")?.node().error(
+            "`mcp_toolset` tools are not supported by this proxy: MCP servers are not reachable \
+             through it (run the MCP server in the harness and list its tools as client tools)",
+        ));
+    }
     let client_tool = matches!(kind.as_deref(), None | Some("custom"));
     let input_schema = match node.get("input_schema")? {
         Some(child) => {
@@ -877,6 +922,16 @@ impl MessagesRequest {
                     }
                 }
             }
+        }
+        // An empty final assistant message pre-fills nothing: the answer is a new turn.
+        if self.messages.last().map(|message| message.role) == Some(InputRole::Assistant)
+            && chat.messages.last().is_some_and(|message| {
+                message.content.is_empty()
+                    && message.reasoning.is_empty()
+                    && message.tool_calls.is_empty()
+            })
+        {
+            chat.messages.pop();
         }
         for tool in &self.tools {
             match &tool.input_schema {

@@ -33,6 +33,31 @@ pub enum ApiErrorKind {
     Overloaded,
 }
 
+impl ApiErrorKind {
+    /// The kind an OpenAI error's `code` names, as a Responses stream's `error` event carries
+    /// it (`code`, or the type's name where the kind has no code): the inverse of
+    /// [`ApiError::sse_event`]'s `code` for the OpenAI APIs. The codes the API names errors
+    /// with more precisely than their kind (`context_length_exceeded`) are refusals of the
+    /// request; a code the proxy never writes reads as its own failure.
+    pub fn from_openai_code(code: &str) -> Self {
+        match code {
+            "invalid_request_error" | "context_length_exceeded" | "previous_response_not_found" => {
+                Self::InvalidRequest
+            }
+            "invalid_api_key" => Self::Authentication,
+            "permission_denied" | "permission_error" => Self::PermissionDenied,
+            "not_found" => Self::NotFound,
+            "method_not_allowed" => Self::MethodNotAllowed,
+            "request_too_large" => Self::RequestTooLarge,
+            "request_timeout" => Self::RequestTimeout,
+            "unsupported_content_encoding" => Self::UnsupportedMediaType,
+            "rate_limit_exceeded" | "rate_limit_error" => Self::RateLimited,
+            "overloaded" => Self::Overloaded,
+            _ => Self::Internal,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
@@ -222,5 +247,50 @@ impl ApiError {
                 }),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [ApiErrorKind; 11] = [
+        ApiErrorKind::InvalidRequest,
+        ApiErrorKind::Authentication,
+        ApiErrorKind::PermissionDenied,
+        ApiErrorKind::NotFound,
+        ApiErrorKind::MethodNotAllowed,
+        ApiErrorKind::RequestTooLarge,
+        ApiErrorKind::RequestTimeout,
+        ApiErrorKind::UnsupportedMediaType,
+        ApiErrorKind::RateLimited,
+        ApiErrorKind::Internal,
+        ApiErrorKind::Overloaded,
+    ];
+
+    /// The code a Responses stream's `error` event carries for `error`.
+    fn stream_code(error: &ApiError) -> String {
+        let event = error.sse_event(7).json().expect("JSON");
+        event["code"].as_str().expect("a code").to_string()
+    }
+
+    #[test]
+    fn a_stream_errors_code_reads_back_as_its_kind() {
+        for kind in KINDS {
+            let error = ApiError::new(Api::OpenAiResponses, kind, "m");
+            let code = stream_code(&error);
+            assert_eq!(ApiErrorKind::from_openai_code(&code), kind, "{code}");
+        }
+        for error in [
+            ApiError::context_too_long(Api::OpenAiResponses, 10, 5),
+            crate::stored_responses::not_found("resp_1", "never issued"),
+        ] {
+            let code = stream_code(&error);
+            assert_eq!(ApiErrorKind::from_openai_code(&code), error.kind, "{code}");
+        }
+        assert_eq!(
+            ApiErrorKind::from_openai_code("no_such_code"),
+            ApiErrorKind::Internal
+        );
     }
 }

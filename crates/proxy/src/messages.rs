@@ -399,11 +399,22 @@ impl ChatRequest {
             .map(|call| ToolProblem::DuplicateCallId(call.id.clone()))
     }
 
-    /// Whether the harness pre-filled the start of the answer (the last message is an
-    /// assistant message): the server continues it instead of opening a new turn.
+    /// Whether the last message is an assistant message.
     pub fn ends_with_assistant(&self) -> bool {
         self.messages
             .last()
             .is_some_and(|message| message.role == Role::Assistant)
+    }
+
+    /// Whether the harness pre-filled the start of the answer: an Anthropic request whose last
+    /// message is an assistant message without tool calls. The model continues that message
+    /// instead of opening a new turn, and the answer is the continuation only. In the OpenAI
+    /// APIs a final assistant message is history like any other, and so is an Anthropic one
+    /// that calls tools (its text cannot be continued past the calls).
+    pub fn continues_final_message(&self) -> bool {
+        self.api == Api::Anthropic
+            && self.messages.last().is_some_and(|message| {
+                message.role == Role::Assistant && message.tool_calls.is_empty()
+            })
     }
 }

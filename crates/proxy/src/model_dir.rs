@@ -320,6 +320,22 @@ impl ChatModel {
         self.template_for(!input.tools.is_empty()).render(input)
     }
 
+    /// Renders a prompt in which the model continues the final message of `input` (an
+    /// assistant message the harness pre-filled) instead of starting a new turn: rendered
+    /// without the generation prompt and cut right after that message's content
+    /// ([`crate::template::continue_final_message`]).
+    pub fn render_continuing(&self, input: &RenderInput<'_>) -> Result<String, ProxyError> {
+        let content = input
+            .messages
+            .last()
+            .map_or("", |message| message.content.as_str());
+        let rendered = self.render(&RenderInput {
+            add_generation_prompt: false,
+            ..*input
+        })?;
+        crate::template::continue_final_message(rendered, content)
+    }
+
     /// Token ids and their (start, end) byte offsets in `text`, exactly as
     /// `tokenizer().encode(text, false)` gives them; through the fast path when the tokenizer
     /// and the text allow it.

@@ -17,6 +17,9 @@ use crate::reader::{body_object, classify_fields, refuse_unsupported, Node, Read
 
 const API: Api = Api::OpenAiChat;
 
+/// The most stop sequences OpenAI's Chat Completions takes.
+const CHAT_STOP_SEQUENCES_MAX: usize = 4;
+
 const KNOWN_FIELDS: &[&str] = &[
     "model",
     "messages",
@@ -240,7 +243,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_top_k("top_k")?,
-        stop: root.stop_sequences("stop")?,
+        stop: read_stop(root)?,
         seed: root.optional_i64("seed")?,
         parallel_tool_calls: root.optional_bool("parallel_tool_calls")?,
         user: root.optional_str("user")?.map(str::to_string),
@@ -450,4 +453,21 @@ impl ChatCompletionRequest {
         crate::messages::check_tools(&chat, "tool_choice.function.name", "messages")?;
         Ok(chat)
     }
+}
+
+/// `stop`: a string or an array of strings (see [`Node::stop_sequences`]), at most
+/// [`CHAT_STOP_SEQUENCES_MAX`] of them, as OpenAI's API refuses more.
+fn read_stop(root: Node<'_>) -> Read<Vec<String>> {
+    let stop = root.stop_sequences("stop")?;
+    if stop.len() > CHAT_STOP_SEQUENCES_MAX {
+        return Err(ApiError::invalid_field(
+            API,
+            "stop",
+            format!(
+                "at most {CHAT_STOP_SEQUENCES_MAX} stop sequences, got {}",
+                stop.len()
+            ),
+        ));
+    }
+    Ok(stop)
 }

@@ -22,6 +22,9 @@ use crate::reader::{body_object, classify_fields, refuse_unsupported, Node, Read
 
 const API: Api = Api::OpenAiResponses;
 
+/// The smallest `max_output_tokens` OpenAI's Responses API takes.
+const MAX_OUTPUT_TOKENS_MIN: u32 = 16;
+
 const KNOWN_FIELDS: &[&str] = &[
     "model",
     "input",
@@ -307,7 +310,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         search_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
-        max_output_tokens: root.optional_token_limit("max_output_tokens")?,
+        max_output_tokens: read_max_output_tokens(root)?,
         temperature: root.optional_f64("temperature")?,
         top_p: root.optional_f64("top_p")?,
         top_k: root.optional_top_k("top_k")?,
@@ -908,4 +911,19 @@ impl ResponsesRequest {
         crate::messages::check_tools(&chat, "tool_choice.name", "input")?;
         Ok(chat)
     }
+}
+
+/// `max_output_tokens`: an integer of at least [`MAX_OUTPUT_TOKENS_MIN`], as OpenAI's API
+/// refuses less.
+fn read_max_output_tokens(root: Node<'_>) -> Read<Option<u32>> {
+    let Some(child) = root.get("max_output_tokens")? else {
+        return Ok(None);
+    };
+    let limit = child.node().u32()?;
+    if limit < MAX_OUTPUT_TOKENS_MIN {
+        return Err(child.node().error(format!(
+            "must be at least {MAX_OUTPUT_TOKENS_MIN}, got {limit}"
+        )));
+    }
+    Ok(Some(limit))
 }

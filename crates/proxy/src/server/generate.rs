@@ -298,10 +298,14 @@ impl<'m> Answer<'m> {
         prepared: &Prepared,
         prompt_tokens: usize,
     ) -> Self {
+        let mut format = app.output_format.clone();
+        // A pre-filled answer is continued after its text: whatever the generation prompt
+        // would have opened (Qwen3-thinking's `<think>`), the output starts as text.
+        format.reasoning_open_at_start &= !prepared.continues_final_message;
         Answer {
             text_stream: model.text_stream(),
             stop: StopStrings::new(stops),
-            parser: OutputParser::new(app.output_format.clone()),
+            parser: OutputParser::new(format),
             reasoning_text: String::new(),
             text_before_calls: String::new(),
             reasoning_tokens: 0,

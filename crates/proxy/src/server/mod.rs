@@ -2555,13 +2555,20 @@ async fn count_tokens_inner(
         let app = counting;
         let request = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media)
             .and_then(|r| r.to_chat())?;
-        let rendered = app.model.render(&crate::template::RenderInput {
+        // A pre-filled answer counts the prompt it is continued from.
+        let continues_final_message = request.continues_final_message();
+        let input = crate::template::RenderInput {
             messages: &request.messages,
             tools: &request.tools,
-            add_generation_prompt: true,
+            add_generation_prompt: !continues_final_message,
             now: now_civil(),
             extra: None,
-        });
+        };
+        let rendered = if continues_final_message {
+            app.model.render_continuing(&input)
+        } else {
+            app.model.render(&input)
+        };
         rendered
             .and_then(|text| app.model.encode(&text))
             .map(|ids| ids.len())

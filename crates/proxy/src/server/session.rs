@@ -139,6 +139,10 @@ pub struct Prepared {
     /// Input tokens the tree already holds (reported as cached prompt tokens).
     pub tree_reused: u64,
     parent_call: Option<CallId>,
+    /// The prompt ends inside the request's final assistant message, which the harness
+    /// pre-filled ([`ChatRequest::continues_final_message`]): the output continues its text
+    /// (never opening in reasoning).
+    pub continues_final_message: bool,
     /// The request is the prompt of the agent's last committed call, which nothing has
     /// extended: a harness re-sending a call whose answer it never received (the proxy was
     /// killed, or the connection dropped, after the record was committed). The committed answer
@@ -468,13 +472,22 @@ impl Session {
                 .map_err(|message| ProxyError::Tokenizer { message })?;
         }
         let agent = agent.unwrap_or("main").to_string();
-        let text = model.render(&RenderInput {
+        // A pre-filled answer is continued: the prompt ends inside the final assistant
+        // message, and the next turn's history, which holds that message with the sampled
+        // continuation, extends this call's prompt and answer like any other turn.
+        let continues_final_message = request.continues_final_message();
+        let input = RenderInput {
             messages: &request.messages,
             tools: &request.tools,
-            add_generation_prompt: true,
+            add_generation_prompt: !continues_final_message,
             now,
             extra: None,
-        })?;
+        };
+        let text = if continues_final_message {
+            model.render_continuing(&input)?
+        } else {
+            model.render(&input)?
+        };
         self.resume_side_context(&agent, &text);
         let empty = AgentContext::default();
         let previous = self.agents.get(&agent).unwrap_or(&empty);
@@ -501,6 +514,7 @@ impl Session {
                 parent_call: None,
                 agent,
                 text,
+                continues_final_message,
                 replay: Some(replay),
             });
         }
@@ -642,6 +656,7 @@ impl Session {
             encoded,
             tree_reused: found.reused_tokens_count,
             parent_call: found.parent_call,
+            continues_final_message,
             replay: None,
         })
     }

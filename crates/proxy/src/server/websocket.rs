@@ -11,7 +11,10 @@
 //! committed before its `response.completed` event is sent, and every answer is kept for
 //! chaining whatever its `store` says. A message that cannot be served gets an `error` event
 //! (`{"type": "error", "status": …, "error": {type, code, message, param}}`) and the connection
-//! stays open for the next one. Messages are served one at a time, in order. At most
+//! stays open for the next one. An answer that fails midway (no engine could finish it, its
+//! record could not be committed) ends with an error event of the same shape, not the SSE
+//! stream's (`{"type": "error", "code", …}`): its status and type are read back from the code,
+//! and it keeps the stream's `sequence_number`. Messages are served one at a time, in order. At most
 //! `--max-connections` sockets are open at once; one more is refused at the handshake. When the
 //! proxy stops (SIGTERM, Ctrl-C), a socket finishes the answer it is serving (its record
 //! committed, `response.completed` sent) and then closes with 1001 (going away), as an idle one
@@ -382,16 +385,20 @@ async fn forward(
             continue;
         };
         events.push(&data);
-        while let Some(event) = events.next_data() {
-            let event = match stream_id {
-                None => event,
-                Some(lane) => match serde_json::from_str::<Value>(&event) {
-                    Ok(Value::Object(mut fields)) => {
-                        fields.insert("stream_id".into(), lane.clone());
-                        Value::Object(fields).to_string()
-                    }
-                    _ => event,
-                },
+        while let Some(SseData { name, data: event }) = events.next_event() {
+            let event = if name.as_deref() == Some("error") {
+                stream_error_event(&event, stream_id).to_string()
+            } else {
+                match stream_id {
+                    None => event,
+                    Some(lane) => match serde_json::from_str::<Value>(&event) {
+                        Ok(Value::Object(mut fields)) => {
+                            fields.insert("stream_id".into(), lane.clone());
+                            Value::Object(fields).to_string()
+                        }
+                        _ => event,
+                    },
+                }
             };
             socket
                 .send(Message::Text(event.into()))
@@ -400,6 +407,42 @@ async fn forward(
         }
     }
     Ok(())
+}
+
+/// A failure in the middle of an answer, which the stream carries as the Responses SSE
+/// `error` event (`{"type": "error", "code", "message", "param", "sequence_number"}`), in the
+/// socket's shape, as every other error on the socket: the status and type derived from the
+/// code, `code` as a refusal before the stream would carry it, and the event's
+/// `sequence_number` kept.
+fn stream_error_event(data: &str, stream_id: Option<&Value>) -> Value {
+    let mut fields = match serde_json::from_str::<Value>(data) {
+        Ok(Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let code = fields
+        .get("code")
+        .and_then(Value::as_str)
+        .unwrap_or("server_error")
+        .to_string();
+    let reference = ApiError::new(API, ApiErrorKind::from_openai_code(&code), "");
+    let type_name = reference.type_name();
+    let message = match fields.shift_remove("message") {
+        Some(Value::String(message)) => message,
+        // Not the proxy's own event: pass on what it said.
+        _ => data.to_string(),
+    };
+    let error = json!({
+        "type": type_name,
+        // A kind without a code of its own names its type in the stream's `code`.
+        "code": (code != type_name).then_some(code),
+        "message": message,
+        "param": fields.shift_remove("param").unwrap_or(Value::Null),
+    });
+    let mut event = error_event(reference.status(), error, stream_id);
+    if let Some(sequence_number) = fields.shift_remove("sequence_number") {
+        event["sequence_number"] = sequence_number;
+    }
+    event
 }
 
 fn error_event(status: u16, error: Value, stream_id: Option<&Value>) -> Value {
@@ -430,8 +473,16 @@ async fn send_event(socket: &mut WebSocket, event: &Value) -> Result<(), ()> {
         .map_err(drop)
 }
 
-/// An SSE byte stream cut into its events' data (the `data:` lines of each event, joined by
-/// newlines; events without data and the `[DONE]` sentinel are dropped).
+/// One event of an SSE stream: its `event:` name, if any, and its data.
+#[derive(Debug, PartialEq)]
+pub(crate) struct SseData {
+    pub name: Option<String>,
+    pub data: String,
+}
+
+/// An SSE byte stream cut into its events (the `data:` lines of each event, joined by
+/// newlines, with the event's name; events without data and the `[DONE]` sentinel are
+/// dropped).
 #[derive(Default)]
 pub(crate) struct SseEvents {
     pending: Vec<u8>,
@@ -442,13 +493,18 @@ impl SseEvents {
         self.pending.extend_from_slice(bytes);
     }
 
-    pub(crate) fn next_data(&mut self) -> Option<String> {
+    pub(crate) fn next_event(&mut self) -> Option<SseData> {
         loop {
             let end = self.pending.windows(2).position(|pair| pair == b"\n\n")?;
             let event: Vec<u8> = self.pending.drain(..end + 2).collect();
             let text = String::from_utf8_lossy(&event[..end]);
             let mut data = String::new();
+            let mut name = None;
             for line in text.split('\n') {
+                if let Some(value) = line.strip_prefix("event:") {
+                    name = Some(value.strip_prefix(' ').unwrap_or(value).to_string());
+                    continue;
+                }
                 let Some(value) = line.strip_prefix("data:") else {
                     continue;
                 };
@@ -458,7 +514,7 @@ impl SseEvents {
                 data.push_str(value.strip_prefix(' ').unwrap_or(value));
             }
             if !data.is_empty() && data != "[DONE]" {
-                return Some(data);
+                return Some(SseData { name, data });
             }
         }
     }
@@ -515,6 +571,44 @@ mod tests {
         }
     }
 
+    /// An error in the middle of an answer reads on the socket as the same error refused
+    /// before the answer would: the socket's shape, its status, type, code and param, with
+    /// the stream's `sequence_number` (and the lane) kept.
+    #[test]
+    fn a_stream_error_on_the_socket_has_the_sockets_shape() {
+        let mut errors: Vec<ApiError> = [
+            ApiErrorKind::InvalidRequest,
+            ApiErrorKind::Internal,
+            ApiErrorKind::Overloaded,
+            ApiErrorKind::RateLimited,
+        ]
+        .into_iter()
+        .map(|kind| ApiError::new(API, kind, "it failed"))
+        .collect();
+        errors.push(ApiError::context_too_long(API, 10, 5));
+        errors.push(ApiError::invalid_field(API, "input[2].id", "no such item"));
+        for lane in [None, Some(json!("lane-a"))] {
+            for error in &errors {
+                let data = error.sse_event(12).data;
+                let got = stream_error_event(&data, lane.as_ref());
+                let mut expected = error.body_json();
+                let inner = expected["error"].take();
+                let mut expected = error_event(error.status(), inner, lane.as_ref());
+                expected["sequence_number"] = json!(12);
+                assert_eq!(got, expected, "{data}");
+            }
+        }
+        let got = stream_error_event(
+            &ApiError::new(API, ApiErrorKind::Overloaded, "m")
+                .sse_event(3)
+                .data,
+            None,
+        );
+        assert_eq!(got["status"], 503, "{got}");
+        assert_eq!(got["error"]["type"], "server_error", "{got}");
+        assert_eq!(got["error"]["code"], "overloaded", "{got}");
+    }
+
     #[test]
     fn sse_bytes_split_anywhere_give_each_event_data_once() {
         let stream = b"event: response.created\ndata: {\"a\":1}\n\n: comment\n\nevent: x\ndata: {\"b\":\ndata: 2}\n\ndata: [DONE]\n\n";
@@ -523,11 +617,18 @@ mod tests {
             let mut seen = Vec::new();
             for part in [&stream[..cut], &stream[cut..]] {
                 events.push(part);
-                while let Some(data) = events.next_data() {
-                    seen.push(data);
+                while let Some(SseData { name, data }) = events.next_event() {
+                    seen.push((name, data));
                 }
             }
-            assert_eq!(seen, ["{\"a\":1}", "{\"b\":\n2}"], "cut at {cut}");
+            assert_eq!(
+                seen,
+                [
+                    (Some("response.created".into()), "{\"a\":1}".into()),
+                    (Some("x".into()), "{\"b\":\n2}".into())
+                ],
+                "cut at {cut}"
+            );
         }
     }
 }

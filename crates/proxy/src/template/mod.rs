@@ -18,6 +18,7 @@
 //! Known differences left: the `~` operator uses minijinja's own text for non-strings
 //! (`true`, not `True`); Python `%` string formatting is not available.
 
+mod continuation;
 pub mod python;
 pub mod strftime;
 
@@ -27,6 +28,7 @@ use serde_json::Map;
 
 use crate::messages::{Message, Tool};
 use crate::ProxyError;
+pub use continuation::continue_final_message;
 use python::DumpsOptions;
 pub use strftime::CivilDateTime;
 

@@ -279,6 +279,7 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "max_tokens": 1, "system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "system[0]: image content is not supported: this model takes text only"),
         (json!({"model": "m", "max_tokens": 1, "stream": "yes", "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "stream: expected a boolean, got a string"),
         (json!({"model": "m", "max_tokens": 1, "tools": [{"name": "t"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tools[0].input_schema: field required"),
+        (json!({"model": "m", "max_tokens": 1, "tools": [{"name": "Bash", "input_schema": {"type": "object"}}, {"type": "mcp_toolset", "mcp_server_name": "wx"}], "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tools[1].type: `mcp_toolset` tools are not supported by this proxy: MCP servers are not reachable through it (run the MCP server in the harness and list its tools as client tools)"),
         (json!({"model": "m", "max_tokens": 1, "tool_choice": {"type": "sometimes"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "tool_choice.type: unknown tool_choice type `sometimes`"),
         (json!({"model": "m", "max_tokens": 1, "thinking": {"type": "enabled", "budget_tokens": "lots"}, "messages": [{"role": "user", "content": "x"}]}).to_string().into_bytes(), "thinking.budget_tokens: expected an integer, got a string"),
         (json!({"model": "m", "max_tokens": 1, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "x", "name": "n", "input": [1]}]}]}).to_string().into_bytes(), "messages[0].content[0].input: expected an object, got an array"),
@@ -295,6 +296,66 @@ fn bad_requests_name_the_field() {
         let error = rejection(&body);
         assert_eq!(error.status(), 400, "{wanted}");
         assert_eq!(error.message, wanted);
+    }
+}
+
+/// A final assistant message is a prefill the model continues: as Anthropic's API, its text
+/// may not end in white space; an empty one pre-fills nothing (a new turn); one that calls a
+/// tool is history. A user message must have content.
+#[test]
+fn a_final_assistant_message_is_a_prefill_with_the_apis_rules() {
+    let with = |messages: Value| json!({"model": "m", "max_tokens": 5, "messages": messages});
+    let user = json!({"role": "user", "content": "What is six times seven?"});
+    for (body, wanted) in [
+        (
+            with(json!([user, {"role": "assistant", "content": "The answer is "}])),
+            "messages[1].content: final assistant content cannot end with trailing whitespace",
+        ),
+        (
+            with(json!([user, {"role": "assistant", "content": [
+                {"type": "text", "text": "The answer is\n"}, {"type": "text", "text": ""},
+            ]}])),
+            "messages[1].content: final assistant content cannot end with trailing whitespace",
+        ),
+        (
+            with(json!([{"role": "user", "content": ""}])),
+            "messages[0].content: a user message must have non-empty content",
+        ),
+        (
+            with(
+                json!([user, {"role": "assistant", "content": "42."}, {"role": "user", "content": []}]),
+            ),
+            "messages[2].content: a user message must have non-empty content",
+        ),
+    ] {
+        let error = parse_json(&body).expect_err(wanted);
+        assert_eq!(error.status(), 400, "{wanted}");
+        assert_eq!(error.message, wanted);
+        assert_eq!(
+            error.body_json()["error"]["type"],
+            "invalid_request_error",
+            "{wanted}"
+        );
+    }
+    let prefill = parse_json(&with(
+        json!([user, {"role": "assistant", "content": "The answer is"}]),
+    ))
+    .expect("parses");
+    assert!(prefill.continues_final_message());
+    // White space inside the prefill, and a trailing one before a tool call, are fine.
+    let calling = parse_json(&with(json!([user, {"role": "assistant", "content": [
+        {"type": "text", "text": "Let me run it. "},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},
+    ]}])))
+    .expect("parses");
+    assert!(!calling.continues_final_message(), "a tool call is history");
+    for empty in [json!(""), json!([])] {
+        let request = parse_json(&with(
+            json!([user, {"role": "assistant", "content": empty}]),
+        ))
+        .expect("an empty final assistant message is accepted");
+        assert_eq!(request.messages.len(), 1, "it pre-fills nothing: {empty}");
+        assert!(!request.continues_final_message());
     }
 }
 

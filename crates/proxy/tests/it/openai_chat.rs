@@ -89,6 +89,7 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "messages": [user, {"role": "tool", "content": "r"}]}), "messages[1].tool_call_id: field required", "messages[1].tool_call_id"),
         (json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]}]}), "messages[0].tool_calls[0].function.arguments: expected a string, got an object", "messages[0].tool_calls[0].function.arguments"),
         (json!({"model": "m", "messages": [user], "n": 2}), "n: only n = 1 is supported", "n"),
+        (json!({"model": "m", "messages": [user], "stop": ["a", "b", "c", "d", "e"]}), "stop: at most 4 stop sequences, got 5", "stop"),
         (json!({"model": "m", "messages": [user], "max_tokens": 0}), "max_tokens: must be at least 1", "max_tokens"),
         (json!({"model": "m", "messages": [user], "max_completion_tokens": 0}), "max_completion_tokens: must be at least 1", "max_completion_tokens"),
         (json!({"model": "m", "messages": [user], "tool_choice": "sometimes"}), "tool_choice: unknown tool_choice `sometimes`, expected auto, none or required", "tool_choice"),

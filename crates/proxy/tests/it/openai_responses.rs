@@ -81,10 +81,10 @@ fn a_codex_turn_converts() {
 #[test]
 fn a_string_input_is_one_user_message() {
     let chat =
-        parse(br#"{"model": "m", "input": "hello", "max_output_tokens": 9}"#).expect("parses");
+        parse(br#"{"model": "m", "input": "hello", "max_output_tokens": 16}"#).expect("parses");
     assert_eq!(chat.messages.len(), 1);
     assert_eq!(chat.messages[0].role, Role::User);
-    assert_eq!(chat.sampling.max_tokens, Some(9));
+    assert_eq!(chat.sampling.max_tokens, Some(16));
 }
 
 fn rejection(body: &Value) -> ApiError {
@@ -96,7 +96,8 @@ fn bad_requests_name_the_field() {
     let cases = [
         (json!({"model": "m"}), "input: field required"),
         (json!({"model": "m", "input": 3}), "input: expected an array, got a number"),
-        (json!({"model": "m", "input": "x", "max_output_tokens": 0}), "max_output_tokens: must be at least 1"),
+        (json!({"model": "m", "input": "x", "max_output_tokens": 0}), "max_output_tokens: must be at least 16, got 0"),
+        (json!({"model": "m", "input": "x", "max_output_tokens": 15}), "max_output_tokens: must be at least 16, got 15"),
         (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id: is resolved by the server before this parser; send the whole conversation in `input` here"),
         (json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_z", "output": "o"}]}), "input[0].call_id: no function_call with call_id `call_z` earlier in the input"),
         (json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_video", "video_url": "u"}]}]}), "input[0].content[0]: unsupported content part type `input_video`"),

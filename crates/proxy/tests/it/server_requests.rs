@@ -185,7 +185,7 @@ async fn a_responses_generate_that_is_not_a_boolean_is_refused() {
     let state = state();
     let (_, token) = state.open_execution(None, None).expect("open");
     let path = format!("/x/{token}/v1/responses");
-    let body = |generate: Value| json!({"model": "m", "input": "hi", "max_output_tokens": 8, "generate": generate});
+    let body = |generate: Value| json!({"model": "m", "input": "hi", "max_output_tokens": 16, "generate": generate});
     for bad in [json!("no"), json!(0), json!({})] {
         let (status, text) = send(&state, request("POST", &path, &body(bad.clone()))).await;
         assert_eq!(status, 400, "{bad}: {text}");
