@@ -2089,6 +2089,47 @@ fn expand_chained(
     Ok(Some((expanded, (id, previous, own))))
 }
 
+/// How many items a comma-joined list of input items (`stored_responses::input_items`) holds.
+fn items_in(items: &[u8]) -> usize {
+    if items.is_empty() {
+        return 0;
+    }
+    let mut list = Vec::with_capacity(items.len() + 2);
+    list.push(b'[');
+    list.extend_from_slice(items);
+    list.push(b']');
+    serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&list).map_or(0, |items| items.len())
+}
+
+/// An error about a chained request's expanded `input` (the stored conversation's `offset`
+/// items, then the request's own), said in the client's terms: `input[i]` of its own items
+/// counts from its own first item; an item of the stored conversation is named as such.
+fn rebase_input_path(mut error: ApiError, offset: usize, previous: &str) -> ApiError {
+    let Some(param) = error.param.clone() else {
+        return error;
+    };
+    let Some((index, rest)) = param
+        .strip_prefix("input[")
+        .and_then(|tail| tail.split_once(']'))
+        .and_then(|(index, rest)| Some((index.parse::<usize>().ok()?, rest)))
+    else {
+        return error;
+    };
+    let expanded = format!("input[{index}]");
+    let named = if index >= offset {
+        format!("input[{}]", index - offset)
+    } else {
+        format!("item {index} of the conversation stored as {previous}")
+    };
+    error.message = error.message.replacen(&expanded, &named, 1);
+    error.param = Some(if index >= offset {
+        format!("{named}{rest}")
+    } else {
+        format!("previous_response_id.input[{index}]{rest}")
+    });
+    error
+}
+
 /// One model call over HTTP: a Responses answer is kept for chaining unless `store` is false.
 async fn model_call(
     app: Arc<AppState>,
@@ -2214,7 +2255,18 @@ async fn serve_call(
                 }
                 let previous = execution.take_body(api, agent_key);
                 let body = crate::body::parse_body(api, bytes, previous)?;
-                let mut request = crate::read_parsed_request(api, &body)?;
+                let mut request =
+                    crate::read_parsed_request(api, &body).map_err(|error| match &chained {
+                        Some((id, _, own)) => {
+                            let total = body
+                                .value()
+                                .get("input")
+                                .and_then(Value::as_array)
+                                .map_or(0, Vec::len);
+                            rebase_input_path(error, total - items_in(own).min(total), id)
+                        }
+                        None => error,
+                    })?;
                 if let (Some((id, ..)), Some(settings)) =
                     (&chained, request.response_settings.as_mut())
                 {

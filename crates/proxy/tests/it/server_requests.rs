@@ -1,7 +1,7 @@
 //! The HTTP server through its router in process (no socket): route errors that must not echo
 //! a credential, a Responses `generate` that is not a boolean, `/metrics` counting
-//! `count_tokens` requests with their rejections, and a re-sent call whose token limit the
-//! committed answer exceeds.
+//! `count_tokens` requests with their rejections, a re-sent call whose token limit the
+//! committed answer exceeds, and an error in a chained request named in the client's terms.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -303,4 +303,49 @@ async fn a_re_send_with_a_smaller_token_limit_is_sampled_anew() {
         "not the committed answer"
     );
     assert_eq!(sink.records.load(Ordering::SeqCst), 2, "a new sample");
+}
+
+/// A request continuing a stored response is expanded to the stored conversation plus its own
+/// items before it is read; an error about one of its own items still names the item as the
+/// client numbered it (`input[0]`, not its place in the expanded conversation).
+#[tokio::test]
+async fn an_error_in_a_chained_request_names_the_clients_own_item() {
+    let state = state();
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/responses");
+    let (status, text) = send(
+        &state,
+        request(
+            "POST",
+            &path,
+            &json!({"model": "m", "input": [
+                {"role": "user", "content": "first"},
+                {"role": "user", "content": "second"},
+            ], "max_output_tokens": 16}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let first: Value = serde_json::from_str(&text).expect("JSON");
+    let id = first["id"].as_str().expect("a response id").to_string();
+    let (status, text) = send(
+        &state,
+        request(
+            "POST",
+            &path,
+            &json!({"model": "m", "previous_response_id": id, "max_output_tokens": 16, "input": [
+                {"type": "function_call_output", "call_id": "call_nope", "output": "x"},
+            ]}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(error["error"]["param"], "input[0].call_id", "{text}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.starts_with("input[0].call_id")),
+        "{text}"
+    );
 }
