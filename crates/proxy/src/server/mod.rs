@@ -1307,6 +1307,7 @@ impl AppState {
             issued.closed.insert(execution.get());
         }
         drop(issued);
+        self.sink.forget_execution(execution.get());
         match &self.credentials {
             Some(file) => file.record_close(&credentials::token_hash(token)),
             None => Ok(()),

@@ -37,6 +37,12 @@ pub trait RecordSink: Send + Sync + 'static {
         let _ = (execution, holding);
         Box::pin(async { Ok(Vec::new()) })
     }
+
+    /// `execution` is closed: none of its stored responses will be asked for again, so what
+    /// the sink keeps to find them can go (a long run closes an execution per rollout).
+    fn forget_execution(&self, execution: u64) {
+        let _ = execution;
+    }
 }
 
 /// The `ResponseStored` records among `events`, in order.
@@ -346,6 +352,10 @@ impl RecordSink for FileSink {
         format!("event file {}", self.path.display())
     }
 
+    fn forget_execution(&self, execution: u64) {
+        lock(&self.responses).offsets.remove(&execution);
+    }
+
     /// Reads the indexed records back (on the blocking pool: a first read-back after a
     /// restart scans the file's earlier part).
     fn stored_responses(
@@ -386,5 +396,37 @@ impl RecordSink for FileSink {
             .await
             .map_err(|error| format!("reading stored responses back: {error}"))?
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gyre_event::{EventBody, ExecutionId, StoredResponseRecord, Timestamp};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_closed_executions_stored_responses_are_forgotten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = FileSink::open(&dir.path().join("events.log")).expect("sink");
+        for execution in [5, 6] {
+            let record = StoredResponseRecord {
+                execution: ExecutionId(execution),
+                response_id: format!("resp_{execution}"),
+                previous_response_id: None,
+                items: b"{\"role\":\"user\",\"content\":\"hi\"}".to_vec(),
+            };
+            sink.commit(Event::new(
+                Timestamp::ZERO,
+                EventBody::ResponseStored(Box::new(record)),
+            ))
+            .await
+            .expect("committed");
+        }
+        let read = |execution: u64| sink.stored_responses(execution, "");
+        assert_eq!(read(5).await.expect("read").len(), 1);
+        sink.forget_execution(5);
+        assert!(read(5).await.expect("read").is_empty(), "forgotten");
+        assert_eq!(read(6).await.expect("read").len(), 1, "others kept");
     }
 }
