@@ -110,6 +110,8 @@ impl Proposer {
     pub async fn run(self, mut jobs: mpsc::Receiver<AppendJob>) {
         let in_flight = Arc::new(Semaphore::new(self.options.in_flight_max));
         let mut last_stamp = Timestamp::ZERO;
+        // The term whose committed past this proposer has seen applied (see below).
+        let mut stamped_term: Option<u64> = None;
         let mut entries_since_digest = 0u64;
         // A request that would have made the entry too large for one replication message
         // (`ENTRY_BYTES_MAX`): it opens the next entry.
@@ -161,6 +163,19 @@ impl Proposer {
                         batch.push(job);
                     }
                     Ok(None) | Err(_) => break,
+                }
+            }
+            // `at` never goes back: a new leader's first stamp waits until everything committed
+            // before its term is applied, so `folded_at` covers it (another host's clock may
+            // be ahead of this one's). Once per term; bounded, since the write itself finds
+            // out whether this node still leads.
+            let term = self.raft.metrics().borrow().current_term;
+            if stamped_term != Some(term) {
+                let applied =
+                    tokio::time::timeout(Duration::from_secs(2), self.raft.ensure_linearizable())
+                        .await;
+                if matches!(applied, Ok(Ok(_))) {
+                    stamped_term = Some(term);
                 }
             }
             let folded_at = self
