@@ -104,6 +104,8 @@ struct Simulation<'a> {
     wakeup_at: Option<u64>,
     metrics: Metrics,
     batch_ends: Vec<usize>,
+    /// Entries closed since the last digest entry.
+    entries_since_digest: u64,
 }
 
 /// Run one configuration to completion (its `steps` optimizer steps).
@@ -136,6 +138,7 @@ impl<'a> Simulation<'a> {
             publish_scheduled: false,
             wakeup_at: None,
             batch_ends: Vec::new(),
+            entries_since_digest: 0,
             metrics: Metrics::new(cell_count as usize, nodes_per_cell, config.standalone.nodes),
         }
     }
@@ -209,15 +212,20 @@ impl<'a> Simulation<'a> {
         );
     }
 
-    /// Close the current log entry; every `DIGEST_EVERY_ENTRIES` entries append a digest entry,
-    /// as the leader does, so replay can verify the projection.
+    /// Close the current log entry; every `DIGEST_EVERY_ENTRIES` entries, or more as the state
+    /// grows ([`gyre_state::digest_interval`]), append a digest entry, as the leader does, so
+    /// replay can verify the projection.
     fn end_entry(&mut self) {
         if self.batch_ends.last().copied().unwrap_or(0) == self.events.len() {
             return;
         }
         self.batch_ends.push(self.events.len());
         let entries = self.batch_ends.len() as u64;
-        if entries.is_multiple_of(DIGEST_EVERY_ENTRIES) {
+        self.entries_since_digest += 1;
+        let interval =
+            gyre_state::digest_interval(DIGEST_EVERY_ENTRIES, self.control.digest_items());
+        if self.entries_since_digest >= interval {
+            self.entries_since_digest = 0;
             let hash = self.control.digest();
             self.record(EventBody::ProjectionDigest {
                 upto: gyre_event::LogIndex(entries),

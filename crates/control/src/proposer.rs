@@ -13,7 +13,10 @@
 //! atomically. When the entry is applied, each request gets its sequence numbers
 //! (raft index, position) and any per-event refusal.
 //!
-//! Every `digest_every_entries` entries the proposer drains the pipeline and, if the node's log
+//! Every `digest_every_entries` entries, or more as the state grows
+//! (`gyre_state::digest_interval`: a checkpoint hashes the whole state, so its cadence follows
+//! the state's size and its cost stays a bounded share per entry), the proposer drains the
+//! pipeline and, if the node's log
 //! holds nothing beyond what it applied, appends a `ProjectionDigest` of the applied state in an
 //! entry of its own: the digest of the state just before that entry, which every replica checks.
 //!
@@ -192,7 +195,12 @@ impl Proposer {
                 drop(permit);
             });
             entries_since_digest += 1;
-            if entries_since_digest >= self.options.digest_every_entries {
+            let items = self
+                .state_machine
+                .with_projection(|projection, _| projection.state.digest_items());
+            if entries_since_digest
+                >= gyre_state::digest_interval(self.options.digest_every_entries, items)
+            {
                 entries_since_digest = 0;
                 let all = u32::try_from(self.options.in_flight_max).unwrap_or(u32::MAX);
                 // Drain the pipeline: with no own entry in flight the applied state is the state

@@ -62,6 +62,18 @@ impl Default for ControlState {
     }
 }
 
+/// Digest items per entry between two checkpoints, at most (see [`digest_interval`]).
+pub const DIGEST_ITEMS_PER_ENTRY: u64 = 16;
+
+/// Entries between two digest checkpoints when the state holds `items`
+/// ([`ControlState::digest_items`]): at least `every`, and at least `items /
+/// DIGEST_ITEMS_PER_ENTRY`, so a checkpoint's cost, which grows with the state, is spread over
+/// enough entries to stay a bounded share of folding them. A divergence is then found within
+/// that many entries instead of `every`.
+pub fn digest_interval(every: u64, items: u64) -> u64 {
+    every.max(items / DIGEST_ITEMS_PER_ENTRY)
+}
+
 impl ControlState {
     pub fn new() -> Self {
         Self {
@@ -145,6 +157,23 @@ impl ControlState {
 
     pub fn validate(&self) -> Result<(), String> {
         self.scheduler.validate()
+    }
+
+    /// About how many items [`ControlState::digest`] feeds: its cost grows with the run (every
+    /// execution's scoring state, group, admission and tree count is fed, consumed ones too),
+    /// so a fixed cadence of digests made a long run's folding quadratic. See
+    /// [`digest_interval`].
+    pub fn digest_items(&self) -> u64 {
+        let buffer = &self.trajectories;
+        (self.scheduler.groups.len()
+            + self.scheduler.executions.len()
+            + buffer.trees.len()
+            + buffer.retired.len()
+            + buffer.scoring.executions.len()
+            + buffer.scoring.groups.len()
+            + buffer.admissions.len()
+            + buffer.packed_groups.len()
+            + self.responses.executions.len()) as u64
     }
 
     /// SHA-256 over the scheduler digest and a canonical encoding of the trajectory buffer:

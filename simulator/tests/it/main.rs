@@ -2,5 +2,6 @@
 //! tables and the elastic scheduler's lead over the baselines.
 
 mod config_errors;
+mod digests;
 mod paper;
 mod staleness;
