@@ -155,6 +155,42 @@ impl Default for SwitchConfig {
     }
 }
 
+/// Largest duration in seconds a field may hold (about 116 days): simulated time is a u64 of
+/// nanoseconds, and sums of durations must stay far from its end.
+const SECONDS_MAX: f64 = 1e7;
+/// Largest duration in hours (about 11 years).
+const HOURS_MAX: f64 = 1e5;
+/// Largest log-space standard deviation of a duration scale: e^(10·z) is already far past any
+/// horizon, and larger ones overflow to infinity.
+const SIGMA_MAX: f64 = 10.0;
+/// Largest count of steps, groups per step or executions per group, and of nodes.
+const COUNT_MAX: u32 = 1_000_000;
+/// Largest count of executions per step (B·N) and of nodes in all (cells and standalone).
+const PRODUCT_MAX: u64 = 10_000_000;
+
+/// `value` ≤ `max` (NaN passes: the finite checks name it).
+fn at_most(field: &str, value: f64, max: f64) -> Result<(), ConfigError> {
+    if value.is_nan() || value <= max {
+        Ok(())
+    } else {
+        Err(field_error(
+            field,
+            format!("must be at most {max}, got {value}"),
+        ))
+    }
+}
+
+fn count_at_most(field: &str, value: u32, max: u32) -> Result<(), ConfigError> {
+    if value <= max {
+        Ok(())
+    } else {
+        Err(field_error(
+            field,
+            format!("must be at most {max}, got {value}"),
+        ))
+    }
+}
+
 fn positive(field: &str, value: f64) -> Result<(), ConfigError> {
     if value.is_finite() && value > 0.0 {
         Ok(())
@@ -278,8 +314,46 @@ impl SimConfig {
                 "must be ≥ 1 (the simulator runs a finite number of steps)",
             ));
         }
+        count_at_most("n", self.n, COUNT_MAX)?;
+        count_at_most("b", self.b, COUNT_MAX)?;
+        count_at_most("steps", self.steps, COUNT_MAX)?;
+        count_at_most("mu", self.mu, self.steps.max(1)).map_err(|_| {
+            field_error(
+                "mu",
+                format!(
+                    "a burst of {} steps is longer than the run's {} steps",
+                    self.mu, self.steps
+                ),
+            )
+        })?;
+        if u64::from(self.b) * u64::from(self.n) > PRODUCT_MAX {
+            return Err(field_error(
+                "n",
+                format!(
+                    "b·n = {} executions per step; at most {PRODUCT_MAX} are simulated",
+                    u64::from(self.b) * u64::from(self.n)
+                ),
+            ));
+        }
         probability("rho_min", self.rho_min)?;
         non_negative("tau_s", self.tau_s)?;
+        at_most("tau_s", self.tau_s, SECONDS_MAX)?;
+        count_at_most("cells.count", self.cells.count, COUNT_MAX)?;
+        count_at_most("cells.nodes_per_cell", self.cells.nodes_per_cell, COUNT_MAX)?;
+        count_at_most(
+            "cells.capacity_per_node",
+            self.cells.capacity_per_node,
+            COUNT_MAX,
+        )?;
+        count_at_most("standalone.nodes", self.standalone.nodes, COUNT_MAX)?;
+        let nodes = u64::from(self.cells.count) * u64::from(self.cells.nodes_per_cell)
+            + u64::from(self.standalone.nodes);
+        if nodes > PRODUCT_MAX {
+            return Err(field_error(
+                "cells.nodes_per_cell",
+                format!("{nodes} nodes in all; at most {PRODUCT_MAX} are simulated"),
+            ));
+        }
         if self.cells.count < 1 {
             return Err(field_error("cells.count", "must be ≥ 1 cell"));
         }
@@ -334,9 +408,14 @@ impl SimConfig {
         }
         let w = &self.workload;
         positive("workload.query_median_h", w.query_median_h)?;
+        at_most("workload.query_median_h", w.query_median_h, HOURS_MAX)?;
         non_negative("workload.query_sigma", w.query_sigma)?;
+        at_most("workload.query_sigma", w.query_sigma, SIGMA_MAX)?;
         non_negative("workload.execution_sigma", w.execution_sigma)?;
+        at_most("workload.execution_sigma", w.execution_sigma, SIGMA_MAX)?;
         positive("workload.harness_timeout_h", w.harness_timeout_h)?;
+        at_most("workload.harness_timeout_h", w.harness_timeout_h, HOURS_MAX)?;
+        at_most("workload.overall_timeout_h", w.overall_timeout_h, HOURS_MAX)?;
         if !(w.overall_timeout_h.is_finite() && w.overall_timeout_h >= w.harness_timeout_h) {
             return Err(field_error(
                 "workload.overall_timeout_h",
@@ -352,8 +431,44 @@ impl SimConfig {
         )?;
         probability("workload.total_failure_rate", w.total_failure_rate)?;
         non_negative("workload.reroute_penalty_s", w.reroute_penalty_s)?;
+        at_most(
+            "workload.reroute_penalty_s",
+            w.reroute_penalty_s,
+            SECONDS_MAX,
+        )?;
         let t = &self.training;
         positive("training.node_hours_per_step", t.node_hours_per_step)?;
+        at_most(
+            "training.node_hours_per_step",
+            t.node_hours_per_step,
+            HOURS_MAX * 100.0,
+        )?;
+        count_at_most(
+            "training.micro_steps_per_group",
+            t.micro_steps_per_group,
+            COUNT_MAX,
+        )?;
+        count_at_most(
+            "training.min_nodes_per_cell",
+            t.min_nodes_per_cell,
+            COUNT_MAX,
+        )?;
+        for (field, value) in [
+            ("training.pipeline_fill_drain_s", t.pipeline_fill_drain_s),
+            ("training.optimizer_s", t.optimizer_s),
+            ("training.weight_pull_s", t.weight_pull_s),
+            ("training.publish_s", t.publish_s),
+            (
+                "switch.rollout_to_training_s",
+                self.switch.rollout_to_training_s,
+            ),
+            (
+                "switch.training_to_rollout_s",
+                self.switch.training_to_rollout_s,
+            ),
+        ] {
+            at_most(field, value, SECONDS_MAX)?;
+        }
         if t.micro_steps_per_group < 1 {
             return Err(field_error("training.micro_steps_per_group", "must be ≥ 1"));
         }

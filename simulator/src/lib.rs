@@ -23,5 +23,5 @@ pub use config::{
 pub use metrics::{CellTimeline, RoleInterval, RunReport};
 pub use presets::{preset_rows, PaperRow, Preset, PresetOverrides, TRAINING_TO_ROLLOUT_WORK_RATIO};
 pub use report_html::render_html;
-pub use sim::{simulate, SimOutput};
+pub use sim::{simulate, try_simulate, SimOutput};
 pub use workload::{sample_stats, Workload, WorkloadStats};

@@ -108,12 +108,22 @@ struct Simulation<'a> {
     entries_since_digest: u64,
 }
 
-/// Run one configuration to completion (its `steps` optimizer steps).
+/// Run one configuration to completion (its `steps` optimizer steps). Panics where
+/// [`try_simulate`] returns an error (a validated config never stalls).
 pub fn simulate(config: &SimConfig) -> SimOutput {
-    let mut simulation = Simulation::new(config);
-    simulation.run();
-    simulation.finish()
+    try_simulate(config).unwrap_or_else(|error| panic!("{error}"))
 }
+
+/// [`simulate`], or why the run could not complete: nothing left scheduled before the last
+/// step (a scheduler that cannot make progress with this config).
+pub fn try_simulate(config: &SimConfig) -> Result<SimOutput, String> {
+    let mut simulation = Simulation::new(config);
+    simulation.run()?;
+    Ok(simulation.finish())
+}
+
+/// The simulated time a run may reach (100 years, in nanoseconds; time is a u64 of them).
+const HORIZON_NS: u64 = 100 * 365 * 24 * 3_600_000_000_000;
 
 fn seconds(value: f64) -> u64 {
     Duration::from_secs_f64(value).nanos()
@@ -159,7 +169,7 @@ impl<'a> Simulation<'a> {
         self.events.push(event);
     }
 
-    fn run(&mut self) {
+    fn run(&mut self) -> Result<(), String> {
         let config = self.config;
         self.record(EventBody::RunStarted(config.run_config()));
         let capacity_per_cell = self.cell_nodes[0] * config.cells.capacity_per_node;
@@ -194,6 +204,14 @@ impl<'a> Simulation<'a> {
             if self.control.scheduler.run_complete {
                 break;
             }
+            if at > HORIZON_NS {
+                return Err(format!(
+                    "simulation of {} passed {} years of simulated time before its last step: \
+                     the config's durations are too long to simulate",
+                    config.name,
+                    HORIZON_NS / (365 * 24 * 3_600_000_000_000)
+                ));
+            }
             self.metrics
                 .advance(&self.control.scheduler, at, self.busy_training_nodes());
             self.now = at;
@@ -201,15 +219,17 @@ impl<'a> Simulation<'a> {
             self.decide_and_react();
             self.end_entry();
         }
-        assert!(
-            self.control.scheduler.run_complete,
-            "simulation of {} stalled at {:.2} h with nothing scheduled (d={} p={} f={})",
-            config.name,
-            self.now as f64 / 3.6e12,
-            self.control.scheduler.dispatched,
-            self.control.scheduler.started,
-            self.control.scheduler.finished
-        );
+        if !self.control.scheduler.run_complete {
+            return Err(format!(
+                "simulation of {} stalled at {:.2} h with nothing scheduled (d={} p={} f={})",
+                config.name,
+                self.now as f64 / 3.6e12,
+                self.control.scheduler.dispatched,
+                self.control.scheduler.started,
+                self.control.scheduler.finished
+            ));
+        }
+        Ok(())
     }
 
     /// Close the current log entry; every `DIGEST_EVERY_ENTRIES` entries, or more as the state
@@ -381,7 +401,7 @@ impl<'a> Simulation<'a> {
                 let query = gyre_event::QueryId(group.get());
                 let outcome = self.workload.outcome(query, *index);
                 *index += 1;
-                let ends_at = self.now + seconds(outcome.duration_s);
+                let ends_at = self.now.saturating_add(seconds(outcome.duration_s));
                 self.running.insert(
                     *execution,
                     RunningExecution {
@@ -424,7 +444,7 @@ impl<'a> Simulation<'a> {
                     Role::Rollout => self.config.switch.training_to_rollout_s,
                 };
                 self.schedule(
-                    self.now + seconds(cost),
+                    self.now.saturating_add(seconds(cost)),
                     Occurrence::TransitionDone {
                         cell: *cell,
                         role: *to,
@@ -434,7 +454,8 @@ impl<'a> Simulation<'a> {
             EventBody::BurstEnded { .. } if !self.publish_scheduled => {
                 self.publish_scheduled = true;
                 self.schedule(
-                    self.now + seconds(self.config.training.publish_s),
+                    self.now
+                        .saturating_add(seconds(self.config.training.publish_s)),
                     Occurrence::PublishDone,
                 );
             }
@@ -512,7 +533,7 @@ impl<'a> Simulation<'a> {
             }
             runtime.busy = true;
             self.schedule(
-                self.now + seconds(cost_s),
+                self.now.saturating_add(seconds(cost_s)),
                 Occurrence::MicroStepDone {
                     step,
                     micro_step,
@@ -532,7 +553,8 @@ impl<'a> Simulation<'a> {
             let step = batch.step;
             self.optimizer_scheduled = Some(step);
             self.schedule(
-                self.now + seconds(self.config.training.optimizer_s),
+                self.now
+                    .saturating_add(seconds(self.config.training.optimizer_s)),
                 Occurrence::OptimizerDone { step },
             );
         }

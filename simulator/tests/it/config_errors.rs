@@ -71,6 +71,27 @@ fn each_bad_field_is_named() {
         (replace_line(&base, "mode", "\"hybrid\""), "mode"),
         (format!("{base}\nphi_extra = 1"), "phi_extra"),
         (replace_line(&base, "mu", "\"three\""), "mu"),
+        // Values that once overflowed simulated time or a node count, panicked or gave
+        // silently wrong hours (a review's reproductions).
+        (replace_line(&base, "tau_s", "1e10"), "`tau_s`"),
+        (
+            replace_line(&base, "optimizer_s", "1e300"),
+            "`training.optimizer_s`",
+        ),
+        (
+            replace_line(&base, "node_hours_per_step", "1e300"),
+            "`training.node_hours_per_step`",
+        ),
+        (
+            replace_line(&base, "nodes_per_cell", "4000000000"),
+            "`cells.nodes_per_cell`",
+        ),
+        (
+            replace_line(&base, "query_sigma", "1000.0"),
+            "`workload.query_sigma`",
+        ),
+        (replace_line(&base, "mu", "50"), "`mu`"),
+        (replace_line(&base, "n", "5000000"), "`n`"),
     ];
     for (toml, field) in cases {
         let error = error_of(&toml);
