@@ -12,10 +12,13 @@ const WIDTH: f64 = 960.0;
 const LEFT: f64 = 90.0;
 const ROW: f64 = 18.0;
 
+/// Text for an HTML element or a quoted attribute value (a run's name comes from its config).
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
 }
 
 fn color(role: &str) -> &'static str {
@@ -167,4 +170,20 @@ pub fn render_html(title: &str, reports: &[RunReport], table: Option<&str>) -> S
     }
     let _ = writeln!(out, "</body></html>");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_cannot_end_an_attribute() {
+        let name = "x\" onload=\"alert(1)' x='";
+        let escaped = escape(name);
+        assert!(
+            !escaped.contains('"') && !escaped.contains('\''),
+            "{escaped}"
+        );
+        assert_eq!(escaped, "x&quot; onload=&quot;alert(1)&#39; x=&#39;");
+    }
 }
