@@ -2,7 +2,9 @@
 //! workspace's tidy test.
 
 mod admin_token;
+mod arguments;
 mod blank_text;
+mod closed_stdout;
 mod concurrent_calls;
 mod context_window;
 mod control;

@@ -163,6 +163,34 @@ fn report_and_event_log_replay_to_the_final_digest() {
     assert_eq!(report["final_digest"].as_str(), Some(digest.as_str()));
 }
 
+/// `--print-config` shows only a config `--config` accepts; an override that makes the row
+/// invalid is refused naming the flag the user gave, not only the field derived from it.
+#[test]
+fn print_config_refuses_an_invalid_row_naming_the_flag() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--b", "0", "--print-config"], &["--b 0", "`b`"]),
+        (&["--n", "0"], &["--n 0", "`n`"]),
+        (
+            &["--training-work-ratio", "1e300", "--print-config"],
+            &["--training-work-ratio 1e300"],
+        ),
+        (
+            &["--training-work-ratio", "-1", "--print-config"],
+            &["--training-work-ratio"],
+        ),
+    ];
+    for (extra, named) in cases {
+        let mut args = vec!["simulate", "--preset", "table2", "--row", "E0"];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = gyre(&args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?} printed a config: {stdout}");
+        for name in *named {
+            assert!(stderr.contains(name), "{args:?} names {name}: {stderr}");
+        }
+    }
+}
+
 #[test]
 fn quickstart_writes_report_and_log() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -172,6 +200,39 @@ fn quickstart_writes_report_and_log() {
     assert!(stdout.contains("E0") && stdout.contains("report:"));
     assert!(out.join("table2.html").is_file());
     assert!(out.join("e0.log").is_file());
+    // The table once (E0 is not simulated and printed again for its log), then where things
+    // went: the log's head before the next step.
+    let e0_rows = stdout
+        .lines()
+        .filter(|line| line.starts_with("E0 "))
+        .count();
+    assert_eq!(e0_rows, 1, "{stdout}");
+    let position = |text: &str| {
+        stdout
+            .find(text)
+            .unwrap_or_else(|| panic!("`{text}` in {stdout}"))
+    };
+    assert!(position("order by total hours") < position("report:"));
+    assert!(position("report:") < position("event log:"));
+    assert!(position("event log:") < position("head ") && position("head ") < position("next:"));
+
+    // The log is the E0 run the table shows: it replays to that run's final digest.
+    let (code, json, stderr) = gyre(&["simulate", "--preset", "table2", "--row", "E0", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let table: Value = serde_json::from_str(&json).expect("JSON table");
+    let entries =
+        gyre_log::EventFileReader::read_all_events(out.join("e0.log")).expect("log reads back");
+    let mut state = ControlState::new();
+    for (_, events) in &entries {
+        for event in events {
+            state.apply(event).expect("every logged event applies");
+        }
+    }
+    let digest: String = state.digest().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        table["reports"][0]["final_digest"].as_str(),
+        Some(digest.as_str())
+    );
 }
 
 /// `gyre simulate --json | head -c 10`: the reader goes away after a few bytes; the command ends

@@ -35,9 +35,10 @@ enum BenchCommand {
     Proxy(super::proxy_bench::ProxyBenchArgs),
     /// The embedded CPU policy: sampling tokens/s (1, 8, 32 concurrent; with and without KV
     /// cache), training seconds per step, and optionally the SmolLM2 profile.
+    #[command(allow_negative_numbers = true)]
     Model {
         /// New tokens per sampling request.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         new_tokens: u32,
         /// Optimizer steps timed (the median is reported).
         #[arg(long, default_value_t = 3)]
@@ -89,10 +90,13 @@ fn bench_simulate(repeat: usize) -> anyhow::Result<()> {
         .collect();
     let table1_configs: Vec<SimConfig> = table1.iter().map(|row| row.config.clone()).collect();
     let table2_configs: Vec<SimConfig> = table2.iter().map(|row| row.config.clone()).collect();
-    println!("simulator wall time, single thread, median of {repeat}");
-    println!(
+    outln!("simulator wall time, single thread, median of {repeat}");
+    outln!(
         "{:<40} {:>10} {:>10} {:>8}",
-        "run", "seconds", "goal", "ratio"
+        "run",
+        "seconds",
+        "goal",
+        "ratio"
     );
     for (name, configs, goal) in [
         ("2.4T Gyre, 48 steps", &flagship, 5.0),
@@ -104,18 +108,24 @@ fn bench_simulate(repeat: usize) -> anyhow::Result<()> {
         ),
     ] {
         let seconds = time_runs(configs, repeat);
-        println!(
+        outln!(
             "{name:<40} {seconds:>10.3} {goal:>10.1} {:>8.4}",
             seconds / goal
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "Theorem A.1: steady-state mean staleness (48 steps, E0 cluster, seed 1) vs φ + (μ−1)/2"
     );
-    println!(
+    outln!(
         "{:<9} {:>5} {:>3} {:>9} {:>12} {:>9} {:>8}",
-        "mode", "φ", "μ", "A.1", "steady-state", "all steps", "error"
+        "mode",
+        "φ",
+        "μ",
+        "A.1",
+        "steady-state",
+        "all steps",
+        "error"
     );
     let e0 = table2
         .iter()
@@ -152,7 +162,7 @@ fn bench_simulate(repeat: usize) -> anyhow::Result<()> {
         config.validate()?;
         let report = simulate(&config).report;
         let expected = config.phi + (mu as f64 - 1.0) / 2.0;
-        println!(
+        outln!(
             "{:<9} {:>5} {:>3} {:>9.3} {:>12.3} {:>9.3} {:>+8.3}",
             report.mode,
             phi,

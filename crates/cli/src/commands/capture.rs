@@ -30,6 +30,7 @@ pub struct CaptureArgs {
 #[derive(Subcommand, Debug)]
 enum CaptureCommand {
     /// Send a capture's requests to a proxy (started with `--auto-open`), one at a time.
+    #[command(allow_negative_numbers = true)]
     Replay {
         /// The capture file (JSON lines written by `gyre proxy --capture`), or a directory of
         /// one run captured by the research tools' fake servers (`NNNN-METHOD-path.json`).
@@ -41,7 +42,7 @@ enum CaptureCommand {
         #[arg(long, default_value = "replay")]
         token: String,
         /// Seconds to wait for one answer.
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_secs: u64,
     },
 }
@@ -113,7 +114,7 @@ fn replay(file: &std::path::Path, url: &str, token: &str, timeout: Duration) -> 
                 .collect();
             report["answer_tail"] = Value::String(tail);
         }
-        println!("{report}");
+        outln!("{report}");
     }
     eprintln!(
         "replayed {sent} requests: {} complete, {failed} failed",

@@ -164,7 +164,7 @@ async fn init(nodes: &str, timeout: Duration) -> anyhow::Result<()> {
                             .map(|member| (member.id, member.address.clone()))
                             .collect();
                         if current == nodes {
-                            println!(
+                            outln!(
                                 "cluster already initialised: {} voters, leader {}",
                                 nodes.len(),
                                 status.leader_id
@@ -190,7 +190,7 @@ async fn init(nodes: &str, timeout: Duration) -> anyhow::Result<()> {
         let status = client.status_of(address).await;
         if let Ok(status) = &status {
             if status.leader_id != 0 {
-                println!(
+                outln!(
                     "cluster initialised: {} voters, leader {} at {}",
                     nodes.len(),
                     status.leader_id,
@@ -218,7 +218,7 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
         crate::open_files::raise_limit();
     }
     if args.check {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "id": options.id,
@@ -239,7 +239,7 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
     let node = ControlNode::start(options).await?;
-    println!("serving node {id} on {}", node.address);
+    outln!("serving node {id} on {}", node.address);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let halted = tokio::select! {
@@ -363,7 +363,7 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                         .iter()
                         .map(|m| serde_json::json!({"id": m.id, "address": m.address, "voter": m.voter}))
                         .collect();
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::json!({
                             "address": address, "node": status.node_id, "state": status.server_state,
@@ -375,7 +375,7 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                         })
                     );
                 } else {
-                    println!(
+                    outln!(
                         "{address}  node {} {:<9} leader {} term {} commit {} applied {} log {} events {} digest {}{}",
                         status.node_id,
                         status.server_state,
@@ -392,12 +392,12 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
             }
             Err(error) => {
                 if json {
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::json!({"address": address, "error": error.to_string()})
                     );
                 } else {
-                    println!("{address}  unreachable: {error}");
+                    outln!("{address}  unreachable: {error}");
                 }
             }
         }

@@ -29,19 +29,45 @@ use gyre_control::{ClusterClient, ControlNode, NodeOptions, Producer, ProducerOp
 use gyre_event::{Event, EventBody, Timestamp};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct BenchArgs {
     /// Runs per figure; the median is printed.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::commands::values::at_least_one_usize())]
     runs: usize,
     /// Seconds each throughput measurement runs.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::commands::values::positive_seconds)]
     seconds: f64,
     /// Writer counts measured (each writer waits for its append before the next).
-    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 64, 256, 2048])]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = [1u64, 64, 256, 2048],
+        value_parser = clap::value_parser!(u64).range(1..=WRITERS_MAX),
+    )]
     writers: Vec<u64>,
-    /// Only these parts, comma-separated: writers, direct, ticks, tokens, replay, restart.
-    #[arg(long, value_delimiter = ',')]
-    only: Vec<String>,
+    /// Only these parts, comma-separated (all when not given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Part>,
+}
+
+/// The most writers a phase runs: each is a task with its own in-flight append.
+const WRITERS_MAX: u64 = 65_536;
+
+/// The parts of `gyre control bench` that `--only` selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// The writer counts of `--writers`, sharing one producer.
+    Writers,
+    /// 256 writers, each with its own connection and one event per request.
+    Direct,
+    /// 256 writers appending `Tick`s (no fold).
+    Ticks,
+    /// 64 KiB and 1 MiB token records.
+    Tokens,
+    /// Decode + fold of a committed control workload.
+    Replay,
+    /// Restart-to-serving with a snapshot.
+    Restart,
 }
 
 /// A 3-node control cluster on loopback in this process, in a temporary directory.
@@ -340,7 +366,7 @@ fn disk_sync_probe() -> anyhow::Result<(f64, f64)> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let runs = args.runs.max(1);
+    let runs = args.runs;
     let mut rows: Vec<(String, Vec<f64>, String)> = Vec::new();
     let mut record = |name: &str, value: f64, goal: &str| {
         if let Some(row) = rows.iter_mut().find(|(n, _, _)| n == name) {
@@ -356,8 +382,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         record("anchor: disk fdatasync p99 ms", sync_p99, "");
         let cluster = Cluster::start(1_000_000).await?;
         let mut epoch = 0;
-        let part = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
-        for writers in args.writers.iter().copied().filter(|_| part("writers")) {
+        let part = |name: Part| args.only.is_empty() || args.only.contains(&name);
+        for writers in args.writers.iter().copied().filter(|_| part(Part::Writers)) {
             epoch += 1;
             eprintln!("  {writers} writers");
             let figures = writers_run(&cluster, writers, args.seconds, true, false, epoch).await?;
@@ -391,14 +417,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         // producer but appending `Tick`s: the same path without per-event decode and fold.
         for (name, shared, ticks, title, short) in [
             (
-                "direct",
+                Part::Direct,
                 false,
                 false,
                 "256 writers, own connection, 1 event/request",
                 "",
             ),
             (
-                "ticks",
+                Part::Ticks,
                 true,
                 true,
                 "256 writers, Tick events (~16 B, no fold)",
@@ -433,7 +459,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             (1 << 20, "1 MiB token records: MB/s"),
         ]
         .into_iter()
-        .filter(|_| part("tokens"))
+        .filter(|_| part(Part::Tokens))
         {
             eprintln!("  {name}");
             record(
@@ -447,7 +473,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
         cluster.shutdown().await?;
-        if !part("restart") && !part("replay") {
+        if !part(Part::Restart) && !part(Part::Replay) {
             continue;
         }
         // Replay and restart on their own cluster holding a control workload (the token phases above leave
@@ -514,14 +540,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         restarted.shutdown().await?;
     }
-    println!("{:<48} {:>14}  goal", "figure (median of runs)", "measured");
+    outln!("{:<48} {:>14}  goal", "figure (median of runs)", "measured");
     for (name, values, goal) in rows {
         // Sub-millisecond anchors need two decimals; everything else reads best with one.
         let value = median(values);
         if name.starts_with("anchor") {
-            println!("{name:<48} {value:>14.2}  {goal}");
+            outln!("{name:<48} {value:>14.2}  {goal}");
         } else {
-            println!("{name:<48} {value:>14.1}  {goal}");
+            outln!("{name:<48} {value:>14.1}  {goal}");
         }
     }
     Ok(())
@@ -529,12 +555,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Arguments of `gyre control soak`.
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct SoakArgs {
     /// How long writers run.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = crate::commands::values::positive_seconds)]
     seconds: f64,
     /// Concurrent writers (tasks sharing one `Producer`), each one execution's TITO stream.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=WRITERS_MAX))]
     writers: u64,
     /// Snapshot after this many entries (small, so snapshots and purges run all the time).
     #[arg(long, default_value_t = 64)]
@@ -543,7 +570,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 16)]
     keep_behind_snapshot: u64,
     /// Stop and restart one node (round robin, leader included) this often; 0 = never.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::commands::values::non_negative_seconds)]
     restart_every: f64,
     /// Keep the three nodes' data directories here (`DIR/node-1` ..) instead of a temporary
     /// directory, e.g. for `gyre replay DIR/node-1` afterwards. DIR must not exist yet.
@@ -741,7 +768,7 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
             (projection.state.digest(), absent)
         });
         missing += absent;
-        println!(
+        outln!(
             "node {}: applied {}, snapshot at {}, log purged through {}, digest {}, acknowledged records missing {}",
             node.id,
             metrics.last_applied.map_or(0, |id| id.index),
@@ -752,7 +779,7 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         );
         digests.push(digest);
     }
-    println!(
+    outln!(
         "{acknowledged} records acknowledged in {elapsed:.1} s ({:.0}/s) by {} writers; {restarts} node restarts; {retries} retried appends; slowest acknowledgement {:.0} ms",
         acknowledged as f64 / elapsed,
         args.writers,
@@ -767,6 +794,6 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
     if digests.windows(2).any(|pair| pair[0] != pair[1]) {
         anyhow::bail!("the nodes' projection digests differ at the same applied index");
     }
-    println!("soak passed: every acknowledged record is on every node; digests equal");
+    outln!("soak passed: every acknowledged record is on every node; digests equal");
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod quickstart;
 pub mod replay;
 pub mod simulate;
 pub mod trajectory;
+pub(crate) mod values;
 
 /// Sends `tracing` events to stderr for a long-running command: `RUST_LOG` if set, else
 /// `default` (an `EnvFilter` directive such as `warn,gyre_proxy=info`).

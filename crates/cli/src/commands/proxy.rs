@@ -330,7 +330,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
             }
             _ => None,
         };
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "listen": args.listen.to_string(),
@@ -426,7 +426,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
             None,
         ));
     }
-    println!(
+    outln!(
         "{}",
         serde_json::json!({ "listening": format!("http://{bound}") })
     );
@@ -434,7 +434,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         for (execution, reason) in &recovery.executions_lost {
             tracing::warn!(execution, %reason, "an execution cannot resume after the restart");
         }
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "recovered": recovery, "credentials": credentials })
         );
@@ -443,7 +443,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         let (execution, token) = state
             .open_execution(None, None)
             .map_err(anyhow::Error::msg)?;
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "execution": execution,

@@ -37,30 +37,40 @@ mod anchors;
 
 /// Arguments of `gyre bench proxy`.
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct ProxyBenchArgs {
     /// Concurrent executions measured.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64, 384])]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = [1usize, 64, 384],
+        value_parser = super::values::at_least_one_usize(),
+    )]
     concurrency: Vec<usize>,
-    /// Largest context, tokens.
-    #[arg(long, default_value_t = 131_072)]
+    /// Largest context, tokens (at least the first context: 1024, or `--step`).
+    #[arg(
+        long,
+        default_value_t = 131_072,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=CONTEXT_TOKENS_LIMIT),
+    )]
     context_max: usize,
     /// Context growth per call, tokens; 0 doubles from 1K (every call then brings as many new
     /// tokens as it reuses).
     #[arg(long, default_value_t = 0)]
     step: usize,
     /// Tokens each engine answer has.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     answer_tokens: u32,
     /// Decode time the fake engine spends per output token, milliseconds (0: it answers as
     /// fast as it is read). A real engine decoding a batch of long-context sequences runs at
     /// tens of milliseconds per token per sequence; with 0 the "engine's throughput" is only
     /// the fake's HTTP handling, the harshest possible anchor.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = super::values::non_negative)]
     decode_ms_per_token: f64,
     /// A Python venv prepared with `scripts/anchors.sh install DIR`: also measures LiteLLM's
     /// proxy and SGLang's `smg` gateway (pinned in that script) in front of an OpenAI-compatible
     /// engine, beside Gyre, at concurrency 1, calls interleaved.
-    #[arg(long, value_name = "VENV_DIR")]
+    #[arg(long, value_name = "VENV_DIR", value_parser = anchors::venv)]
     anchors: Option<std::path::PathBuf>,
     /// Passes over the context ladder in the anchors comparison.
     #[arg(long, default_value_t = 5)]
@@ -80,6 +90,9 @@ pub struct ProxyBenchArgs {
     #[arg(long, default_value_t = 636)]
     execution_calls: usize,
 }
+
+/// The largest `--context-max`, tokens: each call's prompt is built in memory.
+const CONTEXT_TOKENS_LIMIT: u64 = 1 << 24;
 
 /// Where `gyre bench proxy` commits records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -280,7 +293,34 @@ impl Phase {
     }
 }
 
+/// The contexts of one execution, tokens: doubling from 1K when `step` is 0, else growing by
+/// `step`, up to `context_max`.
+fn context_ladder(step: usize, context_max: usize) -> Vec<usize> {
+    let mut contexts = Vec::new();
+    let mut size = if step == 0 { 1024usize } else { step };
+    while size <= context_max {
+        contexts.push(size);
+        size = if step == 0 {
+            size.saturating_mul(2)
+        } else {
+            size.saturating_add(step)
+        };
+        if contexts.last() == Some(&size) {
+            break;
+        }
+    }
+    contexts
+}
+
 pub fn run(args: ProxyBenchArgs) -> anyhow::Result<()> {
+    // Checked before anything starts: an empty ladder would measure nothing.
+    let first = if args.step == 0 { 1024 } else { args.step };
+    anyhow::ensure!(
+        args.context_max >= first,
+        "--context-max {} is below the first context ({first} tokens{})",
+        args.context_max,
+        if args.step == 0 { "" } else { ", --step" }
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -315,7 +355,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             // The nodes' default snapshot interval (a deployment's).
             let started = super::control::LoopbackCluster::start(20_000).await?;
             let sink = ControlSink::new(&started.addresses).map_err(anyhow::Error::msg)?;
-            println!(
+            outln!(
                 "records commit to a 3-node control cluster at {}",
                 started.addresses
             );
@@ -345,17 +385,8 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     )
     .await?;
 
-    let mut contexts = Vec::new();
-    let mut size = if args.step == 0 { 1024usize } else { args.step };
-    while size <= args.context_max {
-        contexts.push(size);
-        size = if args.step == 0 {
-            size * 2
-        } else {
-            size + args.step
-        };
-    }
-    println!(
+    let contexts = context_ladder(args.step, args.context_max);
+    outln!(
         "contexts per execution: {} calls, {} .. {} tokens; answers {} tokens, decoded at {} ms/token; {} pass(es)",
         contexts.len(),
         contexts.first().copied().unwrap_or(0),
@@ -364,7 +395,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         args.decode_ms_per_token,
         args.passes
     );
-    println!(
+    outln!(
         "{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "conc",
         "direct p50",
@@ -482,13 +513,13 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
             percentile(&proxy_phase.latencies, 0.5),
             percentile(&proxy_phase.latencies, 0.99),
         );
-        println!(
+        outln!(
             "{concurrency:>6} {d50:>8.2}ms {d99:>8.2}ms {p50:>8.2}ms {p99:>8.2}ms {:>8.2}ms {:>8.2}ms {:>10.2}",
             p50 - d50,
             p99 - d99,
             proxy_phase.calls_per_second / direct_phase.calls_per_second.max(1e-9)
         );
-        println!(
+        outln!(
             "       added per call (proxied minus direct, same context): p50 {:.2} ms, p99 {:.2} ms",
             per_call_at(0.5),
             per_call_at(0.99)
@@ -501,7 +532,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         } else {
             "- (no CPU measured above the direct run's)".to_string()
         };
-        println!(
+        outln!(
             "       CPU per call: proxied run {:.2} ms, direct run {:.2} ms, proxy's share {:.2} ms => {per_core} calls/s per core",
             proxy_phase.cpu / calls * 1e3,
             direct_phase.cpu / calls * 1e3,
@@ -518,7 +549,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                 format!("{stage} {:.2}", (sum - sum_before) / calls * 1e3)
             })
             .collect();
-        println!("       mean ms per call by stage: {}", stages.join(", "));
+        outln!("       mean ms per call by stage: {}", stages.join(", "));
         // The tail by stage: which step the slow calls spend their time in.
         let tails: Vec<String> = state
             .metrics
@@ -534,7 +565,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
                 format!("{stage} {:.2} / {:.2}", at(0.5), at(0.99))
             })
             .collect();
-        println!("       p50 / p99 ms by stage: {}", tails.join(", "));
+        outln!("       p50 / p99 ms by stage: {}", tails.join(", "));
     }
 
     if let Some(venv) = &args.anchors {
@@ -566,7 +597,7 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         "executions could not be rebuilt: {:?}",
         recovery.executions_lost
     );
-    println!(
+    outln!(
         "restart: {} executions ({} calls) rebuilt from the {} in {:.2} s before serving ({:.0} calls/s)",
         recovery.executions_resumed,
         recovery.calls_recovered,
@@ -636,7 +667,7 @@ fn tokenization_work(model: &ChatModel, calls: usize) -> anyhow::Result<()> {
             .messages
             .push(Message::new(Role::Assistant, "ok".to_string()));
     }
-    println!(
+    outln!(
         "tokenization over a {calls}-call execution (final context {last_context} tokens): incremental {} tokens in {:.2} s (render included); re-render + re-tokenize {} tokens in {:.2} s; {:.0}x fewer tokens, {:.1}x less CPU (goal >= 50x)",
         session.tokens_encoded,
         incremental_seconds,

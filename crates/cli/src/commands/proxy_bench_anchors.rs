@@ -159,6 +159,19 @@ fn pinned(script_text: &str, variable: &str) -> String {
         .to_string()
 }
 
+/// The `--anchors` value parser: a venv prepared by `scripts/anchors.sh install DIR`, checked
+/// while the arguments are parsed, before anything is measured.
+pub(super) fn venv(text: &str) -> Result<std::path::PathBuf, String> {
+    let venv = std::path::PathBuf::from(text);
+    if venv.join("bin/python").exists() {
+        Ok(venv)
+    } else {
+        Err(format!(
+            "{text} is not a venv; run `bash scripts/anchors.sh install {text}` first"
+        ))
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     venv: &Path,
@@ -172,14 +185,8 @@ pub(super) async fn run(
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/anchors.sh");
     let script_text = std::fs::read_to_string(&script)
         .with_context(|| format!("reading {}", script.display()))?;
-    anyhow::ensure!(
-        venv.join("bin/python").exists(),
-        "{} is not a venv; run `bash scripts/anchors.sh install {}` first",
-        venv.display(),
-        venv.display()
-    );
     let backend = chat_backend(answer_tokens).await?;
-    println!("anchors: starting LiteLLM and smg (scripts/anchors.sh) in front of an OpenAI-compatible engine ...");
+    outln!("anchors: starting LiteLLM and smg (scripts/anchors.sh) in front of an OpenAI-compatible engine ...");
     let litellm = start_gateway(&script, "litellm", venv, backend, "/health/readiness").await?;
     let smg = start_gateway(&script, "smg", venv, backend, "/readiness").await?;
     let bearer = "authorization: Bearer sk-gyre-anchor\r\n";
@@ -250,13 +257,13 @@ pub(super) async fn run(
         values.sort();
         (percentile(&values, 0.5), percentile(&values, 0.99))
     };
-    println!(
+    outln!(
         "anchors at concurrency 1, {repeats} passes over {} contexts ({} .. {} tokens), calls interleaved:",
         contexts.len(),
         contexts[0],
         contexts[last]
     );
-    println!(
+    outln!(
         "  {:<26} {:>9} {:>9} {:>12} {:>16} {:>16} {:>16}",
         "target",
         "p50",
@@ -306,9 +313,15 @@ pub(super) async fn run(
             ),
             None => ("-".to_string(), "-".to_string(), "-".to_string()),
         };
-        println!(
+        outln!(
             "  {:<26} {:>7.2}ms {:>7.2}ms {:>10.2}ms {:>16} {:>16} {:>16}",
-            label, p50, p99, at_max, added_all, added_max, added_p99
+            label,
+            p50,
+            p99,
+            at_max,
+            added_all,
+            added_max,
+            added_p99
         );
     }
     Ok(())

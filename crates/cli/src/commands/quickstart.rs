@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use super::simulate::{self, SimulateArgs};
+use gyre_simulator::{preset_rows, Preset, PresetOverrides};
 
 /// Arguments of `gyre quickstart`.
 #[derive(Args, Debug)]
@@ -33,33 +33,40 @@ pub fn run(args: QuickstartArgs) -> anyhow::Result<()> {
         std::fs::remove_file(&log)
             .with_context(|| format!("removing the previous {}", log.display()))?;
     }
-    println!(
+    outln!(
         "gyre quickstart: simulating the paper's Table 2 (NL2RepoBench, 122B, 32 nodes, 12 steps)"
     );
-    println!("with the real elastic scheduler on a simulated cluster (no GPU needed).\n");
-    simulate::run(SimulateArgs::for_preset(
+    outln!("with the real elastic scheduler on a simulated cluster (no GPU needed).\n");
+    let rows = preset_rows(Preset::Table2, args.seed, PresetOverrides::default());
+    for row in &rows {
+        row.config
+            .validate()
+            .with_context(|| format!("preset row {} is not valid", row.id))?;
+    }
+    let e0 = rows
+        .iter()
+        .position(|row| row.id == "E0")
+        .context("preset table2 has no row E0")?;
+    // Each row is simulated once: the E0 run that the table shows is the one its log records.
+    let run = super::simulate::simulate_rows(
         "table2",
         args.seed,
+        &rows,
         None,
-        Some(report.clone()),
-        None,
-    ))?;
-    simulate::run(SimulateArgs::for_preset(
-        "table2",
-        args.seed,
-        Some("E0"),
-        None,
-        Some(log.clone()),
-    ))
-    .map(|_| ())?;
-    println!(
+        Some((e0, &log)),
+        Some(&report),
+    )?;
+    out!("{}", run.text);
+    outln!(
         "\nreport:    {} (cell role timelines, step durations, staleness)",
         report.display()
     );
-    println!(
-        "event log: {} (the E0 run, CRC-framed and hash-chained)",
+    let written = run.log.context("the E0 event log was not written")?;
+    outln!("event log: {written}");
+    outln!(
+        "           (the E0 run, CRC-framed and hash-chained: `gyre replay {}`)",
         log.display()
     );
-    println!("next:      gyre simulate --preset table2 --row E0 --print-config > e0.toml; edit; gyre simulate --config e0.toml");
+    outln!("next:      gyre simulate --preset table2 --row E0 --print-config > e0.toml; edit; gyre simulate --config e0.toml");
     Ok(())
 }

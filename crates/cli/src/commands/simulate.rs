@@ -5,7 +5,6 @@
 //! start from. Output is a table (default) or JSON (`--json`), and optionally a self-contained
 //! HTML report with role timelines (`--report out.html`).
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -20,6 +19,7 @@ use gyre_simulator::{
 /// Arguments of `gyre simulate`.
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     after_long_help = "Examples:\n  gyre simulate --preset table2\n  gyre simulate --preset table2 --row E0 --print-config > e0.toml\n  gyre simulate --config e0.toml --seed 7 --json\n  gyre simulate --preset table1 --report table1.html"
 )]
 pub struct SimulateArgs {
@@ -55,8 +55,8 @@ pub struct SimulateArgs {
     /// Also write a self-contained HTML report (role timelines, step durations, staleness).
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
-    /// Sensitivity study: replace the calibrated training-to-rollout work ratio.
-    #[arg(long, requires = "preset")]
+    /// Sensitivity study: replace the calibrated training-to-rollout work ratio (above 0).
+    #[arg(long, requires = "preset", value_parser = super::values::positive)]
     training_work_ratio: Option<f64>,
     /// Print the sampled statistics of each workload profile in the preset beside the paper's
     /// figures (the calibration check) and exit.
@@ -65,33 +65,6 @@ pub struct SimulateArgs {
     /// Worker threads for preset sweeps (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
-}
-
-impl SimulateArgs {
-    /// Arguments for running a preset programmatically (used by `gyre quickstart`).
-    pub fn for_preset(
-        preset: &str,
-        seed: u64,
-        row: Option<&str>,
-        report: Option<PathBuf>,
-        log: Option<PathBuf>,
-    ) -> Self {
-        Self {
-            preset: Some(preset.to_string()),
-            row: row.map(str::to_string),
-            print_config: false,
-            config: None,
-            seed: Some(seed),
-            n: None,
-            b: None,
-            json: false,
-            log,
-            report,
-            training_work_ratio: None,
-            workload_stats: false,
-            threads: None,
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -126,9 +99,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         if let Some(seed) = args.seed {
             config.seed = seed;
         }
-        let output = simulate(&config);
+        let output = gyre_simulator::try_simulate(&config)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("config {}", path.display()))?;
         if let Some(log_path) = &args.log {
-            write_log(log_path, &output)?;
+            let written = write_log(log_path, &output)?;
+            eprintln!("event log: {written}");
         }
         if let Some(report_path) = &args.report {
             let html = render_html(
@@ -170,32 +146,110 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 known.join(", ")
             );
         }
-        if args.print_config {
-            out!("{}", rows[0].config.to_toml());
-            return Ok(());
-        }
+    }
+    // Validated before anything is printed: `--print-config` must not show a config that
+    // `--config` would then refuse. The error names the flags that made the row invalid (a
+    // derived field such as `training.node_hours_per_step` alone would not tell the user).
+    let flags = override_flags(&args);
+    for row in &rows {
+        row.config.validate().with_context(|| {
+            if flags.is_empty() {
+                format!("preset row {} is not valid", row.id)
+            } else {
+                format!("preset row {} is not valid with {flags}", row.id)
+            }
+        })?;
+    }
+    if args.print_config {
+        out!("{}", rows[0].config.to_toml());
+        return Ok(());
     }
     if args.workload_stats {
         print_workload_stats(&rows, seed);
         return Ok(());
     }
-    for row in &rows {
-        row.config
-            .validate()
-            .with_context(|| format!("preset row {} is not valid with these overrides", row.id))?;
-    }
-    if let Some(log_path) = &args.log {
-        if rows.len() != 1 {
-            bail!("--log needs one run: add --row ID (or use --config FILE)");
+    let log = match &args.log {
+        Some(_) if rows.len() != 1 => {
+            bail!("--log needs one run: add --row ID (or use --config FILE)")
         }
-        let output = simulate(&rows[0].config);
-        write_log(log_path, &output)?;
+        Some(path) => Some((0, path.as_path())),
+        None => None,
+    };
+    let run = simulate_rows(
+        preset_name,
+        seed,
+        &rows,
+        args.threads,
+        log,
+        args.report.as_deref(),
+    )?;
+    if let Some(written) = &run.log {
+        eprintln!("event log: {written}");
     }
-    let reports = run_rows(&rows, args.threads)?;
-    let table = table_rows(&rows, &reports);
+    if args.json {
+        let output = TableOutput {
+            preset: preset_name.clone(),
+            seed,
+            rows: run.table,
+            order_matches_paper: run.order,
+            reports: run.reports,
+        };
+        outln!("{}", serde_json::to_string_pretty(&output)?);
+    } else {
+        out!("{}", run.text);
+        if let Some(report_path) = &args.report {
+            outln!("report: {}", report_path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The preset overrides the user gave, as flags (`--b 0 --training-work-ratio 2`), for errors.
+fn override_flags(args: &SimulateArgs) -> String {
+    let mut flags = Vec::new();
+    if let Some(n) = args.n {
+        flags.push(format!("--n {n}"));
+    }
+    if let Some(b) = args.b {
+        flags.push(format!("--b {b}"));
+    }
+    if let Some(ratio) = args.training_work_ratio {
+        flags.push(format!("--training-work-ratio {ratio:?}"));
+    }
+    flags.join(" ")
+}
+
+/// A preset's rows, each simulated once: what `gyre simulate --preset` and `gyre quickstart`
+/// print and write.
+pub(crate) struct RowsRun {
+    table: Vec<TableRow>,
+    order: Option<bool>,
+    /// The table as text, ending in a newline.
+    pub(crate) text: String,
+    reports: Vec<RunReport>,
+    /// The event log written, if one was asked for.
+    pub(crate) log: Option<LogWritten>,
+}
+
+/// Simulates each of `rows` once (validated by the caller), writes the event log of row
+/// `log.0` to `log.1` and the HTML report to `report` when asked, and renders the table.
+pub(crate) fn simulate_rows(
+    preset_name: &str,
+    seed: u64,
+    rows: &[PaperRow],
+    threads: Option<usize>,
+    log: Option<(usize, &std::path::Path)>,
+    report: Option<&std::path::Path>,
+) -> anyhow::Result<RowsRun> {
+    let (reports, kept) = run_rows(rows, threads, log.map(|(index, _)| index))?;
+    let log = match (log, kept) {
+        (Some((_, path)), Some(output)) => Some(write_log(path, &output)?),
+        _ => None,
+    };
+    let table = table_rows(rows, &reports);
     let order = order_matches(&table);
     let text = render_table(preset_name, seed, &table, order);
-    if let Some(report_path) = &args.report {
+    if let Some(report_path) = report {
         let html = render_html(
             &format!("Gyre simulation: {preset_name} (seed {seed})"),
             &reports,
@@ -204,26 +258,41 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         std::fs::write(report_path, html)
             .with_context(|| format!("writing {}", report_path.display()))?;
     }
-    if args.json {
-        let output = TableOutput {
-            preset: preset_name.clone(),
-            seed,
-            rows: table,
-            order_matches_paper: order,
-            reports,
-        };
-        outln!("{}", serde_json::to_string_pretty(&output)?);
-    } else {
-        out!("{text}");
-        if let Some(report_path) = &args.report {
-            outln!("report: {}", report_path.display());
-        }
+    Ok(RowsRun {
+        table,
+        order,
+        text,
+        reports,
+        log,
+    })
+}
+
+/// An event log as written: its path, entries, events and head hash.
+pub(crate) struct LogWritten {
+    path: PathBuf,
+    entries: u64,
+    events: usize,
+    head: String,
+}
+
+impl std::fmt::Display for LogWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} entries, {} events, head {})",
+            self.path.display(),
+            self.entries,
+            self.events,
+            self.head
+        )
     }
-    Ok(())
 }
 
 /// Write the run as an event file: one record per log entry, then one fdatasync.
-fn write_log(path: &std::path::Path, output: &gyre_simulator::SimOutput) -> anyhow::Result<()> {
+fn write_log(
+    path: &std::path::Path,
+    output: &gyre_simulator::SimOutput,
+) -> anyhow::Result<LogWritten> {
     let mut writer = gyre_log::EventFileWriter::create(path)
         .with_context(|| format!("creating event log {}", path.display()))?;
     writer.set_term(1);
@@ -237,18 +306,22 @@ fn write_log(path: &std::path::Path, output: &gyre_simulator::SimOutput) -> anyh
     writer
         .sync()
         .with_context(|| format!("syncing {}", path.display()))?;
-    eprintln!(
-        "event log: {} ({} entries, {} events, head {})",
-        path.display(),
+    Ok(LogWritten {
+        path: path.to_path_buf(),
         entries,
-        output.events.len(),
-        gyre_log::file::hex(&writer.head_hash())
-    );
-    Ok(())
+        events: output.events.len(),
+        head: gyre_log::file::hex(&writer.head_hash()),
+    })
 }
 
 /// Run rows on a few threads; results come back in row order, so output is deterministic.
-fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<RunReport>> {
+/// Row `keep`'s whole output (its events, for an event log) comes back too; the others keep
+/// only their reports.
+fn run_rows(
+    rows: &[PaperRow],
+    threads: Option<usize>,
+    keep: Option<usize>,
+) -> anyhow::Result<(Vec<RunReport>, Option<gyre_simulator::SimOutput>)> {
     let threads = threads
         .unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -264,16 +337,24 @@ fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<Run
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<RunReport>>> =
         rows.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let kept = std::sync::Mutex::new(None);
     std::thread::scope(|scope| {
         for worker in 0..threads {
-            let (next, results, progress) = (&next, &results, &progress);
+            let (next, results, progress, kept) = (&next, &results, &progress, &kept);
             std::thread::Builder::new()
                 .name(format!("simulate-{worker}"))
                 .spawn_scoped(scope, move || loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(row) = rows.get(index) else { break };
                     progress.set_message(row.id.clone());
-                    let report = simulate(&row.config).report;
+                    let output = simulate(&row.config);
+                    let report = output.report.clone();
+                    if keep == Some(index) {
+                        *kept
+                            .lock()
+                            .expect("no simulation thread panics while holding the kept output") =
+                            Some(output);
+                    }
                     *results[index]
                         .lock()
                         .expect("no simulation thread panics while holding a result slot") =
@@ -284,14 +365,18 @@ fn run_rows(rows: &[PaperRow], threads: Option<usize>) -> anyhow::Result<Vec<Run
         }
     });
     progress.finish_and_clear();
-    results
+    let reports = results
         .into_iter()
         .map(|slot| {
             slot.into_inner()
                 .expect("result slot lock is not poisoned")
                 .context("a simulation row produced no report")
         })
-        .collect()
+        .collect::<anyhow::Result<_>>()?;
+    let kept = kept
+        .into_inner()
+        .expect("the kept output's lock is not poisoned");
+    Ok((reports, kept))
 }
 
 fn table_rows(rows: &[PaperRow], reports: &[RunReport]) -> Vec<TableRow> {
@@ -394,9 +479,7 @@ fn render_table(preset: &str, seed: u64, rows: &[TableRow], order: Option<bool>)
 }
 
 fn print_single(report: &RunReport) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(
-        stdout,
+    outln!(
         "{}: {} ({}), streaming {}, φ={} μ={} N={} B={}",
         report.name,
         report.mode,
@@ -407,26 +490,25 @@ fn print_single(report: &RunReport) {
         report.n,
         report.b
     );
-    let _ = writeln!(
-        stdout,
+    outln!(
         "total {:.2} h over {} steps",
-        report.total_hours, report.steps
+        report.total_hours,
+        report.steps
     );
-    let _ = writeln!(
-        stdout,
+    outln!(
         "mean staleness {:.3} (steady state {:.3}; Theorem A.1: {:.3})",
-        report.mean_staleness, report.steady_state_mean_staleness, report.expected_staleness
+        report.mean_staleness,
+        report.steady_state_mean_staleness,
+        report.expected_staleness
     );
-    let _ = writeln!(
-        stdout,
+    outln!(
         "executions dispatched {} started {} finished {}; groups consumed {}",
         report.executions.dispatched,
         report.executions.started,
         report.executions.finished,
         report.groups_consumed
     );
-    let _ = writeln!(
-        stdout,
+    outln!(
         "utilisation: rollout {:.1}%, training {:.1}%",
         report.utilization.rollout * 100.0,
         report.utilization.training * 100.0

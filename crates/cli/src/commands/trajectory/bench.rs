@@ -20,6 +20,7 @@ use gyre_trajectory::{
 };
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct BenchArgs {
     /// Repetitions of each timed section (the median is printed).
     #[arg(long, default_value_t = 15)]
@@ -27,8 +28,13 @@ pub struct BenchArgs {
     /// Seed of the synthetic execution.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Micro-step token budget for the packing figure.
-    #[arg(long = "tokens-max", default_value_t = 262_144)]
+    /// Micro-step token budget for the packing figure: at least the longest admitted row
+    /// (refused otherwise).
+    #[arg(
+        long = "tokens-max",
+        default_value_t = 262_144,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
     tokens_max: u64,
 }
 
@@ -93,9 +99,51 @@ fn generate(seed: u64, repetitions: u32) -> Result<(Vec<ModelCallRecord>, Vec<Ma
     Ok((records, samples))
 }
 
+/// The lengths of the rows the packing figure packs: J_max = 5 admitted rows of each of 8
+/// small synthetic executions (a group).
+fn packing_lengths(classes: &RoleClasses) -> Result<Vec<u64>> {
+    let mut lengths = Vec::new();
+    for seed in 0..8u64 {
+        let mut small = Tree::new(ExecutionId(seed), TreeConfig::default());
+        let mut config = SyntheticConfig::appendix_c();
+        config.main_calls = 120;
+        config.sub_agent_calls = 30;
+        let mut failure = None;
+        Generator::new(config, 100 + seed, |call| {
+            let record = record_from_context(&small, &context_call(&call));
+            if let Err(error) = small.apply(&record) {
+                failure = Some(error);
+            }
+        })
+        .run();
+        if let Some(error) = failure {
+            return Err(anyhow!("{error}"));
+        }
+        let admission = admit(&small, classes, 5, &mut SplitMix64::for_execution(7, seed));
+        for trajectory in &admission.trajectories {
+            lengths.push(
+                materialise(&small, trajectory, 0.0, 0.0)
+                    .map_err(|error| anyhow!("{error}"))?
+                    .len(),
+            );
+        }
+    }
+    Ok(lengths)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let repetitions = args.repetitions.max(1);
     let classes = RoleClasses::claude_code();
+    // The rows are fixed (their seeds are), so a budget no row fits is refused before anything
+    // is timed rather than silently raised.
+    let lengths = packing_lengths(&classes)?;
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if args.tokens_max < longest {
+        return Err(anyhow!(
+            "--tokens-max {} is below the longest packed row ({longest} tokens)",
+            args.tokens_max
+        ));
+    }
     let (records, samples) = generate(args.seed, repetitions)?;
     let execution = ExecutionId(args.seed);
 
@@ -235,35 +283,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "== packing (8 executions × J_max 5 admitted rows, tokens_max {}) ==",
         args.tokens_max
     );
-    let mut lengths = Vec::new();
-    for seed in 0..8u64 {
-        let mut small = Tree::new(ExecutionId(seed), TreeConfig::default());
-        let mut config = SyntheticConfig::appendix_c();
-        config.main_calls = 120;
-        config.sub_agent_calls = 30;
-        let mut failure = None;
-        Generator::new(config, 100 + seed, |call| {
-            let record = record_from_context(&small, &context_call(&call));
-            if let Err(error) = small.apply(&record) {
-                failure = Some(error);
-            }
-        })
-        .run();
-        if let Some(error) = failure {
-            return Err(anyhow!("{error}"));
-        }
-        let admission = admit(&small, &classes, 5, &mut SplitMix64::for_execution(7, seed));
-        for trajectory in &admission.trajectories {
-            lengths.push(
-                materialise(&small, trajectory, 0.0, 0.0)
-                    .map_err(|error| anyhow!("{error}"))?
-                    .len(),
-            );
-        }
-    }
-    let tokens_max = args
-        .tokens_max
-        .max(lengths.iter().copied().max().unwrap_or(1));
+    let tokens_max = args.tokens_max;
     let bins = pack_rows(&lengths, tokens_max).map_err(|error| anyhow!("{error}"))?;
     let total: u64 = lengths.iter().sum();
     outln!(

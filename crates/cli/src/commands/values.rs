@@ -1,0 +1,93 @@
+//! clap value parsers the commands share: numbers that must be finite and within bounds, and
+//! counts that must be at least one. clap runs them while it parses, so a bad value is refused
+//! with the flag's name and status 2 before a command starts any work (a benchmark would
+//! otherwise measure its anchors first and then panic on `Duration::from_secs_f64(-1.0)`).
+
+/// The most seconds a duration flag takes: a year. More would overflow `Instant + Duration`.
+const SECONDS_MAX: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A duration in seconds that must be above zero (`--seconds`).
+pub(crate) fn positive_seconds(text: &str) -> Result<f64, String> {
+    let seconds = finite(text)?;
+    if seconds > 0.0 && seconds <= SECONDS_MAX {
+        Ok(seconds)
+    } else {
+        Err(format!(
+            "expected seconds above 0 and at most {SECONDS_MAX}"
+        ))
+    }
+}
+
+/// A duration in seconds where 0 means "never" (`--restart-every`).
+pub(crate) fn non_negative_seconds(text: &str) -> Result<f64, String> {
+    let seconds = finite(text)?;
+    if (0.0..=SECONDS_MAX).contains(&seconds) {
+        Ok(seconds)
+    } else {
+        Err(format!("expected seconds from 0 to {SECONDS_MAX}"))
+    }
+}
+
+/// A finite number above zero (`--training-work-ratio`).
+pub(crate) fn positive(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if value > 0.0 {
+        Ok(value)
+    } else {
+        Err("expected a number above 0".to_string())
+    }
+}
+
+/// A finite number of at least zero (`--decode-ms-per-token`).
+pub(crate) fn non_negative(text: &str) -> Result<f64, String> {
+    let value = finite(text)?;
+    if value >= 0.0 {
+        Ok(value)
+    } else {
+        Err("expected a number of at least 0".to_string())
+    }
+}
+
+/// A count of at least one, as a `usize` (`--concurrency`, `--context-max`).
+pub(crate) fn at_least_one_usize() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+fn finite(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected a number, got `{text}`"))?;
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err("expected a finite number".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_rates_refuse_what_would_panic_later() {
+        assert_eq!(positive_seconds("3"), Ok(3.0));
+        assert_eq!(positive_seconds("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "nan", "inf", "-inf", "1e30", "three", ""] {
+            assert!(positive_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(non_negative_seconds("0"), Ok(0.0));
+        for bad in ["-0.1", "nan", "inf", "1e30"] {
+            assert!(non_negative_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(positive("2"), Ok(2.0));
+        for bad in ["0", "-1", "nan", "inf"] {
+            assert!(positive(bad).is_err(), "{bad}");
+        }
+        assert_eq!(non_negative("0"), Ok(0.0));
+        assert_eq!(non_negative("12.5"), Ok(12.5));
+        for bad in ["-1", "nan", "inf"] {
+            assert!(non_negative(bad).is_err(), "{bad}");
+        }
+    }
+}
