@@ -62,3 +62,68 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     assert!(stderr.contains("writing to stdout"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `gyre log tail --follow | head` ends when its reader goes away (the leader's idle ticks give
+/// it something to write); `gyre log append | head -1` stops printing but still appends every
+/// line of stdin, as asked.
+#[test]
+fn log_tail_and_append_outlive_their_reader_as_they_should() {
+    use std::io::Write;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let cluster = crate::support::InProcessCluster::start().await;
+        let addresses = cluster.addresses.join(",");
+        let (code, stderr) =
+            into_closed_pipe(&["log", "tail", "--cluster", &addresses, "--follow"]);
+        assert_eq!(code, Some(0), "tail: {stderr}");
+
+        let lines = 50usize;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
+            .args(["log", "append", "--cluster", &addresses, "--batch", "1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("gyre starts");
+        // The reader is gone before the first line is appended.
+        drop(child.stdout.take());
+        {
+            let mut stdin = child.stdin.take().expect("stdin");
+            for marker in 0..lines {
+                writeln!(
+                    stdin,
+                    r#"{{"kind":"engine_down","engine":{marker},"reason":"m"}}"#
+                )
+                .expect("line");
+            }
+        }
+        let output = child.wait_with_output().expect("append ends");
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "append: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut client = cluster.client.clone();
+        let mut stream = client
+            .subscribe(
+                gyre_control::Sequence {
+                    index: 0,
+                    position: 0,
+                },
+                true,
+            )
+            .await
+            .expect("subscribes");
+        let mut downs = 0;
+        while let Some(entry) = stream.message().await.expect("streams") {
+            let events = gyre_log::decode_batch(&entry.batch).expect("decodes");
+            downs += events
+                .iter()
+                .filter(|event| matches!(event.body, gyre_event::EventBody::EngineDown { .. }))
+                .count();
+        }
+        assert_eq!(downs, lines, "every line was appended");
+        cluster.shutdown().await;
+    });
+}

@@ -78,19 +78,32 @@ pub fn run(args: LogArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Appends `events` and prints their sequence numbers while `printing`. A reader that went
+/// away (`gyre log append < f | head -1`) ends the printing, not the appending: every line of
+/// stdin is still appended, as asked.
 async fn send(
     client: &mut ClusterClient,
     events: &[gyre_event::Event],
     out: &mut impl Write,
+    printing: &mut bool,
 ) -> anyhow::Result<()> {
     let (sequences, rejected) = client.append(events).await?;
-    for (position, sequence) in sequences.iter().enumerate() {
-        match rejected.get(position).filter(|reason| !reason.is_empty()) {
-            Some(reason) => writeln!(out, "{sequence} refused: {reason}")?,
-            None => writeln!(out, "{sequence}")?,
-        }
+    if !*printing {
+        return Ok(());
     }
-    out.flush()?;
+    let mut print = || -> std::io::Result<()> {
+        for (position, sequence) in sequences.iter().enumerate() {
+            match rejected.get(position).filter(|reason| !reason.is_empty()) {
+                Some(reason) => writeln!(out, "{sequence} refused: {reason}")?,
+                None => writeln!(out, "{sequence}")?,
+            }
+        }
+        out.flush()
+    };
+    match print() {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => *printing = false,
+        other => other?,
+    }
     Ok(())
 }
 
@@ -98,6 +111,7 @@ async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
     let mut client = ClusterClient::new(cluster).context("--cluster")?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
+    let mut printing = true;
     let mut pending = Vec::new();
     // Bytes of `pending` as a log entry: a request stays within what one entry may hold.
     let mut pending_bytes = 0usize;
@@ -110,20 +124,20 @@ async fn append(cluster: &str, batch: usize) -> anyhow::Result<()> {
             .map_err(|error| anyhow::anyhow!("stdin line {}: {error}", number + 1))?;
         let bytes = gyre_log::encode_batch(std::slice::from_ref(&event)).len();
         if !pending.is_empty() && pending_bytes + bytes > gyre_control::ENTRY_BYTES_MAX {
-            send(&mut client, &pending, &mut out).await?;
+            send(&mut client, &pending, &mut out, &mut printing).await?;
             pending.clear();
             pending_bytes = 0;
         }
         pending.push(event);
         pending_bytes += bytes;
         if pending.len() >= batch {
-            send(&mut client, &pending, &mut out).await?;
+            send(&mut client, &pending, &mut out, &mut printing).await?;
             pending.clear();
             pending_bytes = 0;
         }
     }
     if !pending.is_empty() {
-        send(&mut client, &pending, &mut out).await?;
+        send(&mut client, &pending, &mut out, &mut printing).await?;
     }
     Ok(())
 }
@@ -146,11 +160,24 @@ async fn tail(cluster: &str, from: &str, follow: bool) -> anyhow::Result<()> {
             if let serde_json::Value::Object(fields) = event_to_json(event) {
                 line.extend(fields);
             }
-            writeln!(out, "{}", serde_json::Value::Object(line))?;
+            if let Err(error) = writeln!(out, "{}", serde_json::Value::Object(line)) {
+                return closed_pipe_is_the_end(error);
+            }
         }
-        out.flush()?;
+        if let Err(error) = out.flush() {
+            return closed_pipe_is_the_end(error);
+        }
     }
     Ok(())
+}
+
+/// A reader that went away (`gyre log tail … | head`) ends the command quietly.
+fn closed_pipe_is_the_end(error: std::io::Error) -> anyhow::Result<()> {
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(anyhow::Error::new(error).context("writing to stdout"))
+    }
 }
 
 async fn export(node: &str, out: &std::path::Path) -> anyhow::Result<()> {
