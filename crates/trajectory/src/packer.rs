@@ -66,8 +66,9 @@ pub fn materialise(
             parent: trajectory.leaf_call,
         })?;
     let tokens = tree.path_tokens(leaf);
-    let mut target_spans = Vec::with_capacity(trajectory.targets.len());
-    let mut behaviour_logprobs = Vec::new();
+    // Each target's span in the row with its log-probs, kept together so that sorting the
+    // spans keeps every log-prob beside its token.
+    let mut pieces = Vec::with_capacity(trajectory.targets.len());
     for range in &trajectory.targets {
         let node_id = tree
             .node_of_call(range.call)
@@ -99,11 +100,30 @@ pub fn materialise(
                 ),
             });
         }
-        behaviour_logprobs
-            .extend_from_slice(&node.output_logprobs[range.start as usize..range.end as usize]);
-        target_spans.push((start, end));
+        pieces.push((
+            (start, end),
+            range.call,
+            &node.output_logprobs[range.start as usize..range.end as usize],
+        ));
     }
-    target_spans.sort_unstable();
+    pieces.sort_unstable_by_key(|(span, ..)| *span);
+    // A token trained twice would count twice in the loss's denominator L_i.
+    if let Some(pair) = pieces.windows(2).find(|pair| pair[0].0 .1 > pair[1].0 .0) {
+        return Err(TrajectoryError::InvalidRecord {
+            call: pair[1].1,
+            message: format!(
+                "targets of leaf {} overlap at row tokens [{}, {})",
+                trajectory.leaf_call,
+                pair[1].0 .0,
+                pair[0].0 .1.min(pair[1].0 .1)
+            ),
+        });
+    }
+    let target_spans: Vec<(u64, u64)> = pieces.iter().map(|(span, ..)| *span).collect();
+    let behaviour_logprobs = pieces
+        .iter()
+        .flat_map(|(_, _, logprobs)| logprobs.iter().copied())
+        .collect();
     Ok(Row {
         execution: tree.execution(),
         leaf_call: trajectory.leaf_call,

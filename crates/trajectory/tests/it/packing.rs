@@ -169,3 +169,38 @@ fn packing_pads_less_than_one_row_per_micro_step() {
     assert!(packed < 0.1, "packed padding {packed}");
     assert!(naive > 0.6, "naive padding {naive}");
 }
+
+/// A row's log-probs stay beside their tokens whatever order its targets come in (the spans
+/// are sorted, the log-probs with them), and targets that overlap are refused: a token trained
+/// twice would count twice in the loss's denominator.
+#[test]
+fn target_order_never_misaligns_log_probs_and_overlaps_are_refused() {
+    use gyre_trajectory::{admit, materialise, SplitMix64};
+    let calls = generate(SyntheticConfig::small(12, 1), 3);
+    let tree = build_tree(ExecutionId(3), &calls, TreeConfig::default()).expect("calls apply");
+    let admission = admit(
+        &tree,
+        &RoleClasses::claude_code(),
+        5,
+        &mut SplitMix64::for_execution(5, 3),
+    );
+    let trajectory = admission
+        .trajectories
+        .iter()
+        .find(|trajectory| trajectory.targets.len() > 1)
+        .expect("a trajectory with several targets")
+        .clone();
+    let forward = materialise(&tree, &trajectory, 1.0, 1.0).expect("materialises");
+    let mut reversed = trajectory.clone();
+    reversed.targets.reverse();
+    let backward = materialise(&tree, &reversed, 1.0, 1.0).expect("materialises");
+    assert_eq!(backward.target_spans, forward.target_spans);
+    assert_eq!(
+        backward.behaviour_logprobs, forward.behaviour_logprobs,
+        "each log-prob beside its token"
+    );
+    let mut overlapping = trajectory.clone();
+    overlapping.targets.push(trajectory.targets[0]);
+    let error = materialise(&tree, &overlapping, 1.0, 1.0).expect_err("overlap refused");
+    assert!(error.to_string().contains("overlap"), "{error}");
+}
