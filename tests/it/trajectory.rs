@@ -307,3 +307,44 @@ fn custom_role_classes_from_toml() {
     assert!(!ok && stderr.contains("class[0].kind"), "{stderr}");
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// Groups are ordered by their first line, named and unnamed alike, and a line without a
+/// `policy_version` counts as version 0 (docs/trajectory.md): an unnamed group holding a
+/// version-0 line goes before a named version-2 group that appears later.
+#[test]
+fn pack_orders_groups_by_version_then_input_order() {
+    let mut input = vec![
+        call("e1", "c1", "main", "turn", &[1, 2, 3], &[10, 11]),
+        call("e2", "c1", "main", "turn", &[1, 2], &[50]),
+        call("e3", "c1", "main", "turn", &[1, 4], &[60]),
+        call("e4", "c1", "main", "turn", &[1, 5], &[70]),
+    ];
+    input.extend(
+        [
+            json!({"execution": "e1", "reward": 1.0}),
+            json!({"execution": "e2", "reward": 0.0, "policy_version": 3}),
+            json!({"execution": "e3", "reward": 1.0, "group": "g", "policy_version": 2}),
+            json!({"execution": "e4", "reward": 0.0, "group": "g", "policy_version": 2}),
+        ]
+        .iter()
+        .map(Value::to_string),
+    );
+    let (ok, stdout, stderr) = gyre(
+        &[
+            "trajectory",
+            "pack",
+            "--b",
+            "1",
+            "--n",
+            "2",
+            "--tokens-max",
+            "32",
+        ],
+        &input.join("\n"),
+    );
+    assert!(ok, "{stderr}");
+    let packed: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let groups = packed["groups"].as_array().expect("groups");
+    assert_eq!(groups[0]["group"], "group-0", "{packed}");
+    assert_eq!(groups[0]["policy_version"], 0, "{packed}");
+}

@@ -315,6 +315,9 @@ fn form_groups(input: &Input, n: u32) -> Result<Vec<(String, Vec<usize>)>> {
     for (chunk_index, chunk) in ungrouped.chunks(n as usize).enumerate() {
         groups.push((format!("group-{chunk_index}"), chunk.to_vec()));
     }
+    // In input order (by each group's first line), named and unnamed alike: the packer breaks
+    // policy-version ties by it.
+    groups.sort_by_key(|(_, members)| members[0]);
     for (name, members) in &groups {
         if members.len() != n as usize {
             bail!(
@@ -348,11 +351,7 @@ fn pack(args: PackArgs) -> Result<()> {
             .iter()
             .all(|member| input.executions[*member].reward.is_some())
         {
-            let version = members
-                .iter()
-                .filter_map(|member| input.executions[*member].policy_version)
-                .min()
-                .unwrap_or(0);
+            let version = group_version(members, &input);
             ready.push((GroupId(index as u64), PolicyVersion(version)));
         } else {
             pending.push(json!(name));
@@ -470,11 +469,15 @@ fn pack(args: PackArgs) -> Result<()> {
     }))
 }
 
-fn packer_version(groups: &[(String, Vec<usize>)], group: GroupId, input: &Input) -> u64 {
-    groups[group.get() as usize]
-        .1
+/// A group's policy version: the oldest of its lines' (a line without one counts as 0).
+fn group_version(members: &[usize], input: &Input) -> u64 {
+    members
         .iter()
-        .filter_map(|member| input.executions[*member].policy_version)
+        .map(|member| input.executions[*member].policy_version.unwrap_or(0))
         .min()
         .unwrap_or(0)
+}
+
+fn packer_version(groups: &[(String, Vec<usize>)], group: GroupId, input: &Input) -> u64 {
+    group_version(&groups[group.get() as usize].1, input)
 }
