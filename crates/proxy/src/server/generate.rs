@@ -215,6 +215,13 @@ impl Outlet {
         execution: &ExecutionHandle,
         (agent, call): (&str, CallId),
     ) {
+        if self.out.is_closed() {
+            // The harness went away before the end: never handed over, so a re-send of the
+            // call is answered from its record. Marked delivered only while a hand-over can
+            // still succeed: a re-send racing this task must not see a delivery that the
+            // failed hand-over below would take back.
+            return;
+        }
         execution.lock().mark_delivered(agent, call, true);
         if let Builder::Responses(responses) = builder {
             responses.set_completed_at(wall_clock().nanos() / 1_000_000_000);
