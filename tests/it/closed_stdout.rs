@@ -4,7 +4,7 @@
 
 /// Runs `gyre ARGS`, reads the first bytes of its stdout, closes the pipe and returns the exit
 /// code and stderr.
-fn into_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn into_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
     use std::io::Read;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
         .args(args)

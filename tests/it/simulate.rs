@@ -239,29 +239,8 @@ fn quickstart_writes_report_and_log() {
 /// quietly with status 0, as Unix tools do, instead of panicking on the broken pipe.
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
-    use std::io::Read;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gyre"))
-        .args(["simulate", "--preset", "table2", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("gyre simulate starts");
-    let mut first = [0u8; 10];
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_exact(&mut first)
-        .expect("the first bytes");
-    // The read end is closed here (dropped with the `take`n handle).
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("stderr");
-    let status = child.wait().expect("exit");
-    assert_eq!(status.code(), Some(0), "{stderr}");
+    let (code, stderr) =
+        crate::closed_stdout::into_closed_pipe(&["simulate", "--preset", "table2", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -5,30 +5,15 @@
 
 use std::sync::Arc;
 
-use gyre_event::Event;
 use gyre_proxy::engine::{DeterministicEngine, DeterministicOptions, Fault};
 use gyre_proxy::output::OutputFormat;
-use gyre_proxy::server::{AppState, RecordSink, ServerConfig};
+use gyre_proxy::server::{AppState, ServerConfig};
 use gyre_proxy::{ChatModel, ToolArgumentsForm};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A sink that accepts every record and keeps none.
-struct NoSink;
-
-impl RecordSink for NoSink {
-    fn commit(
-        &self,
-        _event: Event,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn describe(&self) -> String {
-        "nowhere".into()
-    }
-}
+use crate::support::NoSink;
 
 /// A proxy over the test model whose one engine dies after `tokens` tokens of every answer,
 /// and which tries one engine per call: the harness gets the failure mid-answer.

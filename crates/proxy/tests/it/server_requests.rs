@@ -16,24 +16,10 @@ use gyre_proxy::{ChatModel, ToolArgumentsForm};
 use hyper::service::Service;
 use serde_json::{json, Value};
 
+use crate::support::NoSink;
+
 /// The length of every answer the engine samples (when the call's limit allows it).
 const ANSWER_TOKENS: u32 = 25;
-
-/// A sink that keeps nothing: these requests are refused before anything is recorded.
-struct NoSink;
-
-impl RecordSink for NoSink {
-    fn commit(
-        &self,
-        _event: Event,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn describe(&self) -> String {
-        "nowhere".into()
-    }
-}
 
 /// A sink that can hold a commit open: the record is in the log, and the harness can go away
 /// before its answer ends.

@@ -1,4 +1,5 @@
-//! Shared test helpers: paths to the crate's test data and the test model.
+//! Shared test helpers: paths to the crate's test data, the test model, and a record sink
+//! that keeps nothing.
 
 use std::path::PathBuf;
 
@@ -35,5 +36,22 @@ pub fn reference_now() -> CivilDateTime {
         hour: 9,
         minute: 5,
         second: 7,
+    }
+}
+
+/// A sink that accepts every record and keeps none (for requests whose records a test does
+/// not read, or that are refused before anything is recorded).
+pub struct NoSink;
+
+impl gyre_proxy::server::RecordSink for NoSink {
+    fn commit(
+        &self,
+        _event: gyre_event::Event,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn describe(&self) -> String {
+        "nowhere".into()
     }
 }
