@@ -452,10 +452,11 @@ fn a_research_capture_directory_replays_through_a_proxy() {
     );
 }
 
-/// A group whose members started in different entries, a member re-evaluated on a newer
-/// artifact, and a refused second start: the bundle's rewards and advantage are the scoring
-/// projection's (the highest artifact version is designated; the refused start changes
-/// nothing), every member's start is cited, and the genuine bundle verifies.
+/// A group whose members started in different entries, a member evaluated on two artifacts
+/// before its close and on a third after it, and a refused second start: the bundle's rewards
+/// and advantage are the scoring projection's (the highest artifact version at the close is
+/// designated and stays frozen; the refused start changes nothing), every member's start is
+/// cited, and the genuine bundle verifies.
 #[test]
 fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
     use gyre_event::{
@@ -509,15 +510,20 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
             policy_version: PolicyVersion(0),
         }],
         vec![start(0, 0)],
-        vec![close(0), start(1, 0)],
-        // Refused by the projection: e1 already started (in g0).
-        vec![start(1, 1)],
+        // e0's artifacts are evaluated while it runs; at its close the highest version (0.9)
+        // is designated.
         vec![
             requested(0, 0, 1),
             completed(0, 0, 1, 0.1),
             requested(0, 1, 2),
             completed(0, 1, 2, 0.9),
+            close(0),
+            start(1, 0),
         ],
+        // Refused by the projection: e1 already started (in g0).
+        vec![start(1, 1)],
+        // A later artifact's evaluation after the designation is kept, but replaces nothing.
+        vec![requested(0, 2, 3), completed(0, 2, 3, 0.2)],
         vec![close(1), requested(1, 0, 1), completed(1, 0, 1, 0.5)],
     ];
     let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
@@ -545,10 +551,16 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
         let facts = &value["facts"];
         assert_eq!(facts["group"], "g0", "{facts}");
         assert_eq!(facts["designated_result"]["score"], reward, "{facts}");
+        // Frozen by e0's close (entry 3) and e1's completion (entry 6).
+        let frozen_in = if execution == "e0" { 3 } else { 6 };
+        assert_eq!(
+            facts["designated_result"]["frozen_in"], frozen_in,
+            "{facts}"
+        );
         assert_eq!(
             facts["group_rewards"],
             serde_json::json!([["e0", 0.9], ["e1", 0.5]]),
-            "the highest artifact version is designated"
+            "the highest artifact version at the close is designated, and stays"
         );
         let advantage = facts["advantage"].as_f64().expect("the group is ready");
         assert!((advantage - sign).abs() < 1e-3, "{advantage}");

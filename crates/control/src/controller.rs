@@ -6,8 +6,10 @@
 //! resumes from the projection, never from stale memory. Then it asks the pure controller
 //! (`gyre_scheduler::Controller::decide`) whether there is anything to do at `now`; if so it runs
 //! `run_decisions` on a clone of the scheduler projection and proposes every returned event as one
-//! request (one atomic batch), waiting for it to be applied before deciding again. When nothing
-//! was folded for `idle_tick` (1 s), it proposes a `Tick`.
+//! request (one atomic batch), waiting for it to be applied before deciding again. With nothing
+//! for the scheduler to do it proposes the scoring projection's decisions (`Scoring::decide`:
+//! evaluation retries and budget exclusions). When nothing was folded for `idle_tick` (1 s), it
+//! proposes a `Tick`.
 //!
 //! A decision computed at applied index i can race with client events committed after i; the
 //! projection then refuses what no longer applies (deterministically on every replica), and
@@ -47,12 +49,22 @@ pub struct ControllerLoop {
     pub options: ControllerOptions,
 }
 
-/// What one wake-up wants proposed.
+/// What one wake-up wants proposed: the scheduler's decisions; else the scoring projection's
+/// (an evaluation retry on the same artifact while the execution's budget lasts, an exclusion
+/// once it is spent: without these a pending evaluation would hold its group back forever);
+/// else, when idle, a `Tick`.
 fn plan(projection: &ControlProjection, now: Timestamp, idle_tick: Duration) -> Vec<Event> {
     let scheduler = &projection.state.scheduler;
     if !Controller.decide(scheduler, now).is_empty() {
         let mut scratch = scheduler.clone();
         return run_decisions(&mut scratch, now);
+    }
+    let scoring = projection.state.trajectories.scoring.decide(now);
+    if !scoring.is_empty() {
+        return scoring
+            .into_iter()
+            .map(|body| Event::new(now, body))
+            .collect();
     }
     let idle_nanos = u64::try_from(idle_tick.as_nanos()).unwrap_or(u64::MAX);
     if now.nanos().saturating_sub(projection.last_at.nanos()) >= idle_nanos {
@@ -117,5 +129,87 @@ impl ControllerLoop {
                 Err(_) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gyre_event::{CloseStatus, DispatchedGroup, EngineId, ExecutionId, GroupId, QueryId};
+
+    /// A closed execution whose evaluation failed is retried, and once its budget is spent it
+    /// is excluded: the leader proposes both, so a pending evaluation never holds its group
+    /// back.
+    #[test]
+    fn the_leader_proposes_scoring_retries_and_exclusions() {
+        let mut projection = ControlProjection::new();
+        let at = Timestamp::from_secs(1);
+        let bodies = vec![
+            EventBody::GroupsDispatched {
+                groups: vec![DispatchedGroup {
+                    group: GroupId(0),
+                    query: QueryId(0),
+                }],
+                executions_per_group: 1,
+                policy_version: gyre_event::PolicyVersion::INITIAL,
+            },
+            EventBody::ExecutionStarted {
+                execution: ExecutionId(0),
+                group: GroupId(0),
+                engine: EngineId(0),
+            },
+            EventBody::ExecutionClosed {
+                execution: ExecutionId(0),
+                status: CloseStatus::Completed,
+            },
+            EventBody::EvaluationRequested {
+                execution: ExecutionId(0),
+                attempt: 0,
+                artifact_version: 3,
+                branch_ref: "main".into(),
+            },
+            EventBody::EvaluationFailed {
+                execution: ExecutionId(0),
+                attempt: 0,
+                reason: "evaluator crashed".into(),
+            },
+        ];
+        // Only the trajectory buffer's fold matters here: the scheduler has no run configured,
+        // so the scoring projection is driven directly.
+        for body in bodies {
+            projection
+                .state
+                .trajectories
+                .apply(&Event::new(at, body))
+                .expect("the scoring events fold");
+        }
+        let idle = Duration::from_secs(3600);
+        let retry = plan(&projection, Timestamp::from_secs(2), idle);
+        assert!(
+            matches!(
+                retry.as_slice(),
+                [Event {
+                    body: EventBody::EvaluationRequested {
+                        attempt: 1,
+                        artifact_version: 3,
+                        ..
+                    },
+                    ..
+                }]
+            ),
+            "{retry:?}"
+        );
+        let spent = Timestamp::from_secs(7 * 3600);
+        let excluded = plan(&projection, spent, idle);
+        assert!(
+            matches!(
+                excluded.as_slice(),
+                [Event {
+                    body: EventBody::ExecutionExcluded { .. },
+                    ..
+                }]
+            ),
+            "{excluded:?}"
+        );
     }
 }

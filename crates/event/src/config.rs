@@ -88,6 +88,17 @@ impl RunConfig {
         self.mu as u64 * self.b as u64
     }
 
+    /// Dispatch after publishing `version`, in groups: μ·B, or B per step still to train when
+    /// fewer than μ remain of a run of `steps` (0 once the run is complete; `steps == 0` runs
+    /// without end).
+    pub fn burst_dispatch_groups_after(&self, version: u64) -> u64 {
+        if self.steps == 0 {
+            return self.burst_dispatch_groups();
+        }
+        let remaining = (self.steps as u64).saturating_sub(version);
+        remaining.min(self.mu as u64) * self.b as u64
+    }
+
     /// ρ_min·B in groups, rounded up so that a positive ρ_min always demands at least one group.
     pub fn supply_groups_min(&self) -> u64 {
         (self.rho_min * self.b as f64).ceil() as u64

@@ -7,6 +7,7 @@
 //! unchanged. `validate` checks every invariant and is called after every apply in tests and in
 //! the simulator.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gyre_event::{
@@ -377,8 +378,9 @@ impl SchedulerState {
         Ok(())
     }
 
-    /// Apply without the copy-on-error guarantee; used by replay and the simulator where the
-    /// caller treats any error as fatal. Much cheaper on large states.
+    /// Apply without copying the state first; much cheaper on large states. A refusal still
+    /// leaves the state unchanged, because `apply_in_place` makes every check before its first
+    /// change (`tests/it/atomic.rs`); `gyre-state` folds every event this way and relies on it.
     pub fn apply_unchecked(&mut self, event: &Event) -> Result<(), ApplyError> {
         self.apply_in_place(event)?;
         self.now = self.now.max(event.at);
@@ -405,6 +407,9 @@ impl SchedulerState {
         self.config.as_ref().ok_or(ApplyError::NotStarted(what))
     }
 
+    /// Folds `event` into the projection. Every arm checks everything that can refuse the event
+    /// before it changes anything (check, then mutate), so an `Err` leaves the state exactly as
+    /// it was.
     fn apply_in_place(&mut self, event: &Event) -> Result<(), ApplyError> {
         let at = event.at;
         match &event.body {
@@ -519,13 +524,18 @@ impl SchedulerState {
                         self.dispatch_owed_groups
                     )));
                 }
-                for dispatched in groups {
-                    if dispatched.group.get() != self.next_group {
+                // Every id is checked before anything changes: a refusal leaves the state as
+                // it was.
+                for (offset, dispatched) in (0u64..).zip(groups) {
+                    let expected = self.next_group.saturating_add(offset);
+                    if dispatched.group.get() != expected {
                         return Err(ApplyError::Invalid(format!(
-                            "group ids must be dispatched in order: expected g{}, got {}",
-                            self.next_group, dispatched.group
+                            "group ids must be dispatched in order: expected g{expected}, got {}",
+                            dispatched.group
                         )));
                     }
+                }
+                for dispatched in groups {
                     self.next_group += 1;
                     self.groups.insert(
                         dispatched.group,
@@ -577,11 +587,13 @@ impl SchedulerState {
                 if engine_state.free() == 0 {
                     return Err(ApplyError::EngineFull(*engine));
                 }
-                engine_state.running.insert(*execution);
+                // The front of the start queue is always a known group; the lookup still comes
+                // before any change so that even a broken invariant is refused atomically.
                 let group_state = self
                     .groups
                     .get_mut(group)
                     .ok_or(ApplyError::UnknownGroup(*group))?;
+                engine_state.running.insert(*execution);
                 group_state.started += 1;
                 if group_state.started == group_state.size {
                     self.start_queue.pop_front();
@@ -606,45 +618,22 @@ impl SchedulerState {
                 if state.closed.is_some() {
                     return Err(ApplyError::ExecutionAlreadyClosed(*execution));
                 }
+                // A known execution's group is always known (the two are dropped together);
+                // the lookup still comes before any change.
+                let group = state.group;
+                let group_state = self
+                    .groups
+                    .get_mut(&group)
+                    .ok_or(ApplyError::UnknownGroup(group))?;
                 state.closed = Some(*status);
                 if let Some(engine) = state.engine.take() {
                     if let Some(engine_state) = self.engines.get_mut(&engine) {
                         engine_state.running.remove(execution);
                     }
                 }
-                // Cancelled and surplus executions carry no result for the group.
-                let auto_excluded = matches!(status, CloseStatus::Cancelled | CloseStatus::Surplus)
-                    && state.resolution == Resolution::Pending;
-                if auto_excluded {
-                    state.resolution = Resolution::Excluded;
-                }
-                let group = state.group;
                 self.finished += 1;
-                let group_state = self
-                    .groups
-                    .get_mut(&group)
-                    .ok_or(ApplyError::UnknownGroup(group))?;
                 group_state.closed += 1;
-                if auto_excluded {
-                    group_state.resolved += 1;
-                }
                 self.note_if_ready(group);
-            }
-            EventBody::EvaluationCompleted {
-                execution, valid, ..
-            } => {
-                if *valid {
-                    self.resolve(*execution, Resolution::Valid)?;
-                } else {
-                    // An invalid result keeps the evaluation pending; it may be retried.
-                    self.execution(*execution)?;
-                }
-            }
-            EventBody::DummyInserted { execution, .. } => {
-                self.resolve(*execution, Resolution::Dummy)?;
-            }
-            EventBody::ExecutionExcluded { execution, .. } => {
-                self.resolve(*execution, Resolution::Excluded)?;
             }
             EventBody::TransitionBegun { cell, to } => {
                 let index = cell.get() as usize;
@@ -655,31 +644,30 @@ impl SchedulerState {
                 if state.switching_to.is_some() || state.role == *to {
                     return Err(ApplyError::TransitionConflict(*cell));
                 }
-                state.switching_to = Some(*to);
+                // A cell's engine registers with it; the lookup still comes before any change.
                 let engine = state.engine;
                 let engine_state = self
                     .engines
                     .get_mut(&engine)
                     .ok_or(ApplyError::UnknownEngine(engine))?;
+                state.switching_to = Some(*to);
                 // Step one of the role switch: the source stops accepting.
                 engine_state.accepting = false;
             }
             EventBody::RoutesUpdated { source, moves } => {
+                // The moves apply in order, each seeing the ones before it. They are played on
+                // copies of the engines they touch, which replace the originals only once every
+                // move passed: a refusal leaves every engine as it was.
+                let mut touched: BTreeMap<EngineId, EngineState> = BTreeMap::new();
                 for route in moves {
-                    let from = self
-                        .engines
-                        .get_mut(&route.from)
-                        .ok_or(ApplyError::UnknownEngine(route.from))?;
+                    let from = Self::engine_copy(&self.engines, &mut touched, route.from)?;
                     if route.from != *source || !from.running.remove(&route.execution) {
                         return Err(ApplyError::WrongEngine {
                             execution: route.execution,
                             engine: route.from,
                         });
                     }
-                    let to = self
-                        .engines
-                        .get_mut(&route.to)
-                        .ok_or(ApplyError::UnknownEngine(route.to))?;
+                    let to = Self::engine_copy(&self.engines, &mut touched, route.to)?;
                     if !to.serving() {
                         return Err(ApplyError::EngineNotAccepting(route.to));
                     }
@@ -687,6 +675,9 @@ impl SchedulerState {
                         return Err(ApplyError::EngineFull(route.to));
                     }
                     to.running.insert(route.execution);
+                }
+                self.engines.extend(touched);
+                for route in moves {
                     if let Some(state) = self.executions.get_mut(&route.execution) {
                         state.engine = Some(route.to);
                     }
@@ -701,14 +692,15 @@ impl SchedulerState {
                 if state.switching_to != Some(*role) {
                     return Err(ApplyError::TransitionConflict(*cell));
                 }
-                state.switching_to = None;
-                state.role = *role;
-                state.role_since = at;
+                // A cell's engine registers with it; the lookup still comes before any change.
                 let engine = state.engine;
                 let engine_state = self
                     .engines
                     .get_mut(&engine)
                     .ok_or(ApplyError::UnknownEngine(engine))?;
+                state.switching_to = None;
+                state.role = *role;
+                state.role_since = at;
                 match role {
                     Role::Rollout => {
                         engine_state.ready = true;
@@ -782,12 +774,17 @@ impl SchedulerState {
                         batch.groups.len() + 1
                     )));
                 }
+                // Every micro-step is checked (against the batch and the ones before it in this
+                // event) before any is inserted: a refusal leaves the batch as it was.
+                let mut seen = BTreeSet::new();
                 for micro_step in micro_steps {
-                    if batch.micro_steps.contains_key(micro_step) {
+                    if batch.micro_steps.contains_key(micro_step) || !seen.insert(*micro_step) {
                         return Err(ApplyError::Invalid(format!(
                             "micro-step {micro_step} enqueued twice"
                         )));
                     }
+                }
+                for micro_step in micro_steps {
                     batch.micro_steps.insert(
                         *micro_step,
                         MicroStepState {
@@ -946,11 +943,20 @@ impl SchedulerState {
                 }
                 self.published_version = *policy_version;
                 self.awaiting_publish = false;
-                self.dispatch_owed_groups += config.burst_dispatch_groups();
-                self.core_decision_pending = config.mode != SchedulingMode::Async;
+                // μ·B groups feed the next burst's μ steps; when fewer steps remain (a run of
+                // `steps` not a multiple of μ), only what they will consume, and nothing once
+                // the run is complete: a rollout dispatched then would never be trained on.
+                let owed = config.burst_dispatch_groups_after(policy_version.get());
+                self.dispatch_owed_groups += owed;
+                self.core_decision_pending = config.mode != SchedulingMode::Async && owed > 0;
             }
+            // Resolutions are not this projection's to decide: `gyre-state` hands on each one
+            // the scoring projection reaches (`SchedulerState::resolve`).
             EventBody::ModelCall(_)
             | EventBody::EvaluationRequested { .. }
+            | EventBody::EvaluationCompleted { .. }
+            | EventBody::DummyInserted { .. }
+            | EventBody::ExecutionExcluded { .. }
             | EventBody::EvaluationFailed { .. }
             | EventBody::TrajectoriesAdmitted { .. }
             | EventBody::Tick
@@ -958,6 +964,22 @@ impl SchedulerState {
             | EventBody::ResponseStored(_) => {}
         }
         Ok(())
+    }
+
+    /// The copy in `touched` of engine `id`, taken from `engines` the first time it is asked
+    /// for.
+    fn engine_copy<'a>(
+        engines: &BTreeMap<EngineId, EngineState>,
+        touched: &'a mut BTreeMap<EngineId, EngineState>,
+        id: EngineId,
+    ) -> Result<&'a mut EngineState, ApplyError> {
+        match touched.entry(id) {
+            Entry::Occupied(copy) => Ok(copy.into_mut()),
+            Entry::Vacant(slot) => {
+                let engine = engines.get(&id).ok_or(ApplyError::UnknownEngine(id))?;
+                Ok(slot.insert(engine.clone()))
+            }
+        }
     }
 
     fn engine_cell_role(&self, engine: EngineId) -> Result<Option<Role>, ApplyError> {
@@ -977,34 +999,49 @@ impl SchedulerState {
             }))
     }
 
-    fn execution(&self, execution: ExecutionId) -> Result<&ExecutionState, ApplyError> {
-        self.executions
-            .get(&execution)
-            .ok_or(ApplyError::UnknownExecution(execution))
-    }
-
-    fn resolve(
+    /// Records the resolution the scoring projection reached for `execution` (the one
+    /// authority on resolutions; `gyre-state` calls this the moment scoring resolves it). The
+    /// first resolution stands: a later call for the same execution changes nothing. `Pending`
+    /// is not a resolution and is refused. `at` is the time of the event that resolved it (the
+    /// supply timer is refreshed there, as after any event).
+    pub fn resolve(
         &mut self,
         execution: ExecutionId,
         resolution: Resolution,
+        at: Timestamp,
     ) -> Result<(), ApplyError> {
+        if resolution == Resolution::Pending {
+            return Err(ApplyError::Invalid(format!(
+                "{execution} resolved as pending"
+            )));
+        }
         let state = self
             .executions
-            .get_mut(&execution)
+            .get(&execution)
             .ok_or(ApplyError::UnknownExecution(execution))?;
-        // The first designated result stands; later attempts never overwrite it.
         if state.resolution != Resolution::Pending {
             return Ok(());
         }
-        state.resolution = resolution;
         let group = state.group;
         let group_state = self
             .groups
             .get_mut(&group)
             .ok_or(ApplyError::UnknownGroup(group))?;
         group_state.resolved += 1;
+        if let Some(state) = self.executions.get_mut(&execution) {
+            state.resolution = resolution;
+        }
         self.note_if_ready(group);
+        self.refresh_supply_timer(at);
         Ok(())
+    }
+
+    /// The bookkeeping of folding an event this projection does not track (time, count,
+    /// supply timer), for a caller that cannot hand over the event itself.
+    pub fn fold_untracked(&mut self, at: Timestamp) {
+        self.now = self.now.max(at);
+        self.events_applied += 1;
+        self.refresh_supply_timer(at);
     }
 
     fn note_if_ready(&mut self, group: GroupId) {

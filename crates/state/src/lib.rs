@@ -12,9 +12,9 @@
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
 use gyre_event::{Event, EventBody, ExecutionId};
-use gyre_scheduler::{ApplyError, SchedulerState};
+use gyre_scheduler::{ApplyError, Resolution as SchedulerResolution, SchedulerState};
 use gyre_trajectory::{
-    AttemptOutcome, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
+    AttemptOutcome, Resolution, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
 };
 use sha2::{Digest, Sha256};
 
@@ -45,6 +45,20 @@ impl std::fmt::Display for StateError {
 }
 
 impl std::error::Error for StateError {}
+
+/// Whether the trajectory buffer folds `body` before the scheduler (see [`ControlState::apply`]).
+fn trajectory_first(body: &EventBody) -> bool {
+    matches!(
+        body,
+        EventBody::ModelCall(_)
+            | EventBody::EvaluationRequested { .. }
+            | EventBody::EvaluationCompleted { .. }
+            | EventBody::EvaluationFailed { .. }
+            | EventBody::DummyInserted { .. }
+            | EventBody::ExecutionExcluded { .. }
+            | EventBody::TrajectoriesAdmitted { .. }
+    )
+}
 
 /// All projections of the log.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,36 +98,106 @@ impl ControlState {
         }
     }
 
-    /// Fold one committed event into every projection. A refusal is reported with the
-    /// projection's reason; the scheduler is left unchanged on its own refusal.
+    /// Fold one committed event into every projection. **Atomic**: on a refusal (the
+    /// refusing projection's reason is returned) no projection has changed, so a refused event
+    /// is a no-op for the whole state, as a replica, `gyre replay` and the simulator all fold it.
+    ///
+    /// Resolutions have one authority, the scoring projection (`gyre_trajectory::Scoring`):
+    /// the scheduler folds closes and counts, and learns each execution's resolution only from
+    /// here, the moment scoring reaches it ([`ControlState::hand_on_resolution`]). So the two
+    /// never disagree on whether a group is ready, nor on why.
+    ///
+    /// Order, which is what makes the fold atomic: an event only the trajectory buffer can
+    /// refuse (evaluation outcomes, dummies, exclusions, model calls, admissions) goes to it
+    /// first, and the scheduler, which folds those without refusing, after; every other event
+    /// goes to the scheduler first. The trajectory buffer never refuses one of those that the
+    /// scheduler accepted (group and execution ids are the scheduler's to order and check, a
+    /// close the scheduler accepts is of a started, open execution), and each projection
+    /// leaves itself unchanged on its own refusal. `tests/it/atomic.rs` checks the whole.
     pub fn apply(&mut self, event: &Event) -> Result<(), StateError> {
-        self.scheduler
-            .apply_unchecked(event)
-            .map_err(StateError::Scheduler)?;
-        self.trajectories
-            .apply(event)
-            .map_err(StateError::Trajectory)?;
-        self.fold_responses(event)?;
-        self.events_applied += 1;
-        Ok(())
-    }
-
-    /// The stored-responses part of the fold (after the other projections: `ResponseStored`
-    /// is theirs to ignore, and a close they accepted drops the execution's responses).
-    fn fold_responses(&mut self, event: &Event) -> Result<(), StateError> {
+        let resolved_before = self.resolved(&event.body);
         match &event.body {
+            // Only the stored-responses projection folds (and can refuse) these.
             EventBody::ResponseStored(record) => {
                 let closed = self.execution_closed(record.execution);
                 self.responses
                     .apply(record, closed)
-                    .map_err(StateError::Responses)
+                    .map_err(StateError::Responses)?;
+                self.scheduler.fold_untracked(event.at);
             }
-            EventBody::ExecutionClosed { execution, .. } => {
-                self.responses.close(*execution);
-                Ok(())
+            body if trajectory_first(body) => {
+                self.trajectories
+                    .apply(event)
+                    .map_err(StateError::Trajectory)?;
+                self.scheduler
+                    .apply_unchecked(event)
+                    .map_err(StateError::Scheduler)?;
             }
-            _ => Ok(()),
+            _ => {
+                self.scheduler
+                    .apply_unchecked(event)
+                    .map_err(StateError::Scheduler)?;
+                self.trajectories
+                    .apply(event)
+                    .map_err(StateError::Trajectory)?;
+            }
         }
+        if !resolved_before {
+            self.hand_on_resolution(event)?;
+        }
+        if let EventBody::ExecutionClosed { execution, .. } = &event.body {
+            self.responses.close(*execution);
+        }
+        self.events_applied += 1;
+        Ok(())
+    }
+
+    /// The execution whose resolution `body` may settle, if any.
+    fn resolving(body: &EventBody) -> Option<ExecutionId> {
+        match body {
+            EventBody::ExecutionClosed { execution, .. }
+            | EventBody::EvaluationCompleted { execution, .. }
+            | EventBody::DummyInserted { execution, .. }
+            | EventBody::ExecutionExcluded { execution, .. } => Some(*execution),
+            _ => None,
+        }
+    }
+
+    /// Whether scoring had already resolved the execution `body` may settle (true when the
+    /// event settles none).
+    fn resolved(&self, body: &EventBody) -> bool {
+        Self::resolving(body).is_none_or(|execution| {
+            self.trajectories
+                .scoring
+                .executions
+                .get(&execution)
+                .is_some_and(|score| score.is_resolved())
+        })
+    }
+
+    /// Tells the scheduler the resolution scoring reached with `event`, if it reached one.
+    /// Only a first resolution is handed on (the caller checks), and only for an execution
+    /// the scheduler holds: it drops an execution once an optimizer step consumed its group,
+    /// which needs every member resolved already.
+    fn hand_on_resolution(&mut self, event: &Event) -> Result<(), StateError> {
+        let Some(execution) = Self::resolving(&event.body) else {
+            return Ok(());
+        };
+        let resolution = match self
+            .trajectories
+            .scoring
+            .executions
+            .get(&execution)
+            .and_then(|score| score.resolution())
+        {
+            Some(Resolution::Valid { .. }) => SchedulerResolution::Valid,
+            Some(Resolution::Dummy) => SchedulerResolution::Dummy,
+            Some(Resolution::Excluded { .. }) => SchedulerResolution::Excluded,
+            None => return Ok(()),
+        };
+        self.scheduler
+            .resolve(execution, resolution, event.at)
+            .map_err(StateError::Scheduler)
     }
 
     /// Whether the scheduler or scoring holds `execution` as closed (the scheduler drops an
@@ -134,23 +218,15 @@ impl ControlState {
     /// [`ControlState::apply`] taking the event by value (replay and the state machine own
     /// their decoded events): the same fold, without copying a model call's tokens.
     pub fn apply_owned(&mut self, event: Event) -> Result<(), StateError> {
-        self.scheduler
-            .apply_unchecked(&event)
-            .map_err(StateError::Scheduler)?;
-        if matches!(
-            event.body,
-            EventBody::ResponseStored(_) | EventBody::ExecutionClosed { .. }
-        ) {
-            self.trajectories
-                .apply(&event)
-                .map_err(StateError::Trajectory)?;
-            self.fold_responses(&event)?;
-            self.events_applied += 1;
-            return Ok(());
+        if !matches!(event.body, EventBody::ModelCall(_)) {
+            return self.apply(&event);
         }
+        // A model call: the trajectory buffer is the only projection that folds it.
+        let at = event.at;
         self.trajectories
             .apply_owned(event)
             .map_err(StateError::Trajectory)?;
+        self.scheduler.fold_untracked(at);
         self.events_applied += 1;
         Ok(())
     }
@@ -284,6 +360,26 @@ impl ControlState {
                     }
                     feed.bytes(&record.items);
                 }
+            }
+        }
+        // Fed only when some designation was frozen before a higher-version completion was
+        // folded (the one case it is not implied by the attempts above), so logs without one
+        // verify with the digests they were written with.
+        let overrides: Vec<(ExecutionId, u32)> = scoring
+            .executions
+            .iter()
+            .filter_map(|(execution, score)| {
+                score
+                    .designation_override()
+                    .map(|attempt| (*execution, attempt))
+            })
+            .collect();
+        if !overrides.is_empty() {
+            feed.bytes(b"frozen-designations");
+            feed.u64(overrides.len() as u64);
+            for (execution, attempt) in overrides {
+                feed.u64(execution.get());
+                feed.u64(u64::from(attempt));
             }
         }
         feed.0.finalize().into()

@@ -31,23 +31,25 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"GYRESNAP";
 /// The format this build writes. It also reads version 1, written before consumed executions'
 /// trees were retired (no retired section: every tree is live), version 2, written before
 /// tree nodes kept their calls' stop sequences (none then), version 3, written before the
-/// stored-responses section (none then), and version 4, written before tree nodes kept how
-/// many outputs an answer-format grammar constrained (none then).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+/// stored-responses section (none then), version 4, written before tree nodes kept how
+/// many outputs an answer-format grammar constrained (none then), and version 5, written
+/// before designated results were frozen (each is the one the old rule gives).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 
 /// The first version with the stored-responses section.
 const RESPONSES_SINCE: u32 = 4;
 
 // The trajectory part is versioned with the snapshot: versions 1 to 3 are its formats 1 to 3,
-// version 4 holds its format 3 and version 5 its format 4.
-const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 4);
+// version 4 holds its format 3, version 5 its format 4 and version 6 its format 5.
+const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 5);
 
 /// The trajectory part's format in a snapshot of `version`.
 fn trajectory_format(version: u32) -> u32 {
     match version {
         0..=3 => version,
         4 => 3,
-        _ => 4,
+        5 => 4,
+        _ => 5,
     }
 }
 

@@ -146,17 +146,25 @@ impl TrajectoryBuffer {
         }
     }
 
-    fn refuse_consumed(&self, execution: ExecutionId) -> Result<(), TrajectoryError> {
-        let consumed_by = self
-            .scoring
-            .executions
-            .get(&execution)
-            .and_then(|score| self.consumed_groups.get(&score.group));
-        match consumed_by {
-            Some(step) => Err(TrajectoryError::Scoring {
+    /// Refuses a model call for an execution whose records are frozen: one that closed (partial
+    /// scoring evaluates what was committed by then; a call still in flight at the close is
+    /// not part of it), or whose group an optimizer step consumed.
+    fn refuse_frozen(&self, execution: ExecutionId) -> Result<(), TrajectoryError> {
+        let score = self.scoring.executions.get(&execution);
+        if let Some(step) = score.and_then(|score| self.consumed_groups.get(&score.group)) {
+            return Err(TrajectoryError::Scoring {
                 execution,
                 message: format!(
                     "model call after optimizer step {step} consumed this execution's group (its tree is retired)"
+                ),
+            });
+        }
+        match score.and_then(|score| score.closed) {
+            Some((status, _)) => Err(TrajectoryError::Scoring {
+                execution,
+                message: format!(
+                    "model call after the execution closed ({}): its records were frozen at close",
+                    status.as_str()
                 ),
             }),
             None => Ok(()),
@@ -168,7 +176,7 @@ impl TrajectoryBuffer {
     pub fn apply_owned(&mut self, event: Event) -> Result<(), TrajectoryError> {
         match event.body {
             EventBody::ModelCall(record) => {
-                self.refuse_consumed(record.execution)?;
+                self.refuse_frozen(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)
@@ -183,7 +191,7 @@ impl TrajectoryBuffer {
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
         match &event.body {
             EventBody::ModelCall(record) => {
-                self.refuse_consumed(record.execution)?;
+                self.refuse_frozen(record.execution)?;
                 let config = self.tree_config;
                 self.trees
                     .entry(record.execution)

@@ -3,9 +3,15 @@
 //! Per execution: `Running` → closed with a [`CloseStatus`] → evaluation attempts → resolved.
 //! Each attempt is bound to (execution, artifact version, branch ref) when requested; a
 //! completion must carry the same binding, and an attempt is never overwritten (a second
-//! outcome for the same attempt is rejected). The designated result is the valid completion
-//! with the highest artifact version; among completions of one version the earliest attempt
-//! wins, so later attempts never replace it.
+//! outcome for the same attempt is rejected).
+//!
+//! **The designated result is frozen.** It is chosen once, at the first event after which the
+//! execution is closed and has a valid completion: the valid completion with the highest
+//! artifact version completed so far (among completions of one version, the earliest attempt).
+//! Completions folded later are kept for the audit trail but never replace it, so a reward a
+//! group was ready (and perhaps trained) with is the reward every later reader sees. This
+//! projection is the one authority on resolutions: `gyre-state` hands each resolution it
+//! reaches to the scheduler projection, which keeps no rule of its own.
 //!
 //! Failure classes (DESIGN.md §6): an evaluator failure (or an invalid completion) leaves the
 //! execution *pending*; [`Scoring::decide`] retries it on the same state while the execution's
@@ -14,8 +20,9 @@
 //! reward, so the group keeps N members. Overall timeouts, cancellations and surplus executions
 //! are excluded on close (no valid reward is expected); surplus executions also leave the group.
 //!
-//! A group is ready when N non-surplus members have closed and every one is resolved (valid,
-//! dummy or excluded). Its advantages use the valid rewards only; excluded members get none.
+//! A group is ready when it has N members and every member is closed and resolved (valid,
+//! dummy or excluded; a surplus or cancelled member is excluded, like the scheduler counts
+//! it). Its advantages use the valid rewards only; excluded members get none.
 
 use std::collections::BTreeMap;
 
@@ -134,11 +141,27 @@ pub struct ExecutionScore {
     pub attempts: BTreeMap<u32, EvaluationAttempt>,
     pub dummy: bool,
     pub excluded: Option<String>,
+    /// The attempt whose valid completion is the designated result, frozen when chosen (see
+    /// the module documentation).
+    pub designated: Option<u32>,
 }
 
 impl ExecutionScore {
-    /// The designated valid result: highest artifact version, then earliest attempt.
+    /// The designated valid result (attempt, score): frozen once chosen.
     pub fn designated(&self) -> Option<(u32, f64)> {
+        let attempt = self.designated?;
+        match &self.attempts.get(&attempt)?.outcome {
+            Some(AttemptOutcome::Completed {
+                score, valid: true, ..
+            }) => Some((attempt, *score)),
+            _ => None,
+        }
+    }
+
+    /// The valid completion a designation made now would choose: highest artifact version,
+    /// then earliest attempt. Before designation this is the candidate; after it, completions
+    /// folded since may make it differ from [`ExecutionScore::designated`].
+    pub fn best_valid(&self) -> Option<(u32, f64)> {
         let mut best: Option<(u64, u32, f64)> = None;
         for (attempt, record) in &self.attempts {
             if let Some(AttemptOutcome::Completed {
@@ -155,6 +178,12 @@ impl ExecutionScore {
             }
         }
         best.map(|(_, attempt, score)| (attempt, score))
+    }
+
+    /// Whether [`ExecutionScore::resolution`] is `Some` (without building it).
+    pub fn is_resolved(&self) -> bool {
+        self.excluded.is_some()
+            || (self.closed.is_some() && (self.dummy || self.designated.is_some()))
     }
 
     /// `None` while running or pending.
@@ -174,6 +203,32 @@ impl ExecutionScore {
 
     pub fn is_surplus(&self) -> bool {
         matches!(self.closed, Some((CloseStatus::Surplus, _)))
+    }
+
+    /// The designation a fold would freeze now if none were frozen yet: the best valid
+    /// completion of a closed execution that is neither a dummy nor excluded.
+    pub fn fresh_designation(&self) -> Option<u32> {
+        if self.closed.is_some() && !self.dummy && self.excluded.is_none() {
+            self.best_valid().map(|(attempt, _)| attempt)
+        } else {
+            None
+        }
+    }
+
+    /// The frozen designation where it differs from [`ExecutionScore::fresh_designation`]
+    /// (a completion of a higher artifact version folded after it was frozen): the only case
+    /// in which the designation is not implied by the rest of the state, so the only one a
+    /// snapshot and the state digest record explicitly.
+    pub fn designation_override(&self) -> Option<u32> {
+        self.designated
+            .filter(|_| self.designated != self.fresh_designation())
+    }
+
+    /// Freezes the designated result if this execution has just become able to have one.
+    fn settle(&mut self) {
+        if self.designated.is_none() {
+            self.designated = self.fresh_designation();
+        }
     }
 }
 
@@ -267,6 +322,7 @@ impl Scoring {
                         attempts: BTreeMap::new(),
                         dummy: false,
                         excluded: None,
+                        designated: None,
                     },
                 );
             }
@@ -287,6 +343,7 @@ impl Scoring {
                 if let Some(reason) = excluded {
                     state.excluded = Some(reason.into());
                 }
+                state.settle();
             }
             EventBody::EvaluationRequested {
                 execution,
@@ -374,6 +431,7 @@ impl Scoring {
                     evaluated_state_ref: evaluated_state_ref.clone(),
                     evaluator: evaluator.clone(),
                 });
+                state.settle();
             }
             EventBody::EvaluationFailed {
                 execution,
@@ -408,7 +466,7 @@ impl Scoring {
                 if state.closed.is_none() {
                     return reject(*execution, "dummy inserted before close".into());
                 }
-                if state.designated().is_some() || state.excluded.is_some() {
+                if state.best_valid().is_some() || state.excluded.is_some() {
                     return reject(
                         *execution,
                         "dummy inserted for an already resolved execution".into(),
@@ -418,7 +476,7 @@ impl Scoring {
             }
             EventBody::ExecutionExcluded { execution, reason } => {
                 let state = self.execution_mut(*execution)?;
-                if state.designated().is_some() || state.dummy {
+                if state.best_valid().is_some() || state.dummy {
                     return reject(*execution, "excluded although it has a valid result".into());
                 }
                 if state.excluded.is_none() {
@@ -436,7 +494,7 @@ impl Scoring {
     pub fn decide(&self, now: Timestamp) -> Vec<EventBody> {
         let mut decisions = Vec::new();
         for (execution, state) in &self.executions {
-            if state.closed.is_none() || state.resolution().is_some() {
+            if state.closed.is_none() || state.is_resolved() {
                 continue;
             }
             let deadline = state.started_at.plus(self.config.evaluation_budget);
@@ -460,21 +518,18 @@ impl Scoring {
         decisions
     }
 
-    /// Whether all N members of `group` are closed and resolved.
+    /// Whether `group` has its N members and every one is closed and resolved (the rule the
+    /// scheduler's `GroupState::ready` counts: a surplus member is an excluded member).
     pub fn group_ready(&self, group: GroupId) -> bool {
         let Some(state) = self.groups.get(&group) else {
             return false;
         };
-        let members: Vec<&ExecutionScore> = state
-            .members
-            .iter()
-            .map(|member| &self.executions[member])
-            .filter(|score| !score.is_surplus())
-            .collect();
-        members.len() as u32 >= state.executions_per_group
-            && members
-                .iter()
-                .all(|score| score.closed.is_some() && score.resolution().is_some())
+        state.members.len() as u32 >= state.executions_per_group
+            && state.members.iter().all(|member| {
+                self.executions
+                    .get(member)
+                    .is_some_and(|score| score.closed.is_some() && score.is_resolved())
+            })
     }
 
     /// Advantages of a ready group's valid members (dummies count as valid zeros); `None` if the
@@ -520,6 +575,16 @@ impl Scoring {
             );
             if state.dummy {
                 assert!(state.excluded.is_none(), "a dummy is not excluded");
+            }
+            if let Some(attempt) = state.designated {
+                assert!(
+                    state.designated().is_some(),
+                    "designated attempt {attempt} of {execution} is a valid completion"
+                );
+                assert!(
+                    state.closed.is_some(),
+                    "only a closed execution is designated"
+                );
             }
         }
     }

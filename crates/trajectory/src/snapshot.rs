@@ -304,6 +304,8 @@ fn write_execution_score(writer: &mut Writer, score: &ExecutionScore) {
         attempts,
         dummy,
         excluded,
+        // Written apart, only where it is not implied (see `TrajectoryBuffer::encode_into`).
+        designated: _,
     } = score;
     writer.varint(group.get());
     writer.varint(started_at.nanos());
@@ -389,14 +391,19 @@ fn read_execution_score(reader: &mut Reader<'_>) -> Result<ExecutionScore, WireE
     } else {
         None
     };
-    Ok(ExecutionScore {
+    let mut score = ExecutionScore {
         group,
         started_at,
         closed,
         attempts,
         dummy,
         excluded,
-    })
+        designated: None,
+    };
+    // Implied by the rest; a frozen designation that differs is in the buffer's format-5
+    // section.
+    score.designated = score.fresh_designation();
+    Ok(score)
 }
 
 /// Every group member has a score in that group and every score is listed by its group,
@@ -629,9 +636,50 @@ fn read_call_section<T>(
     Ok(())
 }
 
+/// Reads the format-5 section: each entry must name a closed, scored execution and a valid
+/// completion other than the one the rule implies (anything else is not what an encoder
+/// writes).
+fn read_designation_overrides(
+    reader: &mut Reader<'_>,
+    scoring: &mut Scoring,
+) -> Result<(), WireError> {
+    const SECTION: &str = "trajectory.designations";
+    let count = reader.count(SECTION, 2)?;
+    let mut previous = None;
+    for _ in 0..count {
+        let start = reader.offset();
+        let execution = reader.increasing("trajectory.designations.execution", previous)?;
+        previous = Some(execution);
+        let attempt = reader.varint("trajectory.designations.attempt")?;
+        let checked = (|| {
+            let score = scoring
+                .executions
+                .get_mut(&ExecutionId(execution))
+                .ok_or_else(|| format!("execution e{execution} has no score"))?;
+            let attempt =
+                u32::try_from(attempt).map_err(|_| format!("attempt {attempt} is out of range"))?;
+            let implied = score.fresh_designation();
+            if implied.is_none() || implied == Some(attempt) {
+                return Err(format!(
+                    "e{execution}: attempt {attempt} is not an override of the implied designation"
+                ));
+            }
+            score.designated = Some(attempt);
+            if score.designated().is_none() {
+                return Err(format!(
+                    "e{execution}: attempt {attempt} is not a valid completion"
+                ));
+            }
+            Ok(())
+        })();
+        checked.map_err(|message| inconsistent(reader, start, SECTION, message))?;
+    }
+    Ok(())
+}
+
 /// The trajectory part's layout that [`TrajectoryBuffer::encode_into`] writes (the control
 /// snapshot's format version; see [`TrajectoryBuffer::decode_versioned`]).
-pub const TRAJECTORY_FORMAT: u32 = 4;
+pub const TRAJECTORY_FORMAT: u32 = 5;
 
 impl TrajectoryBuffer {
     /// Appends the canonical snapshot encoding of the whole buffer.
@@ -719,6 +767,24 @@ impl TrajectoryBuffer {
             |node| node.context_outputs > 0,
             |writer, node| writer.varint(u64::from(node.context_outputs)),
         );
+        // Format 5: designations frozen before a completion of a higher artifact version was
+        // folded (`ExecutionScore::designation_override`), by execution.
+        let overrides: Vec<(ExecutionId, u32)> = scoring
+            .executions
+            .iter()
+            .filter_map(|(execution, score)| {
+                score
+                    .designation_override()
+                    .map(|attempt| (*execution, attempt))
+            })
+            .collect();
+        writer.count(overrides.len());
+        let mut previous = None;
+        for (execution, attempt) in overrides {
+            writer.increasing(previous, execution.get());
+            previous = Some(execution.get());
+            writer.varint(u64::from(attempt));
+        }
     }
 
     /// Reads what [`TrajectoryBuffer::encode_into`] wrote. Never panics.
@@ -728,7 +794,9 @@ impl TrajectoryBuffer {
 
     /// [`TrajectoryBuffer::decode_from`] for what an older build wrote: `format` 1 has no
     /// retirement sections (every tree is live), 2 has them, 3 adds the calls' stop
-    /// sequences, 4 (current) the counts of context-only outputs (`Node::context_outputs`).
+    /// sequences, 4 the counts of context-only outputs (`Node::context_outputs`), 5 (current)
+    /// the designations frozen before a later, higher-version completion (older formats had
+    /// no freezing: each designation is the one the old rule gives).
     pub fn decode_versioned(
         reader: &mut Reader<'_>,
         format: u32,
@@ -744,7 +812,7 @@ impl TrajectoryBuffer {
             let execution = ExecutionId(execution);
             trees.insert(execution, Tree::decode_from(reader, execution)?);
         }
-        let scoring = Scoring::decode_from(reader)?;
+        let mut scoring = Scoring::decode_from(reader)?;
         let count = reader.count("trajectory.admissions", 2)?;
         let mut admissions = BTreeMap::new();
         let mut previous = None;
@@ -862,6 +930,9 @@ impl TrajectoryBuffer {
                     tree.restore_context_outputs(call, count)
                 },
             )?;
+        }
+        if format >= 5 {
+            read_designation_overrides(reader, &mut scoring)?;
         }
         Ok(TrajectoryBuffer {
             tree_config,

@@ -185,6 +185,8 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
     // Accepted scoring events of the group, by (entry, position in the entry).
     let mut accepted: BTreeSet<(u64, usize)> = BTreeSet::new();
     let mut dispatched_in: Option<u64> = None;
+    // The entry whose event froze the designated result (see `gyre_trajectory::Scoring`).
+    let mut designated_in: Option<u64> = None;
     if let Some(group) = group {
         for (index, events) in entries {
             for (position, event) in events.iter().enumerate() {
@@ -212,7 +214,18 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
                     ),
                     _ => event.clone(),
                 };
+                let undesignated = scoring
+                    .executions
+                    .get(&execution)
+                    .is_none_or(|score| score.designated.is_none());
                 if scoring.apply(&event).is_ok() {
+                    let designated_now = scoring
+                        .executions
+                        .get(&execution)
+                        .is_some_and(|score| score.designated.is_some());
+                    if undesignated && designated_now {
+                        designated_in = Some(*index);
+                    }
                     match &event.body {
                         EventBody::ExecutionStarted { execution: e, .. } => {
                             members.insert(*e);
@@ -373,7 +386,7 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
         .executions
         .get(&execution)
         .and_then(|score| score.designated())
-        .map(|(attempt, score)| json!({"attempt": attempt, "score": score}));
+        .map(|(attempt, score)| json!({"attempt": attempt, "score": score, "frozen_in": designated_in}));
     let advantage = group
         .and_then(|group| scoring.advantages(group, normalization))
         .and_then(|advantages| advantages.get(&execution).copied());

@@ -28,6 +28,7 @@ use gyre_event::{
 use gyre_scheduler::{run_decisions, Controller, SchedulerState};
 
 use crate::invariants;
+use crate::resolutions::Resolutions;
 
 /// The engine id of the standalone pool in scripts.
 pub const STANDALONE_ENGINE: EngineId = EngineId(100);
@@ -44,6 +45,7 @@ pub fn check(script: &str, expect: Expect) {
 pub struct Harness {
     pub state: SchedulerState,
     pub log: Vec<Event>,
+    resolutions: Resolutions,
     out: String,
 }
 
@@ -66,10 +68,14 @@ impl Harness {
         }
         // The whole log replays into an identical projection (the digest is a pure fold).
         let mut replayed = SchedulerState::new();
+        let mut resolutions = Resolutions::default();
         for event in &self.log {
             replayed
                 .apply_unchecked(event)
                 .expect("a logged event replays");
+            resolutions
+                .after(&mut replayed, event)
+                .expect("a logged resolution replays");
         }
         assert_eq!(
             replayed, self.state,
@@ -178,6 +184,9 @@ impl Harness {
         let digest_before = self.state.digest();
         match self.state.apply(&event) {
             Ok(()) => {
+                self.resolutions
+                    .after(&mut self.state, &event)
+                    .unwrap_or_else(|error| panic!("after {event:?}: resolution refused: {error}"));
                 invariants::check_step(&before, &self.state).unwrap_or_else(|violation| {
                     panic!(
                         "after {event:?}: {violation}\n{}{}",

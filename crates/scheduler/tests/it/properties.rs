@@ -18,6 +18,7 @@ use proptest::prelude::*;
 
 use crate::harness::STANDALONE_ENGINE;
 use crate::invariants;
+use crate::resolutions::Resolutions;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Setup {
@@ -129,6 +130,7 @@ pub(crate) fn action() -> impl Strategy<Value = Action> {
 pub(crate) struct Runtime {
     pub(crate) state: SchedulerState,
     pub(crate) log: Vec<Event>,
+    resolutions: Resolutions,
     now: Timestamp,
     down: BTreeSet<EngineId>,
 }
@@ -138,6 +140,7 @@ impl Runtime {
         let mut runtime = Runtime {
             state: SchedulerState::new(),
             log: Vec::new(),
+            resolutions: Resolutions::default(),
             now: Timestamp::ZERO,
             down: BTreeSet::new(),
         };
@@ -190,6 +193,9 @@ impl Runtime {
         let before = self.state.clone();
         if let Err(error) = self.state.apply(&event) {
             panic!("the runtime's legal event {event:?} was rejected: {error}");
+        }
+        if let Err(error) = self.resolutions.after(&mut self.state, &event) {
+            panic!("the resolution after {event:?} was refused: {error}");
         }
         invariants::check_step(&before, &self.state)
             .unwrap_or_else(|violation| panic!("after {event:?}: {violation}"));
@@ -504,16 +510,40 @@ impl Runtime {
         self.state.training_version.get() - start
     }
 
+    /// The scoring stand-in as it stood after the first `events` of the log (what a restored
+    /// snapshot's fold continues from).
+    pub(crate) fn resolutions_at(&self, events: usize) -> Resolutions {
+        let mut state = SchedulerState::new();
+        let mut resolutions = Resolutions::default();
+        for event in &self.log[..events] {
+            state
+                .apply_unchecked(event)
+                .expect("a logged event replays");
+            resolutions
+                .after(&mut state, event)
+                .expect("a logged resolution replays");
+        }
+        resolutions
+    }
+
     /// Replaying the log into a fresh projection gives the same state and digest, through both
     /// apply paths.
     fn check_replay(&self) {
         let mut checked = SchedulerState::new();
         let mut unchecked = SchedulerState::new();
+        let (mut checked_resolutions, mut unchecked_resolutions) =
+            (Resolutions::default(), Resolutions::default());
         for event in &self.log {
             checked.apply(event).expect("a logged event replays");
+            checked_resolutions
+                .after(&mut checked, event)
+                .expect("a logged resolution replays");
             unchecked
                 .apply_unchecked(event)
                 .expect("a logged event replays");
+            unchecked_resolutions
+                .after(&mut unchecked, event)
+                .expect("a logged resolution replays");
         }
         assert_eq!(checked, self.state);
         assert_eq!(unchecked, self.state);

@@ -25,7 +25,6 @@ fn unknown_execution_claim_by_rollout_cell_and_early_optimizer_step_are_rejected
     check(
         &with_setup(
             "at 12 close e99 completed
-             at 12 eval e99 valid
              at 12 claim cell1 ms0
              at 12 claim cell0 ms0
              at 12 optimizer
@@ -44,8 +43,6 @@ fn unknown_execution_claim_by_rollout_cell_and_early_optimizer_step_are_rejected
               = d=4 p=4 f=2 w=2 C_R=4 k=1 v_t=0 v_pub=0 burst=0.0
                 roles=[R>T R] engines=[0:0/2x 1:2/2 100:0/2] ready=[g0,g1] batch=step0{none ms=0 claimed=0 done=0} supply=2/1 since=10 wakeup=-
             at 12 close e99 completed
-              rejected: unknown execution e99 (state unchanged)
-            at 12 eval e99 valid
               rejected: unknown execution e99 (state unchanged)
             at 12 claim cell1 ms0
               rejected: cell1 is not in training role (state unchanged)

@@ -64,8 +64,12 @@ proptest! {
             runtime.act(action);
         }
         let mut continued = restored;
+        let mut resolutions = runtime.resolutions_at(logged);
         for event in &runtime.log[logged..] {
             continued.apply(event).expect("the rest of the log folds into the restored state");
+            resolutions
+                .after(&mut continued, event)
+                .expect("the rest of the resolutions fold into the restored state");
         }
         prop_assert_eq!(&continued, &runtime.state);
         prop_assert_eq!(continued.digest(), runtime.state.digest());

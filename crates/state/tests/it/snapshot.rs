@@ -263,9 +263,10 @@ fn version_1_snapshots_restore_to_what_a_fold_reaches_now() {
         }
     }
     assert!(old.trajectories.retired.is_empty() && old.trajectories.consumed_groups.is_empty());
-    // Version 5 ends its trajectory part with five sections (retired, retiring, consumed
-    // groups, stop sequences, constrained outputs; empty here); version 1 has none of them.
-    let v1 = as_older_version(&old, 5, 1);
+    // Version 6 ends its trajectory part with six sections (retired, retiring, consumed
+    // groups, stop sequences, constrained outputs, frozen designations; empty here); version 1
+    // has none of them.
+    let v1 = as_older_version(&old, 6, 1);
     let restored = ControlState::decode_snapshot(&v1).expect("a version-1 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.digest(), state.digest());
@@ -279,9 +280,9 @@ fn version_2_snapshots_restore_without_stop_sequences() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();
-    // Version 5 ends its trajectory part with the stop-sequence and constrained-output
-    // sections (empty here); version 2 has neither.
-    let v2 = as_older_version(&state, 2, 2);
+    // Version 6 ends its trajectory part with the stop-sequence, constrained-output and
+    // frozen-designation sections (empty here); version 2 has none of them.
+    let v2 = as_older_version(&state, 3, 2);
     let restored = ControlState::decode_snapshot(&v2).expect("a version-2 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
@@ -294,8 +295,8 @@ fn version_3_snapshots_restore_without_stored_responses() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();
-    // Nor the constrained-output section (empty here).
-    let v3 = as_older_version(&state, 1, 3);
+    // Nor the constrained-output and frozen-designation sections (empty here).
+    let v3 = as_older_version(&state, 2, 3);
     let restored = ControlState::decode_snapshot(&v3).expect("a version-3 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
@@ -308,8 +309,23 @@ fn version_4_snapshots_restore_without_context_outputs() {
     let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
     let state = fold(&events);
     let bytes = state.encode_snapshot();
-    let v4 = as_older_version(&state, 1, 4);
+    // Nor the frozen-designation section (empty here).
+    let v4 = as_older_version(&state, 2, 4);
     let restored = ControlState::decode_snapshot(&v4).expect("a version-4 snapshot restores");
+    assert_eq!(restored, state);
+    assert_eq!(restored.encode_snapshot(), bytes);
+}
+
+/// A version-5 snapshot (written before designated results were frozen: no section of
+/// designations that differ from the rule) restores to the same state, each designation the
+/// one the rule gives.
+#[test]
+fn version_5_snapshots_restore_with_the_designations_the_rule_gives() {
+    let events = run_with_model_calls(5, 3, &SyntheticConfig::small(4, 1));
+    let state = fold(&events);
+    let bytes = state.encode_snapshot();
+    let v5 = as_older_version(&state, 1, 5);
+    let restored = ControlState::decode_snapshot(&v5).expect("a version-5 snapshot restores");
     assert_eq!(restored, state);
     assert_eq!(restored.encode_snapshot(), bytes);
 }

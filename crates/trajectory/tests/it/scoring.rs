@@ -1,5 +1,7 @@
 //! The partial-scoring state machine, driven by event scripts.
 
+use std::collections::BTreeMap;
+
 use gyre_event::{
     CloseStatus, DispatchedGroup, Duration, EngineId, Event, EventBody, ExecutionId, GroupId,
     PolicyVersion, QueryId, Timestamp,
@@ -224,14 +226,53 @@ fn overall_timeout_and_surplus_are_excluded_on_close() {
     let mut scoring = group_of(2);
     close(&mut scoring, 1, CloseStatus::OverallTimeout);
     close(&mut scoring, 2, CloseStatus::Surplus);
-    assert!(matches!(
-        scoring.executions[&ExecutionId(1)].resolution(),
-        Some(Resolution::Excluded { .. })
-    ));
-    assert!(
-        !scoring.group_ready(GroupId(1)),
-        "a surplus execution does not count toward N"
+    for execution in [1, 2] {
+        assert!(matches!(
+            scoring.executions[&ExecutionId(execution)].resolution(),
+            Some(Resolution::Excluded { .. })
+        ));
+    }
+    // The rule the scheduler counts by: N members, each closed and resolved (an excluded
+    // member is resolved), so the group is ready, with no valid reward to train on.
+    assert!(scoring.group_ready(GroupId(1)));
+    assert_eq!(
+        scoring.advantages(GroupId(1), AdvantageNormalization::default()),
+        Some(BTreeMap::new())
     );
+}
+
+#[test]
+fn a_designated_result_is_frozen_when_chosen() {
+    let mut scoring = group_of(1);
+    // A valid evaluation of an intermediate artifact while the execution still runs.
+    request(&mut scoring, 1, 1, 1);
+    scoring
+        .apply(&complete(1, 1, 0.2, true, 1))
+        .expect("an intermediate evaluation applies");
+    assert_eq!(scoring.executions[&ExecutionId(1)].resolution(), None);
+    request(&mut scoring, 1, 2, 3);
+    scoring
+        .apply(&complete(1, 2, 0.6, true, 3))
+        .expect("a later artifact's evaluation applies");
+    // At close the highest artifact version completed so far is designated...
+    close(&mut scoring, 1, CloseStatus::Completed);
+    let designated = Some(Resolution::Valid {
+        reward: 0.6,
+        attempt: 2,
+    });
+    assert_eq!(scoring.executions[&ExecutionId(1)].resolution(), designated);
+    assert!(scoring.group_ready(GroupId(1)));
+    // ...and a completion of a higher version folded after that is kept, but replaces nothing:
+    // the group may already have been packed with 0.6.
+    request(&mut scoring, 1, 3, 9);
+    scoring
+        .apply(&complete(1, 3, 1.0, true, 9))
+        .expect("a late evaluation is recorded");
+    let score = &scoring.executions[&ExecutionId(1)];
+    assert_eq!(score.resolution(), designated);
+    assert_eq!(score.best_valid(), Some((3, 1.0)));
+    assert_eq!(score.designation_override(), Some(2));
+    scoring.validate();
 }
 
 #[test]

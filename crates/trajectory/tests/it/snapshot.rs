@@ -307,7 +307,7 @@ impl Runtime {
                 // A total failure: closed, nothing valid and nothing still being evaluated.
                 let candidates = self.executions_where(|s| {
                     s.closed.is_some()
-                        && s.designated().is_none()
+                        && s.best_valid().is_none()
                         && s.excluded.is_none()
                         && s.attempts.values().all(|a| a.outcome.is_some())
                 });
@@ -317,7 +317,7 @@ impl Runtime {
                 }
             }
             Op::Exclude(index) => {
-                let candidates = self.executions_where(|s| s.designated().is_none() && !s.dummy);
+                let candidates = self.executions_where(|s| s.best_valid().is_none() && !s.dummy);
                 if let Some(execution) = pick(&candidates, *index) {
                     self.apply(EventBody::ExecutionExcluded {
                         execution,
@@ -663,6 +663,44 @@ fn a_consumed_group_retires_its_trees_and_keeps_their_counts() {
         runtime.buffer.tree_counts().collect::<Vec<_>>(),
         counts_before
     );
+
+    // A closed execution's records are frozen: a call still in flight at the close is refused
+    // by name and changes nothing.
+    let (group, execution) = (GroupId(1_001), ExecutionId(1_001));
+    runtime.apply(EventBody::GroupsDispatched {
+        groups: vec![DispatchedGroup {
+            group,
+            query: QueryId(1),
+        }],
+        executions_per_group: 1,
+        policy_version: PolicyVersion(2),
+    });
+    runtime.apply(EventBody::ExecutionStarted {
+        execution,
+        group,
+        engine: EngineId(0),
+    });
+    runtime.apply(EventBody::ExecutionClosed {
+        execution,
+        status: CloseStatus::HarnessTimeout,
+    });
+    let late = record_from_context(
+        &Tree::new(execution, TreeConfig::default()),
+        &context_call(&calls[0]),
+    );
+    let before = runtime.buffer.clone();
+    let error = runtime
+        .buffer
+        .apply(&Event::new(
+            Timestamp::ZERO,
+            EventBody::ModelCall(Box::new(late)),
+        ))
+        .expect_err("a call after the close is refused");
+    assert!(
+        error.to_string().contains("closed (harness_timeout)"),
+        "{error}"
+    );
+    assert_eq!(runtime.buffer, before);
 }
 
 /// A node that names a parent after itself is refused at the parent field, by offset.
