@@ -453,7 +453,8 @@ fn a_research_capture_directory_replays_through_a_proxy() {
 }
 
 /// A group whose members started in different entries, a member evaluated on two artifacts
-/// before its close and on a third after it, and a refused second start: the bundle's rewards
+/// before its close and on a third after it, a refused second start and a start only the
+/// whole state refuses (listed in the bundle, skipped by the facts): the bundle's rewards
 /// and advantage are the scoring projection's (the highest artifact version at the close is
 /// designated and stays frozen; the refused start changes nothing), every member's start is
 /// cited, and the genuine bundle verifies.
@@ -494,21 +495,46 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
             evaluator: "test".into(),
         }
     };
+    // A run the whole state accepts: (φ + μ)·B = 2 groups of N = 2 owed, one rollout engine.
+    let config = gyre_event::RunConfig {
+        run_seed: 1,
+        mode: gyre_event::SchedulingMode::Elastic,
+        streaming: false,
+        phi: 0.0,
+        mu: 2,
+        n: 2,
+        b: 1,
+        steps: 4,
+        rho_min: 0.0,
+        tau: gyre_event::Duration::from_secs(0),
+        j_max: 1,
+        async_training_cells: 1,
+    };
+    let engine = gyre_event::EngineId(0);
     let entries: Vec<Vec<EventBody>> = vec![
-        vec![EventBody::GroupsDispatched {
-            groups: vec![
-                DispatchedGroup {
-                    group: GroupId(0),
-                    query: QueryId(0),
-                },
-                DispatchedGroup {
-                    group: GroupId(1),
-                    query: QueryId(1),
-                },
-            ],
-            executions_per_group: 2,
-            policy_version: PolicyVersion(0),
-        }],
+        vec![
+            EventBody::RunStarted(config),
+            EventBody::StandalonePoolRegistered {
+                engine,
+                rollout_capacity: 4,
+                nodes: 1,
+            },
+            EventBody::EngineReady { engine },
+            EventBody::GroupsDispatched {
+                groups: vec![
+                    DispatchedGroup {
+                        group: GroupId(0),
+                        query: QueryId(0),
+                    },
+                    DispatchedGroup {
+                        group: GroupId(1),
+                        query: QueryId(1),
+                    },
+                ],
+                executions_per_group: 2,
+                policy_version: PolicyVersion(0),
+            },
+        ],
         vec![start(0, 0)],
         // e0's artifacts are evaluated while it runs; at its close the highest version (0.9)
         // is designated.
@@ -520,8 +546,10 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
             close(0),
             start(1, 0),
         ],
-        // Refused by the projection: e1 already started (in g0).
-        vec![start(1, 1)],
+        // Refused by the projection: e1 already started (in g0). And a start the scoring
+        // projection alone would take (a new member of g0, which then never closes) but the
+        // whole state refuses (execution ids start in order: e2 is next).
+        vec![start(1, 1), start(7, 0)],
         // A later artifact's evaluation after the designation is kept, but replaces nothing.
         vec![requested(0, 2, 3), completed(0, 2, 3, 0.2)],
         vec![close(1), requested(1, 0, 1), completed(1, 0, 1, 0.5)],
@@ -570,6 +598,11 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
             "both members' starts are cited: {:?}",
             payloads.keys().collect::<Vec<_>>()
         );
+        assert_eq!(
+            value["state_refused"],
+            serde_json::json!([[4, 1]]),
+            "the start only the whole state refused is listed"
+        );
         let head = value["head"].as_str().expect("head").to_string();
         let (code, stdout, stderr) = gyre(&[
             "audit",
@@ -580,7 +613,28 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
         ]);
         assert_eq!(code, 0, "{execution}: {stderr}");
         assert!(stdout.starts_with("ok:"), "{stdout}");
+        assert!(
+            stdout.contains("taken from the bundle: 1 event(s)"),
+            "{stdout}"
+        );
     }
+    // A bundle that claims a refusal where the group has no event is refused.
+    let bundle = dir.path().join("e0.json");
+    let mut forged: Value =
+        serde_json::from_str(&std::fs::read_to_string(&bundle).expect("bundle")).expect("json");
+    forged["state_refused"] = serde_json::json!([[4, 1], [2, 5]]);
+    let forged_path = dir.path().join("forged.json");
+    std::fs::write(&forged_path, forged.to_string()).expect("write");
+    let head = forged["head"].as_str().expect("head").to_string();
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        "verify",
+        forged_path.to_str().expect("utf-8"),
+        "--head",
+        &head,
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("as refused by the whole state"), "{stderr}");
     // A head that is not hex is refused, never a crash.
     let bundle = dir.path().join("e0.json");
     let (code, _, stderr) = gyre(&[

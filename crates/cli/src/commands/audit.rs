@@ -13,10 +13,17 @@
 //! events (see [`extract`]). Verify recomputes from the entries the bundle carries; whether an
 //! entry was left out it can tell only for a bundle built with `--complete`, which carries
 //! every entry from the group's dispatch through the step that consumed it (or the head):
-//! `verify` prints `complete:` or `partial:`, and `--require-complete` fails on partial. Not
-//! modelled: refusals the scheduler makes before scoring sees an event (the audit folds the
-//! scoring projection only), and a group dispatch appended twice (the projection refuses the
-//! second, a fold from it would not).
+//! `verify` prints `complete:` or `partial:`, and `--require-complete` fails on partial.
+//!
+//! **Refusals by the whole state.** A replica folds every event into every projection at once
+//! and an event any of them refuses is a no-op for all (`ControlState::apply`): a start on a
+//! full engine, a dispatch nobody owed, a close of a consumed execution. The facts fold the
+//! group's events through the scoring projection alone, which cannot see those refusals, so the
+//! builder folds the whole log through `ControlState` and lists, in `state_refused`, each event
+//! of the group the whole state refused; the facts skip them. A verifier cannot recompute them
+//! from the carried entries (they depend on everything before the group): it takes the list as
+//! the bundle's claim, checks that each names a carried event of the group, and says how many
+//! it took.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -31,7 +38,7 @@ use gyre_log::file::{chain_hash_of_digest, hex, payload_digest};
 use gyre_log::{decode_batch, EventFileReader};
 use gyre_trajectory::{AdvantageNormalization, Resolution, Scoring, ScoringConfig};
 
-const BUNDLE_FORMAT: &str = "gyre-audit-bundle-v2";
+const BUNDLE_FORMAT: &str = "gyre-audit-bundle-v3";
 
 /// Arguments of `gyre audit`.
 #[derive(Args, Debug)]
@@ -88,6 +95,9 @@ struct Bundle {
     head: String,
     /// Full payloads (hex) of the entries the facts cite, by index.
     payloads: BTreeMap<u64, String>,
+    /// (entry, position) of each event of the group the whole state refused (see the module
+    /// documentation); the facts skip them.
+    state_refused: Vec<(u64, usize)>,
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<()> {
@@ -162,23 +172,32 @@ fn concerns_group(event: &Event, group: GroupId, members: &BTreeSet<ExecutionId>
 ///
 /// The group's rewards and the advantage are what the scoring projection
 /// ([`gyre_trajectory::Scoring`], the one training folds) makes of the group's events: the
-/// first accepted start names the group, an event the projection refuses (a second start, an
-/// outcome for an attempt never requested, a second close) counts for nothing, each member's
-/// designated result is the valid completion with the highest artifact version, closes by
-/// timeout, cancellation or surplus exclude, and the advantage exists once the group is ready.
-/// Every entry holding an accepted event of the group is cited, so a verifier folding the
-/// cited entries alone reaches the same state.
-fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTreeSet<u64>) {
+/// first start the whole state accepted names the group, an event the projection refuses (a
+/// second start, an outcome for an attempt never requested, a second close) or the whole state
+/// refused (`state_refused`) counts for nothing, each member's designated result is the one
+/// scoring froze (the valid completion with the highest artifact version when the member was
+/// first closed with one), closes by timeout, cancellation or surplus exclude, and the
+/// advantage exists once the group is ready. Every entry holding an accepted event of the
+/// group is cited, so a verifier folding the cited entries alone reaches the same state.
+fn extract(
+    entries: &[(u64, Vec<Event>)],
+    execution: ExecutionId,
+    state_refused: &BTreeSet<(u64, usize)>,
+) -> Extracted {
     let mut cited = BTreeSet::new();
-    let group: Option<GroupId> = entries.iter().find_map(|(_, events)| {
-        events.iter().find_map(|event| match &event.body {
-            EventBody::ExecutionStarted {
-                execution: e,
-                group: g,
-                ..
-            } if *e == execution => Some(*g),
-            _ => None,
-        })
+    let mut skipped = BTreeSet::new();
+    let group: Option<GroupId> = entries.iter().find_map(|(index, events)| {
+        events
+            .iter()
+            .enumerate()
+            .find_map(|(position, event)| match &event.body {
+                EventBody::ExecutionStarted {
+                    execution: e,
+                    group: g,
+                    ..
+                } if *e == execution && !state_refused.contains(&(*index, position)) => Some(*g),
+                _ => None,
+            })
     });
     let mut scoring = Scoring::new(ScoringConfig::default());
     let mut members: BTreeSet<ExecutionId> = BTreeSet::new();
@@ -191,6 +210,12 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
         for (index, events) in entries {
             for (position, event) in events.iter().enumerate() {
                 if !concerns_group(event, group, &members) {
+                    continue;
+                }
+                if state_refused.contains(&(*index, position)) {
+                    // Carried too, so a verifier sees the event the bundle says was refused.
+                    skipped.insert((*index, position));
+                    cited.insert(*index);
                     continue;
                 }
                 // Only this group's events are folded, so the fold of the cited entries alone
@@ -408,7 +433,35 @@ fn extract(entries: &[(u64, Vec<Event>)], execution: ExecutionId) -> (Value, BTr
         "admitted": admitted,
         "consumed_by": consumed_by,
     });
-    (facts, cited)
+    Extracted {
+        facts,
+        cited,
+        skipped,
+    }
+}
+
+/// What [`extract`] found.
+struct Extracted {
+    facts: Value,
+    /// The entries the facts cite.
+    cited: BTreeSet<u64>,
+    /// The events of the group skipped as refused by the whole state.
+    skipped: BTreeSet<(u64, usize)>,
+}
+
+/// (entry, position) of every event the whole state refuses when the log is folded from its
+/// first entry (`ControlState::apply`, as every replica folds it).
+fn refused_by_state(entries: &[(u64, Vec<Event>)]) -> BTreeSet<(u64, usize)> {
+    let mut state = gyre_state::ControlState::new();
+    let mut refused = BTreeSet::new();
+    for (index, events) in entries {
+        for (position, event) in events.iter().enumerate() {
+            if state.apply(event).is_err() {
+                refused.insert((*index, position));
+            }
+        }
+    }
+    refused
 }
 
 fn build(
@@ -445,7 +498,25 @@ fn build(
         payloads.insert(record.index, record.payload);
         entries.push((record.index, events));
     }
-    let (facts, cited) = extract(&entries, execution);
+    // A log that starts past entry 1 (an export of a purged log) cannot be folded from the
+    // start: which events the whole state refused is not known.
+    let state_refused = match entries.first() {
+        Some((start, _)) if *start > 1 => {
+            eprintln!(
+                "warning: {} starts at entry {start}: which events the whole state refused is \
+                 unknown without the entries before it; the facts fold the scoring projection \
+                 alone (export the log before it is purged for a full audit)",
+                log.display()
+            );
+            BTreeSet::new()
+        }
+        _ => refused_by_state(&entries),
+    };
+    let Extracted {
+        facts,
+        cited,
+        skipped,
+    } = extract(&entries, execution, &state_refused);
     // A proxy's own event file (`gyre proxy --log`) has model calls but no scheduler events:
     // its bundle carries the calls and `started: null`.
     let Some(&first) = cited.iter().next() else {
@@ -489,6 +560,7 @@ fn build(
                 .map(|(index, payload)| (index, to_hex(&payload)))
                 .collect()
         },
+        state_refused: skipped.iter().copied().collect(),
     };
     std::fs::write(out, serde_json::to_string_pretty(&bundle)?)
         .with_context(|| format!("writing {}", out.display()))?;
@@ -554,7 +626,14 @@ fn verify(
         );
     }
     let execution = parse_execution(&bundle.execution)?;
-    let (facts, _) = extract(&entries, execution);
+    let claimed: BTreeSet<(u64, usize)> = bundle.state_refused.iter().copied().collect();
+    let Extracted { facts, skipped, .. } = extract(&entries, execution, &claimed);
+    if let Some((entry, position)) = claimed.difference(&skipped).next() {
+        bail!(
+            "the bundle lists event {position} of entry {entry} as refused by the whole state, \
+             but the carried entries hold no event of the group there"
+        );
+    }
     if facts != bundle.facts {
         bail!("the bundle's facts differ from what its cited entries say");
     }
@@ -567,6 +646,19 @@ fn verify(
         bundle.chain.len(),
         facts["advantage"]
     );
+    if !claimed.is_empty() {
+        outln!(
+            "taken from the bundle: {} event(s) of the group the whole state refused ({}); a \
+             verifier cannot recompute those from the carried entries, only `gyre audit` on \
+             the whole log can",
+            claimed.len(),
+            claimed
+                .iter()
+                .map(|(entry, position)| format!("entry {entry} #{position}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let completeness = completeness(&bundle, &facts);
     outln!("{completeness}");
     if require_complete && !completeness.starts_with("complete") {
