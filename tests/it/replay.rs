@@ -598,11 +598,14 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
             "both members' starts are cited: {:?}",
             payloads.keys().collect::<Vec<_>>()
         );
-        assert_eq!(
-            value["state_refused"],
-            serde_json::json!([[4, 1]]),
-            "the start only the whole state refused is listed"
-        );
+        // The start only the whole state refused (e7 in g0) is in both bundles; e1's bundle
+        // also lists e1's own refused second start.
+        let refused = if execution == "e0" {
+            serde_json::json!([[4, 1]])
+        } else {
+            serde_json::json!([[4, 0], [4, 1]])
+        };
+        assert_eq!(value["state_refused"], refused, "{execution}");
         let head = value["head"].as_str().expect("head").to_string();
         let (code, stdout, stderr) = gyre(&[
             "audit",
@@ -613,10 +616,11 @@ fn audit_facts_are_the_scoring_projections_and_a_genuine_bundle_verifies() {
         ]);
         assert_eq!(code, 0, "{execution}: {stderr}");
         assert!(stdout.starts_with("ok:"), "{stdout}");
-        assert!(
-            stdout.contains("taken from the bundle: 1 event(s)"),
-            "{stdout}"
+        let taken = format!(
+            "taken from the bundle: {} event(s)",
+            refused.as_array().map_or(0, Vec::len)
         );
+        assert!(stdout.contains(&taken), "{stdout}");
     }
     // A bundle that claims a refusal where the group has no event is refused.
     let bundle = dir.path().join("e0.json");
@@ -722,4 +726,128 @@ fn refused_events_are_listed_and_a_partial_file_says_so() {
     ]);
     assert_eq!(code, 2, "{report}");
     assert_eq!(report["problem"]["kind"], "index_out_of_range", "{report}");
+}
+
+/// Events about the execution that no replica applied are never facts: a start the whole state
+/// refused (in another group, so the verifier would otherwise pick that group) and a model call
+/// after the close (records are frozen there) are listed in `state_refused`, carried, and left
+/// out of the facts; the genuine bundle verifies.
+#[test]
+fn audit_lists_what_the_whole_state_refused_about_the_execution() {
+    use gyre_event::{
+        CallId, CallKind, CloseStatus, DispatchedGroup, Duration, EngineId, Event, EventBody,
+        ExecutionId, GroupId, ModelCallRecord, PolicyVersion, QueryId, RunConfig, SchedulingMode,
+        Timestamp,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("refusals.log");
+    let config = RunConfig {
+        run_seed: 1,
+        mode: SchedulingMode::Elastic,
+        streaming: true,
+        phi: 0.0,
+        mu: 1,
+        n: 1,
+        b: 2,
+        steps: 1,
+        rho_min: 0.0,
+        tau: Duration::from_secs(0),
+        j_max: 1,
+        async_training_cells: 0,
+    };
+    let engine = EngineId(0);
+    let start = |execution: u64, group: u64| EventBody::ExecutionStarted {
+        execution: ExecutionId(execution),
+        group: GroupId(group),
+        engine,
+    };
+    let late_call = ModelCallRecord {
+        execution: ExecutionId(0),
+        call: CallId(1),
+        agent: "main".to_string(),
+        kind: CallKind::Turn,
+        parent_call: None,
+        reused_prefix_tokens_count: 0,
+        spawned_by: None,
+        input_ids: vec![1, 2],
+        input_provenance: vec![],
+        output_ids: vec![10],
+        output_logprobs: vec![-0.5],
+        engine,
+        policy_version: PolicyVersion(0),
+        requested_at: Timestamp(0),
+        first_token_after: Duration(0),
+        completed_after: Duration(0),
+        stop_sequences: Vec::new(),
+        output_constraint: None,
+        sampling: gyre_event::SamplingSettings::POLICY,
+    };
+    let entries: Vec<Vec<EventBody>> = vec![
+        vec![
+            EventBody::RunStarted(config),
+            EventBody::StandalonePoolRegistered {
+                engine,
+                rollout_capacity: 4,
+                nodes: 1,
+            },
+            EventBody::EngineReady { engine },
+            EventBody::GroupsDispatched {
+                groups: vec![
+                    DispatchedGroup {
+                        group: GroupId(0),
+                        query: QueryId(0),
+                    },
+                    DispatchedGroup {
+                        group: GroupId(1),
+                        query: QueryId(1),
+                    },
+                ],
+                executions_per_group: 1,
+                policy_version: PolicyVersion(0),
+            },
+        ],
+        // g1 is not at the front of the start queue: refused; then the start that counts.
+        vec![start(0, 1), start(0, 0)],
+        vec![EventBody::ExecutionClosed {
+            execution: ExecutionId(0),
+            status: CloseStatus::Completed,
+        }],
+        vec![EventBody::ModelCall(Box::new(late_call))],
+    ];
+    let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
+    for (number, bodies) in entries.into_iter().enumerate() {
+        let at = Timestamp((number as u64 + 1) * 1_000_000_000);
+        let events: Vec<Event> = bodies.into_iter().map(|b| Event::new(at, b)).collect();
+        writer.append_batch(&events).expect("appended");
+    }
+    writer.sync().expect("synced");
+    let bundle = dir.path().join("e0.json");
+    let (code, _, stderr) = gyre(&[
+        "audit",
+        path.to_str().expect("utf-8"),
+        "--execution",
+        "e0",
+        "--out",
+        bundle.to_str().expect("utf-8"),
+        "--complete",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let value: Value =
+        serde_json::from_str(&std::fs::read_to_string(&bundle).expect("bundle")).expect("json");
+    assert_eq!(value["facts"]["group"], "g0", "{value}");
+    assert_eq!(value["facts"]["model_calls"], serde_json::json!([]));
+    assert_eq!(value["state_refused"], serde_json::json!([[2, 0], [4, 0]]));
+    let head = value["head"].as_str().expect("head").to_string();
+    let (code, stdout, stderr) = gyre(&[
+        "audit",
+        "verify",
+        bundle.to_str().expect("utf-8"),
+        "--head",
+        &head,
+    ]);
+    assert_eq!(code, 0, "a genuine bundle verifies: {stdout} {stderr}");
+    assert!(
+        stdout.contains("taken from the bundle: 2 event(s)"),
+        "{stdout}"
+    );
 }

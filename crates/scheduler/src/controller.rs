@@ -284,7 +284,9 @@ impl Controller {
                 .skip(1)
                 .map(|c| c.rollout_capacity as u64)
                 .sum::<u64>();
-        let incoming = config.burst_dispatch_groups() * config.n as u64;
+        // What the publish owes is dispatched in the same decision: μ·B, or less for the last
+        // burst of a run.
+        let incoming = state.dispatch_owed_groups * config.n as u64;
         let eq3 = state.water_level() + incoming <= capacity_without_core;
         let supply = state.ready_unpacked.len() as u64 >= config.supply_groups_min();
         if eq3 && supply {

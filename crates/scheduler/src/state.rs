@@ -245,8 +245,25 @@ impl SchedulerState {
         self.cells.iter().any(|c| c.switching_to.is_some())
     }
 
+    /// Optimizer steps in the current burst: μ, or fewer in the last burst of a run of `steps`
+    /// that is not a multiple of μ (what the publish before it dispatched groups for, see
+    /// `RunConfig::burst_dispatch_groups_after`).
+    pub fn burst_steps(&self) -> u32 {
+        let Some(config) = &self.config else { return 0 };
+        if config.steps == 0 {
+            return config.mu;
+        }
+        let burst_start = self
+            .training_version
+            .get()
+            .saturating_sub(self.steps_in_burst as u64);
+        let left = (config.steps as u64).saturating_sub(burst_start);
+        config.mu.min(u32::try_from(left).unwrap_or(u32::MAX))
+    }
+
     /// Groups the rest of the current burst still needs, counting the open batch's groups whose
-    /// micro-steps are not all claimed: (μ − steps done in the burst)·B − fully claimed groups.
+    /// micro-steps are not all claimed: (steps of the burst − steps done in it)·B − fully
+    /// claimed groups.
     pub fn burst_groups_needed(&self) -> u64 {
         let Some(config) = &self.config else { return 0 };
         let fully = self
@@ -254,7 +271,7 @@ impl SchedulerState {
             .as_ref()
             .map(|b| b.fully_claimed_groups() as u64)
             .unwrap_or(0);
-        let steps_left = config.mu.saturating_sub(self.steps_in_burst) as u64;
+        let steps_left = self.burst_steps().saturating_sub(self.steps_in_burst) as u64;
         (steps_left * config.b as u64).saturating_sub(fully)
     }
 
@@ -363,7 +380,7 @@ impl SchedulerState {
         if config.streaming {
             return true;
         }
-        let later_steps = config.mu.saturating_sub(self.steps_in_burst + 1) as u64;
+        let later_steps = self.burst_steps().saturating_sub(self.steps_in_burst + 1) as u64;
         batch.stream_closed && self.ready_unpacked.len() as u64 >= later_steps * config.b as u64
     }
 

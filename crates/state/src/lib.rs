@@ -11,7 +11,7 @@
 //!
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
-use gyre_event::{Event, EventBody, ExecutionId};
+use gyre_event::{Event, EventBody, ExecutionId, Timestamp};
 use gyre_scheduler::{ApplyError, Resolution as SchedulerResolution, SchedulerState};
 use gyre_trajectory::{
     AttemptOutcome, Resolution, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
@@ -178,11 +178,21 @@ impl ControlState {
     /// Tells the scheduler the resolution scoring reached with `event`, if it reached one.
     /// Only a first resolution is handed on (the caller checks), and only for an execution
     /// the scheduler holds: it drops an execution once an optimizer step consumed its group,
-    /// which needs every member resolved already.
+    /// which needs every member resolved already (so nothing is lost by skipping one it no
+    /// longer holds, and the fold cannot fail here after both projections folded the event).
     fn hand_on_resolution(&mut self, event: &Event) -> Result<(), StateError> {
         let Some(execution) = Self::resolving(&event.body) else {
             return Ok(());
         };
+        self.hand_on(execution, event.at)
+    }
+
+    /// Hands scoring's resolution of `execution` to the scheduler, if scoring has one and the
+    /// scheduler holds the execution.
+    fn hand_on(&mut self, execution: ExecutionId, at: Timestamp) -> Result<(), StateError> {
+        if !self.scheduler.executions.contains_key(&execution) {
+            return Ok(());
+        }
         let resolution = match self
             .trajectories
             .scoring
@@ -196,8 +206,29 @@ impl ControlState {
             None => return Ok(()),
         };
         self.scheduler
-            .resolve(execution, resolution, event.at)
+            .resolve(execution, resolution, at)
             .map_err(StateError::Scheduler)
+    }
+
+    /// Brings a state restored from a snapshot written before the scheduler learnt its
+    /// resolutions from scoring (format 5 and older) to what the fold reaches now: every
+    /// execution scoring holds as resolved but the scheduler as pending (an overall-timeout
+    /// close, resolved by scoring at the close, waited for an `ExecutionExcluded` then) is
+    /// handed on. (The reverse, a resolution the old scheduler counted that scoring refused,
+    /// is left as it was: its group may already have been trained on.)
+    pub fn reconcile_resolutions(&mut self) -> Result<(), StateError> {
+        let pending: Vec<ExecutionId> = self
+            .scheduler
+            .executions
+            .iter()
+            .filter(|(_, held)| held.resolution == SchedulerResolution::Pending)
+            .map(|(execution, _)| *execution)
+            .collect();
+        let now = self.scheduler.now;
+        for execution in pending {
+            self.hand_on(execution, now)?;
+        }
+        Ok(())
     }
 
     /// Whether the scheduler or scoring holds `execution` as closed (the scheduler drops an

@@ -39,6 +39,10 @@ pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 /// The first version with the stored-responses section.
 const RESPONSES_SINCE: u32 = 4;
 
+/// The first version written after the scheduler learnt its resolutions from scoring (and
+/// designations were frozen).
+const FROZEN_DESIGNATIONS_SINCE: u32 = 6;
+
 // The trajectory part is versioned with the snapshot: versions 1 to 3 are its formats 1 to 3,
 // version 4 holds its format 3, version 5 its format 4 and version 6 its format 5.
 const _: () = assert!(gyre_trajectory::TRAJECTORY_FORMAT == 5);
@@ -73,6 +77,8 @@ pub enum SnapshotDecodeError {
     ChecksumMismatch,
     /// The checksum matches but a field is malformed (a bug in the writer, or bytes made by hand).
     Malformed(WireError),
+    /// The fields decode but the projections contradict each other.
+    Inconsistent(String),
 }
 
 impl fmt::Display for SnapshotDecodeError {
@@ -96,6 +102,9 @@ impl fmt::Display for SnapshotDecodeError {
                 f.write_str("snapshot checksum mismatch: the bytes were corrupted or cut short")
             }
             SnapshotDecodeError::Malformed(error) => write!(f, "malformed snapshot {error}"),
+            SnapshotDecodeError::Inconsistent(detail) => {
+                write!(f, "inconsistent snapshot: {detail}")
+            }
         }
     }
 }
@@ -186,11 +195,20 @@ impl ControlState {
             StoredResponses::default()
         };
         reader.finish("end of body")?;
-        Ok(ControlState {
+        let mut state = ControlState {
             scheduler,
             trajectories,
             responses,
             events_applied,
-        })
+        };
+        if version < FROZEN_DESIGNATIONS_SINCE {
+            // Written before the scheduler learnt its resolutions from scoring.
+            state.reconcile_resolutions().map_err(|error| {
+                SnapshotDecodeError::Inconsistent(format!(
+                    "a version-{version} snapshot's scheduler and scoring do not reconcile: {error}"
+                ))
+            })?;
+        }
+        Ok(state)
     }
 }

@@ -177,11 +177,19 @@ impl TrajectoryBuffer {
         match event.body {
             EventBody::ModelCall(record) => {
                 self.refuse_frozen(record.execution)?;
-                let config = self.tree_config;
-                self.trees
-                    .entry(record.execution)
-                    .or_insert_with(|| Tree::new(record.execution, config))
-                    .apply_owned(*record)?;
+                let execution = record.execution;
+                match self.trees.get_mut(&execution) {
+                    Some(tree) => {
+                        tree.apply_owned(*record)?;
+                    }
+                    // A first call's tree is kept only if the call is: a refused one leaves
+                    // nothing behind (the digest reads every tree).
+                    None => {
+                        let mut tree = Tree::new(execution, self.tree_config);
+                        tree.apply_owned(*record)?;
+                        self.trees.insert(execution, tree);
+                    }
+                }
                 Ok(())
             }
             body => self.apply(&Event { at: event.at, body }),
@@ -192,11 +200,16 @@ impl TrajectoryBuffer {
         match &event.body {
             EventBody::ModelCall(record) => {
                 self.refuse_frozen(record.execution)?;
-                let config = self.tree_config;
-                self.trees
-                    .entry(record.execution)
-                    .or_insert_with(|| Tree::new(record.execution, config))
-                    .apply(record)?;
+                match self.trees.get_mut(&record.execution) {
+                    Some(tree) => {
+                        tree.apply(record)?;
+                    }
+                    None => {
+                        let mut tree = Tree::new(record.execution, self.tree_config);
+                        tree.apply(record)?;
+                        self.trees.insert(record.execution, tree);
+                    }
+                }
             }
             EventBody::TrajectoriesAdmitted {
                 execution,

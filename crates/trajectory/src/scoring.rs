@@ -500,16 +500,21 @@ impl Scoring {
             let deadline = state.started_at.plus(self.config.evaluation_budget);
             let last = state.attempts.iter().next_back();
             let last_settled = last.is_some_and(|(_, record)| record.outcome.is_some());
-            let out_of_attempts = state.attempts.len() as u32 >= self.config.attempts_max;
+            // An attempt numbered u32::MAX leaves no number for a retry: out of attempts too.
+            let next_attempt = last.and_then(|(attempt, _)| attempt.checked_add(1));
+            let out_of_attempts = state.attempts.len() as u32 >= self.config.attempts_max
+                || (last.is_some() && next_attempt.is_none());
             if now >= deadline || (last_settled && out_of_attempts) {
                 decisions.push(EventBody::ExecutionExcluded {
                     execution: *execution,
                     reason: "evaluation budget exhausted without a valid result".into(),
                 });
-            } else if let Some((attempt, record)) = last.filter(|_| last_settled) {
+            } else if let (Some((_, record)), Some(attempt)) =
+                (last.filter(|_| last_settled), next_attempt)
+            {
                 decisions.push(EventBody::EvaluationRequested {
                     execution: *execution,
-                    attempt: attempt + 1,
+                    attempt,
                     artifact_version: record.artifact_version,
                     branch_ref: record.branch_ref.clone(),
                 });

@@ -72,36 +72,48 @@ fn same_seed_gives_byte_identical_json() {
 
 /// The groups a run dispatches: (φ+μ)·B at the start, then after each publish μ·B, or B per
 /// step still to train when fewer than μ remain, and none once the run is complete (a rollout
-/// dispatched then would never be trained on). 10 steps at μ = 4: 4 + 4 + 2.
+/// dispatched then would never be trained on). The short last burst must still train: with or
+/// without streaming, elastic, async and colocate (φ = 0, where the burst's data is all there
+/// is). 10 steps at μ = 4: 4 + 4 + 2.
 #[test]
 fn a_run_dispatches_no_more_than_its_steps_consume() {
-    for (steps, mu) in [(10u32, 4u32), (8, 4), (6, 3), (5, 1)] {
-        let mut config = small("elastic", 4, mu, 3);
-        config.steps = steps;
-        let b = config.b as u64;
-        let phi_groups = (config.phi * config.b as f64).round() as u64;
-        let run = simulate(&config);
-        let mut dispatched = 0u64;
-        let mut trained = 0u32;
-        let mut after_last_step = 0u64;
-        for event in run.events.iter() {
-            match &event.body {
-                gyre_event::EventBody::GroupsDispatched { groups, .. } => {
-                    dispatched += groups.len() as u64;
-                    if trained == steps {
-                        after_last_step += groups.len() as u64;
+    for mode in ["elastic", "async", "colocate"] {
+        for streaming in [true, false] {
+            for (steps, mu, phi_groups) in [
+                (10u32, 4u32, 4u32),
+                (8, 4, 4),
+                (5, 4, 0),
+                (4, 3, 4),
+                (5, 1, 0),
+            ] {
+                let mut config = small(mode, phi_groups, mu, 3);
+                config.steps = steps;
+                config.streaming = streaming;
+                let b = config.b as u64;
+                let phi_groups = (config.phi * config.b as f64).round() as u64;
+                let case =
+                    format!("{mode} streaming={streaming} steps={steps} μ={mu} φ·B={phi_groups}");
+                let run = gyre_simulator::try_simulate(&config)
+                    .unwrap_or_else(|error| panic!("{case}: {error}"));
+                let mut dispatched = 0u64;
+                let mut trained = 0u32;
+                for event in run.events.iter() {
+                    match &event.body {
+                        gyre_event::EventBody::GroupsDispatched { groups, .. } => {
+                            assert!(trained < steps, "{case}: dispatched after the last step");
+                            dispatched += groups.len() as u64;
+                        }
+                        gyre_event::EventBody::OptimizerStepped { .. } => trained += 1,
+                        _ => {}
                     }
                 }
-                gyre_event::EventBody::OptimizerStepped { .. } => trained += 1,
-                _ => {}
+                assert_eq!(trained, steps, "{case}");
+                assert_eq!(
+                    dispatched,
+                    phi_groups + steps as u64 * b,
+                    "{case}: the buffer φ·B plus B per step"
+                );
             }
         }
-        assert_eq!(trained, steps);
-        assert_eq!(after_last_step, 0, "steps={steps} μ={mu}");
-        assert_eq!(
-            dispatched,
-            phi_groups + steps as u64 * b,
-            "steps={steps} μ={mu}: the buffer φ·B plus B per step"
-        );
     }
 }

@@ -20,10 +20,13 @@
 //! full engine, a dispatch nobody owed, a close of a consumed execution. The facts fold the
 //! group's events through the scoring projection alone, which cannot see those refusals, so the
 //! builder folds the whole log through `ControlState` and lists, in `state_refused`, each event
-//! of the group the whole state refused; the facts skip them. A verifier cannot recompute them
-//! from the carried entries (they depend on everything before the group): it takes the list as
-//! the bundle's claim, checks that each names a carried event of the group, and says how many
-//! it took.
+//! about the execution or its group that the whole state refused (a scoring event of the group,
+//! any start of the execution, its model calls and admission, the step consuming the group);
+//! the facts skip them and their entries are carried. A verifier cannot recompute them from
+//! the carried entries (they depend on everything before the group): it takes the list as the
+//! bundle's claim, checks that each names a carried event about the execution or its group, and
+//! always says what it took. A bundle built from a log that starts past entry 1 has
+//! `state_refused: null` (unknown), which `verify` says and `--require-complete` refuses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -95,9 +98,10 @@ struct Bundle {
     head: String,
     /// Full payloads (hex) of the entries the facts cite, by index.
     payloads: BTreeMap<u64, String>,
-    /// (entry, position) of each event of the group the whole state refused (see the module
-    /// documentation); the facts skip them.
-    state_refused: Vec<(u64, usize)>,
+    /// (entry, position) of each event about the execution or its group the whole state
+    /// refused (see the module documentation); the facts skip them. `null` when they are
+    /// unknown: the log the bundle was built from starts past entry 1.
+    state_refused: Option<Vec<(u64, usize)>>,
 }
 
 pub fn run(args: AuditArgs) -> anyhow::Result<()> {
@@ -163,6 +167,21 @@ fn concerns_group(event: &Event, group: GroupId, members: &BTreeSet<ExecutionId>
         | EventBody::EvaluationFailed { execution, .. }
         | EventBody::DummyInserted { execution, .. }
         | EventBody::ExecutionExcluded { execution, .. } => members.contains(execution),
+        _ => false,
+    }
+}
+
+/// Whether `event` is one of the facts about `execution` beyond its group's scoring events:
+/// any start of it (a refused one may name another group), its model calls and admission, and
+/// the optimizer step that consumed `group`.
+fn concerns_execution(event: &Event, execution: ExecutionId, group: Option<GroupId>) -> bool {
+    match &event.body {
+        EventBody::ExecutionStarted { execution: e, .. }
+        | EventBody::TrajectoriesAdmitted { execution: e, .. } => *e == execution,
+        EventBody::ModelCall(record) => record.execution == execution,
+        EventBody::OptimizerStepped { consumed, .. } => {
+            consumed.iter().any(|c| Some(c.group) == group)
+        }
         _ => false,
     }
 }
@@ -274,6 +293,14 @@ fn extract(
     let mut excluded = Value::Null;
     for (index, events) in entries {
         for (position, event) in events.iter().enumerate() {
+            if state_refused.contains(&(*index, position)) {
+                // No replica applied it: listed and carried, never a fact.
+                if concerns_execution(event, execution, group) {
+                    skipped.insert((*index, position));
+                    cited.insert(*index);
+                }
+                continue;
+            }
             let at_s = event.at.as_secs_f64();
             let scored = accepted.contains(&(*index, position));
             let mut cite = false;
@@ -500,6 +527,7 @@ fn build(
     }
     // A log that starts past entry 1 (an export of a purged log) cannot be folded from the
     // start: which events the whole state refused is not known.
+    let refusals_known = entries.first().is_none_or(|(start, _)| *start == 1);
     let state_refused = match entries.first() {
         Some((start, _)) if *start > 1 => {
             eprintln!(
@@ -560,7 +588,7 @@ fn build(
                 .map(|(index, payload)| (index, to_hex(&payload)))
                 .collect()
         },
-        state_refused: skipped.iter().copied().collect(),
+        state_refused: refusals_known.then(|| skipped.iter().copied().collect()),
     };
     std::fs::write(out, serde_json::to_string_pretty(&bundle)?)
         .with_context(|| format!("writing {}", out.display()))?;
@@ -626,12 +654,12 @@ fn verify(
         );
     }
     let execution = parse_execution(&bundle.execution)?;
-    let claimed: BTreeSet<(u64, usize)> = bundle.state_refused.iter().copied().collect();
+    let claimed: BTreeSet<(u64, usize)> = bundle.state_refused.iter().flatten().copied().collect();
     let Extracted { facts, skipped, .. } = extract(&entries, execution, &claimed);
     if let Some((entry, position)) = claimed.difference(&skipped).next() {
         bail!(
             "the bundle lists event {position} of entry {entry} as refused by the whole state, \
-             but the carried entries hold no event of the group there"
+             but the carried entries hold no event about the execution or its group there"
         );
     }
     if facts != bundle.facts {
@@ -646,7 +674,17 @@ fn verify(
         bundle.chain.len(),
         facts["advantage"]
     );
-    if !claimed.is_empty() {
+    if bundle.state_refused.is_none() {
+        outln!(
+            "refusals by the whole state: unknown (the bundle was built from a log that starts \
+             past entry 1); an event no replica applied could be among the facts"
+        );
+    } else if claimed.is_empty() {
+        outln!(
+            "refusals by the whole state: none, as the bundle claims (a verifier cannot \
+             recompute them from the carried entries, only `gyre audit` on the whole log can)"
+        );
+    } else {
         outln!(
             "taken from the bundle: {} event(s) of the group the whole state refused ({}); a \
              verifier cannot recompute those from the carried entries, only `gyre audit` on \
@@ -663,6 +701,9 @@ fn verify(
     outln!("{completeness}");
     if require_complete && !completeness.starts_with("complete") {
         bail!("--require-complete: the bundle is partial");
+    }
+    if require_complete && bundle.state_refused.is_none() {
+        bail!("--require-complete: which events the whole state refused is unknown");
     }
     Ok(())
 }

@@ -402,3 +402,96 @@ fn an_overall_timeout_is_excluded_at_its_close() {
     );
     agree(&state_timeout).expect("the projections agree");
 }
+
+/// A first model call of an execution that its tree refuses (a parent that does not exist)
+/// leaves no tree behind: the digest reads every tree, so an empty one would change the state.
+#[test]
+fn a_refused_first_model_call_leaves_no_tree() {
+    use gyre_event::{CallId, CallKind, Duration, ModelCallRecord, Timestamp};
+    let record = ModelCallRecord {
+        execution: ExecutionId(7),
+        call: CallId(70),
+        agent: "main".to_string(),
+        kind: CallKind::Turn,
+        parent_call: Some(CallId(69)),
+        reused_prefix_tokens_count: 4,
+        spawned_by: None,
+        input_ids: vec![1, 2],
+        input_provenance: vec![],
+        output_ids: vec![10],
+        output_logprobs: vec![-0.5],
+        engine: EngineId(0),
+        policy_version: PolicyVersion(0),
+        requested_at: Timestamp(0),
+        first_token_after: Duration(0),
+        completed_after: Duration(0),
+        stop_sequences: Vec::new(),
+        output_constraint: None,
+        sampling: gyre_event::SamplingSettings::POLICY,
+    };
+    let event = Event::new(Timestamp(1), EventBody::ModelCall(Box::new(record)));
+    let before = ControlState::new();
+    let mut state = before.clone();
+    state
+        .apply(&event)
+        .expect_err("an unknown parent is refused");
+    assert!(state == before && state.digest() == before.digest());
+    let mut owned = before.clone();
+    owned.apply_owned(event).expect_err("refused by value too");
+    assert!(owned == before);
+}
+
+/// An evaluation attempt numbered `u32::MAX` leaves no number for a retry: the leader's
+/// scoring decision excludes the execution instead of overflowing (a panic in debug builds; a
+/// wrapped attempt 0, refused by every replica and proposed again every tick, in release).
+#[test]
+fn the_last_attempt_number_is_excluded_not_retried() {
+    use gyre_event::Timestamp;
+    let mut state = ControlState::new();
+    let mut scoring = state.trajectories.scoring.clone();
+    let at = Timestamp(1);
+    for body in [
+        EventBody::GroupsDispatched {
+            groups: vec![DispatchedGroup {
+                group: GroupId(0),
+                query: QueryId(0),
+            }],
+            executions_per_group: 1,
+            policy_version: PolicyVersion::INITIAL,
+        },
+        EventBody::ExecutionStarted {
+            execution: ExecutionId(0),
+            group: GroupId(0),
+            engine: EngineId(0),
+        },
+        EventBody::ExecutionClosed {
+            execution: ExecutionId(0),
+            status: CloseStatus::Completed,
+        },
+        EventBody::EvaluationRequested {
+            execution: ExecutionId(0),
+            attempt: u32::MAX,
+            artifact_version: 1,
+            branch_ref: "main".into(),
+        },
+        EventBody::EvaluationFailed {
+            execution: ExecutionId(0),
+            attempt: u32::MAX,
+            reason: "evaluator crashed".into(),
+        },
+    ] {
+        scoring.apply(&Event::new(at, body)).expect("folds");
+    }
+    state.trajectories.scoring = scoring;
+    let decided = state.trajectories.scoring.decide(Timestamp(2));
+    assert!(
+        matches!(
+            decided.as_slice(),
+            [EventBody::ExecutionExcluded {
+                execution: ExecutionId(0),
+                ..
+            }]
+        ),
+        "{decided:?}"
+    );
+}

@@ -573,3 +573,53 @@ fn snapshot_size_report() {
         "varint token ids make the snapshot smaller than the raw token payload"
     );
 }
+
+/// A version-5 snapshot was written when the scheduler resolved executions by its own rule: an
+/// execution closed by its overall timeout was excluded by scoring at the close but still
+/// pending for the scheduler (until an `ExecutionExcluded`). Restored now, the scheduler is
+/// handed scoring's resolution, so the group can become ready; it reaches the state a fold
+/// does today.
+#[test]
+fn version_5_snapshots_hand_scoring_resolutions_to_the_scheduler() {
+    use gyre_event::CloseStatus;
+    let events = simulated_run(5, 2);
+    // Fold up to the first close, made an overall timeout, and nothing after it.
+    let mut today = ControlState::new();
+    let mut closed = None;
+    for event in &events {
+        let mut event = event.clone();
+        if let EventBody::ExecutionClosed { execution, status } = &mut event.body {
+            *status = CloseStatus::OverallTimeout;
+            closed = Some(*execution);
+        }
+        today.apply(&event).expect("the run folds");
+        if closed.is_some() {
+            break;
+        }
+    }
+    let execution = closed.expect("the run closes an execution");
+    let held = &today.scheduler.executions[&execution];
+    assert_eq!(held.resolution, gyre_scheduler::Resolution::Excluded);
+    // What the old scheduler held: pending, its group one resolution short.
+    let mut old = today.clone();
+    let group = old.scheduler.executions[&execution].group;
+    old.scheduler
+        .executions
+        .get_mut(&execution)
+        .expect("held")
+        .resolution = gyre_scheduler::Resolution::Pending;
+    old.scheduler.groups.get_mut(&group).expect("held").resolved -= 1;
+    assert!(old
+        .scheduler
+        .ready_unpacked
+        .iter()
+        .all(|(_, g)| *g != group));
+    let v5 = as_older_version(&old, 1, 5);
+    let restored = ControlState::decode_snapshot(&v5).expect("a version-5 snapshot restores");
+    assert_eq!(
+        restored.scheduler.executions[&execution].resolution,
+        gyre_scheduler::Resolution::Excluded
+    );
+    assert_eq!(restored, today);
+    assert_eq!(restored.digest(), today.digest());
+}
