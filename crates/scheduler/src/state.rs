@@ -406,7 +406,9 @@ impl SchedulerState {
         Ok(())
     }
 
-    fn refresh_supply_timer(&mut self, at: Timestamp) {
+    /// Starts the supply timer at `at` if the supply check now holds and it was not running,
+    /// stops it if the check fails (what every fold does after its event).
+    pub fn refresh_supply_timer(&mut self, at: Timestamp) {
         if self.supply_holds() {
             if self.supply_ok_since.is_none() {
                 self.supply_ok_since = Some(at);
@@ -1019,13 +1021,13 @@ impl SchedulerState {
     /// Records the resolution the scoring projection reached for `execution` (the one
     /// authority on resolutions; `gyre-state` calls this the moment scoring resolves it). The
     /// first resolution stands: a later call for the same execution changes nothing. `Pending`
-    /// is not a resolution and is refused. `at` is the time of the event that resolved it (the
-    /// supply timer is refreshed there, as after any event).
+    /// is not a resolution and is refused. Call it before folding the event that resolved the
+    /// execution (that fold refreshes the supply timer), or call
+    /// [`SchedulerState::refresh_supply_timer`] after it.
     pub fn resolve(
         &mut self,
         execution: ExecutionId,
         resolution: Resolution,
-        at: Timestamp,
     ) -> Result<(), ApplyError> {
         if resolution == Resolution::Pending {
             return Err(ApplyError::Invalid(format!(
@@ -1049,7 +1051,6 @@ impl SchedulerState {
             state.resolution = resolution;
         }
         self.note_if_ready(group);
-        self.refresh_supply_timer(at);
         Ok(())
     }
 

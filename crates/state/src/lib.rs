@@ -11,10 +11,10 @@
 //!
 //! Architecture invariant: pure — no IO, no clock, no RNG, no async.
 
-use gyre_event::{Event, EventBody, ExecutionId, Timestamp};
+use gyre_event::{Event, EventBody, ExecutionId};
 use gyre_scheduler::{ApplyError, Resolution as SchedulerResolution, SchedulerState};
 use gyre_trajectory::{
-    AttemptOutcome, Resolution, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
+    AttemptOutcome, ScoringConfig, TrajectoryBuffer, TrajectoryError, TreeConfig,
 };
 use sha2::{Digest, Sha256};
 
@@ -129,6 +129,10 @@ impl ControlState {
                 self.trajectories
                     .apply(event)
                     .map_err(StateError::Trajectory)?;
+                // Before the scheduler's fold, which refreshes its supply timer after it.
+                if !resolved_before {
+                    self.hand_on_resolution(event)?;
+                }
                 self.scheduler
                     .apply_unchecked(event)
                     .map_err(StateError::Scheduler)?;
@@ -140,10 +144,10 @@ impl ControlState {
                 self.trajectories
                     .apply(event)
                     .map_err(StateError::Trajectory)?;
+                if !resolved_before && self.hand_on_resolution(event)? {
+                    self.scheduler.refresh_supply_timer(event.at);
+                }
             }
-        }
-        if !resolved_before {
-            self.hand_on_resolution(event)?;
         }
         if let EventBody::ExecutionClosed { execution, .. } = &event.body {
             self.responses.close(*execution);
@@ -180,34 +184,41 @@ impl ControlState {
     /// the scheduler holds: it drops an execution once an optimizer step consumed its group,
     /// which needs every member resolved already (so nothing is lost by skipping one it no
     /// longer holds, and the fold cannot fail here after both projections folded the event).
-    fn hand_on_resolution(&mut self, event: &Event) -> Result<(), StateError> {
+    /// Whether one was handed on.
+    fn hand_on_resolution(&mut self, event: &Event) -> Result<bool, StateError> {
         let Some(execution) = Self::resolving(&event.body) else {
-            return Ok(());
+            return Ok(false);
         };
-        self.hand_on(execution, event.at)
+        self.hand_on(execution)
     }
 
     /// Hands scoring's resolution of `execution` to the scheduler, if scoring has one and the
-    /// scheduler holds the execution.
-    fn hand_on(&mut self, execution: ExecutionId, at: Timestamp) -> Result<(), StateError> {
+    /// scheduler holds the execution; whether it did. (The caller refreshes the scheduler's
+    /// supply timer, see `SchedulerState::resolve`.)
+    fn hand_on(&mut self, execution: ExecutionId) -> Result<bool, StateError> {
         if !self.scheduler.executions.contains_key(&execution) {
-            return Ok(());
+            return Ok(false);
         }
-        let resolution = match self
-            .trajectories
-            .scoring
-            .executions
-            .get(&execution)
-            .and_then(|score| score.resolution())
-        {
-            Some(Resolution::Valid { .. }) => SchedulerResolution::Valid,
-            Some(Resolution::Dummy) => SchedulerResolution::Dummy,
-            Some(Resolution::Excluded { .. }) => SchedulerResolution::Excluded,
-            None => return Ok(()),
+        let Some(score) = self.trajectories.scoring.executions.get(&execution) else {
+            return Ok(false);
+        };
+        // `ExecutionScore::resolution` read field by field, without building it (it clones an
+        // exclusion's reason, and this runs for every close and completion).
+        let resolution = if score.excluded.is_some() {
+            SchedulerResolution::Excluded
+        } else if score.closed.is_none() {
+            return Ok(false);
+        } else if score.dummy {
+            SchedulerResolution::Dummy
+        } else if score.designated.is_some() {
+            SchedulerResolution::Valid
+        } else {
+            return Ok(false);
         };
         self.scheduler
-            .resolve(execution, resolution, at)
-            .map_err(StateError::Scheduler)
+            .resolve(execution, resolution)
+            .map_err(StateError::Scheduler)?;
+        Ok(true)
     }
 
     /// Brings a state restored from a snapshot written before the scheduler learnt its
@@ -224,9 +235,13 @@ impl ControlState {
             .filter(|(_, held)| held.resolution == SchedulerResolution::Pending)
             .map(|(execution, _)| *execution)
             .collect();
-        let now = self.scheduler.now;
+        let mut handed = false;
         for execution in pending {
-            self.hand_on(execution, now)?;
+            handed |= self.hand_on(execution)?;
+        }
+        if handed {
+            let now = self.scheduler.now;
+            self.scheduler.refresh_supply_timer(now);
         }
         Ok(())
     }
@@ -303,7 +318,12 @@ impl ControlState {
         }
         let scoring = &buffer.scoring;
         feed.u64(scoring.executions.len() as u64);
+        // Collected in this pass, fed at the end (see there).
+        let mut overrides: Vec<(ExecutionId, u32)> = Vec::new();
         for (execution, score) in &scoring.executions {
+            if let Some(attempt) = score.designation_override() {
+                overrides.push((*execution, attempt));
+            }
             feed.u64(execution.get());
             feed.u64(score.group.get());
             feed.u64(score.started_at.nanos());
@@ -396,15 +416,6 @@ impl ControlState {
         // Fed only when some designation was frozen before a higher-version completion was
         // folded (the one case it is not implied by the attempts above), so logs without one
         // verify with the digests they were written with.
-        let overrides: Vec<(ExecutionId, u32)> = scoring
-            .executions
-            .iter()
-            .filter_map(|(execution, score)| {
-                score
-                    .designation_override()
-                    .map(|attempt| (*execution, attempt))
-            })
-            .collect();
         if !overrides.is_empty() {
             feed.bytes(b"frozen-designations");
             feed.u64(overrides.len() as u64);

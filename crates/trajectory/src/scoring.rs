@@ -219,7 +219,13 @@ impl ExecutionScore {
     /// (a completion of a higher artifact version folded after it was frozen): the only case
     /// in which the designation is not implied by the rest of the state, so the only one a
     /// snapshot and the state digest record explicitly.
+    #[inline]
     pub fn designation_override(&self) -> Option<u32> {
+        // With one attempt there is nothing else the rule could pick (the common case, and the
+        // digest asks this of every execution at every checkpoint).
+        if self.attempts.len() < 2 {
+            return None;
+        }
         self.designated
             .filter(|_| self.designated != self.fresh_designation())
     }

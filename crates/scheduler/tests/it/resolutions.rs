@@ -55,7 +55,11 @@ impl Resolutions {
             _ => None,
         };
         match reached {
-            Some((execution, resolution)) => state.resolve(execution, resolution, event.at),
+            Some((execution, resolution)) => {
+                state.resolve(execution, resolution)?;
+                state.refresh_supply_timer(event.at);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
