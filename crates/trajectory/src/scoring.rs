@@ -24,7 +24,7 @@
 //! dummy or excluded; a surplus or cancelled member is excluded, like the scheduler counts
 //! it). Its advantages use the valid rewards only; excluded members get none.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gyre_event::{
     CloseStatus, Duration, Event, EventBody, ExecutionId, GroupId, PolicyVersion, Timestamp,
@@ -230,6 +230,11 @@ impl ExecutionScore {
             .filter(|_| self.designated != self.fresh_designation())
     }
 
+    /// Closed and not resolved.
+    pub fn awaits_resolution(&self) -> bool {
+        self.closed.is_some() && !self.is_resolved()
+    }
+
     /// Freezes the designated result if this execution has just become able to have one.
     fn settle(&mut self) {
         if self.designated.is_none() {
@@ -249,11 +254,20 @@ pub struct GroupScore {
 }
 
 /// Partial-scoring projection over the log.
+///
+/// `executions` and `groups` change only through [`Scoring::apply`] (they are public to be
+/// read): the projection keeps an index of the executions [`Scoring::decide`] has to look at,
+/// which `apply` maintains and [`Scoring::from_parts`] rebuilds.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Scoring {
     pub config: ScoringConfig,
     pub executions: BTreeMap<ExecutionId, ExecutionScore>,
     pub groups: BTreeMap<GroupId, GroupScore>,
+    /// Executions closed and not resolved, the only ones `decide` can act on. A run keeps
+    /// every execution it ever started, so without this every decision (the leader asks on
+    /// each tick and each applied entry) would walk all of them. Derived: not encoded, not in
+    /// the digest.
+    pub(crate) awaiting: BTreeSet<ExecutionId>,
 }
 
 impl Scoring {
@@ -261,6 +275,45 @@ impl Scoring {
         Self {
             config,
             ..Self::default()
+        }
+    }
+
+    /// The projection holding `executions` and `groups` (a decoded snapshot), its index of
+    /// executions awaiting a resolution rebuilt.
+    pub fn from_parts(
+        config: ScoringConfig,
+        executions: BTreeMap<ExecutionId, ExecutionScore>,
+        groups: BTreeMap<GroupId, GroupScore>,
+    ) -> Self {
+        let awaiting = executions
+            .iter()
+            .filter(|(_, state)| state.awaits_resolution())
+            .map(|(execution, _)| *execution)
+            .collect();
+        Self {
+            config,
+            executions,
+            groups,
+            awaiting,
+        }
+    }
+
+    /// Executions closed and not yet resolved, in id order: those waiting for an evaluation
+    /// (or for [`Scoring::decide`] to retry or exclude them).
+    pub fn awaiting(&self) -> impl Iterator<Item = ExecutionId> + '_ {
+        self.awaiting.iter().copied()
+    }
+
+    /// Files `execution` in the index, or takes it out, by its state now.
+    fn track(&mut self, execution: ExecutionId) {
+        if self
+            .executions
+            .get(&execution)
+            .is_some_and(ExecutionScore::awaits_resolution)
+        {
+            self.awaiting.insert(execution);
+        } else {
+            self.awaiting.remove(&execution);
         }
     }
 
@@ -278,6 +331,22 @@ impl Scoring {
 
     /// Folds one event; events this projection does not track are ignored.
     pub fn apply(&mut self, event: &Event) -> Result<(), TrajectoryError> {
+        let result = self.fold(event);
+        // Every event that can close or resolve an execution names it. Tracked whether or not
+        // the event was refused: the index follows the state, whatever the state is.
+        match &event.body {
+            EventBody::ExecutionClosed { execution, .. }
+            | EventBody::EvaluationRequested { execution, .. }
+            | EventBody::EvaluationCompleted { execution, .. }
+            | EventBody::EvaluationFailed { execution, .. }
+            | EventBody::DummyInserted { execution, .. }
+            | EventBody::ExecutionExcluded { execution, .. } => self.track(*execution),
+            _ => {}
+        }
+        result
+    }
+
+    fn fold(&mut self, event: &Event) -> Result<(), TrajectoryError> {
         let reject =
             |execution, message: String| Err(TrajectoryError::Scoring { execution, message });
         match &event.body {
@@ -499,10 +568,10 @@ impl Scoring {
     /// budget (or the attempt limit) is spent it is excluded.
     pub fn decide(&self, now: Timestamp) -> Vec<EventBody> {
         let mut decisions = Vec::new();
-        for (execution, state) in &self.executions {
-            if state.closed.is_none() || state.is_resolved() {
+        for execution in &self.awaiting {
+            let Some(state) = self.executions.get(execution) else {
                 continue;
-            }
+            };
             let deadline = state.started_at.plus(self.config.evaluation_budget);
             let last = state.attempts.iter().next_back();
             let last_settled = last.is_some_and(|(_, record)| record.outcome.is_some());
@@ -597,6 +666,18 @@ impl Scoring {
                     "only a closed execution is designated"
                 );
             }
+            assert_eq!(
+                self.awaiting.contains(execution),
+                state.awaits_resolution(),
+                "execution {execution} is indexed as awaiting a resolution iff it is closed and \
+                 unresolved"
+            );
+        }
+        for execution in &self.awaiting {
+            assert!(
+                self.executions.contains_key(execution),
+                "awaiting execution {execution} was started"
+            );
         }
     }
 }

@@ -443,6 +443,7 @@ impl Scoring {
             config,
             executions,
             groups,
+            awaiting: _, // derived: rebuilt by `from_parts`
         } = self;
         let ScoringConfig {
             evaluation_budget,
@@ -517,11 +518,7 @@ impl Scoring {
                 },
             );
         }
-        let scoring = Scoring {
-            config,
-            executions,
-            groups,
-        };
+        let scoring = Scoring::from_parts(config, executions, groups);
         check_membership(&scoring).map_err(|message| {
             inconsistent(
                 reader,
