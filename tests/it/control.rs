@@ -431,3 +431,213 @@ fn bad_node_lists_are_named_by_their_flag() {
         assert_eq!(stderr.trim(), wanted, "{args:?}");
     }
 }
+
+/// An in-process cluster of three nodes with 16 KiB segments that snapshot every 16 entries and
+/// keep 32 behind, so purges remove whole segments all the time; `archive` as given.
+async fn purging_cluster(root: &Path, archive: bool) -> (Vec<gyre_control::ControlNode>, String) {
+    let mut options = Vec::new();
+    for id in 1..=3u64 {
+        let listen = format!("127.0.0.1:{}", free_port())
+            .parse()
+            .expect("address");
+        let mut node = gyre_control::NodeOptions::new(id, root.join(format!("node-{id}")), listen);
+        node.log.segment_bytes = 16 << 10;
+        node.log.archive = archive;
+        node.snapshot_every_entries = 16;
+        node.entries_kept_behind_snapshot = 32;
+        options.push(node);
+    }
+    let mut nodes = Vec::new();
+    for node in &options {
+        nodes.push(
+            gyre_control::ControlNode::start(node.clone())
+                .await
+                .expect("node starts"),
+        );
+    }
+    let members = options
+        .iter()
+        .map(|o| (o.id, o.listen.to_string()))
+        .collect();
+    let addresses = options
+        .iter()
+        .map(|o| o.listen.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut client = ClusterClient::new(&addresses).expect("client");
+    client.retry_deadline = BOUND;
+    client
+        .initialize(&options[0].listen.to_string(), &members)
+        .await
+        .expect("cluster initialises");
+    (nodes, addresses)
+}
+
+/// Appends 400 entries of marker events, one request each, and waits until every node has
+/// purged past entry 100. Returns the markers appended.
+async fn write_until_purged(addresses: &str) -> u64 {
+    let mut client = ClusterClient::new(addresses).expect("client");
+    client.retry_deadline = BOUND;
+    let mut markers = 0;
+    for _ in 0..400 {
+        let events: Vec<Event> = (0..3).map(|k| marker_event(markers + k)).collect();
+        client.append(&events).await.expect("append commits");
+        markers += 3;
+    }
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let statuses = client.status_all().await;
+        let purged: Vec<u64> = statuses
+            .iter()
+            .map(|(_, status)| status.as_ref().map_or(0, |status| status.purged_index))
+            .collect();
+        if purged.iter().all(|purged| *purged > 100) {
+            return markers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes did not purge past entry 100: {purged:?}"
+        );
+        // Purges follow snapshots, which follow applies: give the nodes a moment (polling with
+        // a deadline, not synchronising on time).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Entry indexes and writer markers of an export of `node` from entry 1.
+async fn export_markers(addresses: &str, node: &str) -> (Vec<u64>, Vec<u64>) {
+    let mut client = ClusterClient::new(addresses).expect("client");
+    let mut stream = client.export(node, 1).await.expect("export starts");
+    let (mut indexes, mut markers) = (Vec::new(), Vec::new());
+    while let Some(entry) = stream.message().await.expect("export streams") {
+        indexes.push(entry.index);
+        for event in gyre_log::decode_batch(&entry.batch).expect("batch decodes") {
+            if let EventBody::EvaluationFailed { reason, .. } = &event.body {
+                if let Some(marker) = reason.strip_prefix("writer-") {
+                    markers.push(marker.parse().expect("marker number"));
+                }
+            }
+        }
+    }
+    (indexes, markers)
+}
+
+/// With `archive_purged` (the default of `gyre control run`) a purge moves whole segments to
+/// `archive/`, and `ExportLog` from entry 1 streams the whole committed log, purged entries
+/// included: no gap, every marker once. (A follower that fell behind and received a snapshot
+/// restarts its log there; its export is the gap-free log from that point.) Without the archive
+/// the export starts where the purge left the log. `gyre replay` of the data directory of a
+/// node whose export is whole starts at entry 1, not from a snapshot.
+#[test]
+fn purged_segments_are_archived_and_exported() {
+    let runtime = crate::support::runtime();
+    for archive in [true, false] {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let root = temp.path().to_path_buf();
+        let (nodes, addresses) = runtime.block_on(purging_cluster(&root, archive));
+        let written = runtime.block_on(write_until_purged(&addresses));
+        let mut whole = Vec::new();
+        for (position, address) in addresses.split(',').enumerate() {
+            let (indexes, markers) = runtime.block_on(export_markers(&addresses, address));
+            assert!(
+                indexes.windows(2).all(|pair| pair[1] == pair[0] + 1),
+                "archive {archive}, node {address}: the export has no gap"
+            );
+            if archive {
+                let first = *markers.first().expect("markers exported");
+                assert_eq!(
+                    markers,
+                    (first..written).collect::<Vec<_>>(),
+                    "node {address}: every marker from its first once, in order"
+                );
+                if indexes.first() == Some(&1) {
+                    assert_eq!(first, 0);
+                    whole.push(position as u64 + 1);
+                }
+            } else {
+                assert!(
+                    indexes.first() > Some(&1),
+                    "node {address}: without an archive the export starts past the purge"
+                );
+            }
+        }
+        // `Subscribe` (what `gyre log tail --from` reads) from a purged entry, mid-batch: with
+        // the archive it streams from there; without, the node says the entry is purged.
+        let tailed = runtime.block_on(async {
+            let mut client = ClusterClient::new(&addresses).expect("client");
+            client.retry_deadline = BOUND;
+            let from = Sequence {
+                index: 5,
+                position: 1,
+            };
+            let mut stream = match client.subscribe(from, true).await {
+                Ok(stream) => stream,
+                Err(error) => return Err(error.to_string()),
+            };
+            let mut entries = Vec::new();
+            loop {
+                match stream.message().await {
+                    Ok(Some(entry)) => entries.push(entry),
+                    Ok(None) => return Ok(entries),
+                    Err(status) => return Err(status.message().to_string()),
+                }
+            }
+        });
+        if archive {
+            let entries = tailed.expect("a tail from a purged entry streams");
+            assert_eq!(entries[0].index, 5);
+            assert_eq!(entries[0].first_position, 1, "the tail starts mid-batch");
+            assert!(
+                entries.windows(2).all(|pair| pair[1].index > pair[0].index),
+                "in order"
+            );
+            let markers = entries
+                .iter()
+                .flat_map(|entry| gyre_log::decode_batch(&entry.batch).expect("decodes"))
+                .filter(|event| matches!(event.body, EventBody::EvaluationFailed { .. }))
+                .count() as u64;
+            // Entry 5 is the fourth request's (1 is the initial membership, 2 the leader's
+            // blank, 3 the Tick-free first write...): whatever it is, everything after its
+            // first event is there once.
+            assert!(
+                markers + 12 >= written && markers <= written,
+                "{markers} of {written}"
+            );
+        } else {
+            match tailed {
+                Err(error) => assert!(error.contains("purged"), "{error}"),
+                Ok(entries) => panic!(
+                    "without an archive entry 5 is gone, but {} entries from {:?} came",
+                    entries.len(),
+                    entries.first().map(|entry| entry.index)
+                ),
+            }
+        }
+        for node in nodes {
+            runtime.block_on(node.shutdown()).expect("node stops");
+        }
+        let archived = |id: u64| {
+            std::fs::read_dir(root.join(format!("node-{id}/archive")))
+                .map(|listing| listing.count())
+                .unwrap_or(0)
+        };
+        if archive {
+            assert!((1..=3).all(|id| archived(id) > 0), "every node archived");
+            // At least the leader's export is whole (committing needs it), and its data
+            // directory replays from entry 1.
+            let node = *whole.first().expect("some node exports the whole log");
+            let data = root.join(format!("node-{node}"));
+            let output = gyre()
+                .args(["replay", data.to_str().expect("utf-8"), "--json"])
+                .output()
+                .expect("replay runs");
+            let report: serde_json::Value =
+                serde_json::from_slice(&output.stdout).expect("replay prints JSON");
+            assert_eq!(output.status.code(), Some(0), "{report}");
+            assert!(report["started_from_snapshot"].is_null(), "{report}");
+            assert!(report["problem"].is_null(), "{report}");
+        } else {
+            assert!((1..=3).all(|id| archived(id) == 0), "nothing archived");
+        }
+    }
+}

@@ -268,6 +268,65 @@ fn members_map(members: &[pb::Member]) -> Result<BTreeMap<NodeId, BasicNode>, Co
 
 /// Reads up to `READ_ENTRIES_MAX` entries from `next` to `upto` (inclusive); an index below the
 /// first kept entry is `Purged`.
+/// Streams the entries `[from, before)`, which the log store no longer serves (purged behind a
+/// snapshot), from the node's segment files (`gyre_log::raft::archive::read_entries`: the
+/// archive and the live log's first segment) to `sender`, each made a message by `to_message`
+/// (given the index, term and the event batch, `None` for a blank or membership entry; it
+/// returns `None` to send nothing). With `exact` the files must hold entry `from` itself (a
+/// subscription names where it starts); otherwise they may begin later (an export of what is
+/// left). Returns the index after the last entry read (`from` when the files hold none of
+/// them), or `None` once the stream is over: the client went away, or the files could not be
+/// read, do not reach back to `from` with `exact`, or end before `before` (an error was sent).
+async fn stream_purged<M: Send + 'static>(
+    data_dir: std::path::PathBuf,
+    from: u64,
+    before: u64,
+    exact: bool,
+    sender: mpsc::Sender<Result<M, Status>>,
+    mut to_message: impl FnMut(u64, u64, Option<&[u8]>) -> Option<M> + Send + 'static,
+) -> Option<u64> {
+    use gyre_log::raft::record::{split_payload, RecordKind};
+
+    let files = sender.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut first = None;
+        let read = gyre_log::raft::archive::read_entries(&data_dir, from, before, |entry| {
+            if exact && *first.get_or_insert(entry.index) != from {
+                return false;
+            }
+            let body = match split_payload(entry.payload) {
+                Ok((RecordKind::Events, _, body)) => Some(body),
+                _ => None,
+            };
+            match to_message(entry.index, entry.term, body) {
+                Some(message) => files.blocking_send(Ok(message)).is_ok(),
+                None => !files.is_closed(),
+            }
+        });
+        (read, first)
+    })
+    .await;
+    let problem = match read {
+        Ok((Ok(_), first)) if exact && first.is_none_or(|first| first != from) => {
+            to_status(ControlError::Purged {
+                index: from,
+                first: first.unwrap_or(before),
+            })
+        }
+        Ok((Ok(after), _)) if after > from && after < before => Status::data_loss(format!(
+            "the segment files end at entry {after}, before entry {before} where the log \
+             store's entries begin"
+        )),
+        Ok((Ok(after), _)) => return (!sender.is_closed()).then_some(after),
+        Ok((Err(error), _)) => Status::data_loss(format!(
+            "reading purged entries from the segment files: {error}"
+        )),
+        Err(error) => Status::internal(format!("reading purged entries: {error}")),
+    };
+    let _ = sender.send(Err(problem)).await;
+    None
+}
+
 async fn read_entries(
     log: &LogStoreHandle,
     next: u64,
@@ -330,10 +389,44 @@ impl pb::control_server::Control for ControlService {
         let log = self.log.clone();
         let state_machine = self.state_machine.clone();
         let mut metrics = self.raft.metrics();
+        let first_kept = metrics.borrow().purged.map_or(1, |log_id| log_id.index + 1);
+        let data_dir = self.data_dir.clone();
         // Task "subscribe": owned by its stream; it ends when the client goes away.
         tokio::spawn(async move {
             let mut next = request.from_index.max(1);
             let mut skip = request.from_position;
+            if next < first_kept {
+                // Purged behind a snapshot: from the segment files (the archive, and the live
+                // log's first segment), as far as they reach back.
+                let (from_index, from_position) = (request.from_index, request.from_position);
+                let to_message = move |index, _term, body: Option<&[u8]>| {
+                    let body = body?;
+                    if index == from_index && from_position > 0 {
+                        let events = gyre_log::decode_batch(body).ok()?;
+                        let from = (from_position as usize).min(events.len());
+                        return Some(pb::CommittedEntry {
+                            index,
+                            first_position: u32::try_from(from).unwrap_or(u32::MAX),
+                            batch: gyre_log::encode_batch(&events[from..]),
+                        });
+                    }
+                    Some(pb::CommittedEntry {
+                        index,
+                        first_position: 0,
+                        batch: body.to_vec(),
+                    })
+                };
+                let sent =
+                    stream_purged(data_dir, next, first_kept, true, sender.clone(), to_message);
+                match sent.await {
+                    Some(after) if after > next => {
+                        next = after;
+                        skip = 0;
+                    }
+                    Some(_) => {}
+                    None => return,
+                }
+            }
             loop {
                 let applied =
                     state_machine.with_projection(|_, last| last.map_or(0, |log_id| log_id.index));
@@ -520,12 +613,32 @@ impl pb::control_server::Control for ControlService {
             .borrow()
             .purged
             .map_or(1, |log_id| log_id.index + 1);
-        let mut next = request.into_inner().from_index.max(first_kept);
+        let from = request.into_inner().from_index;
+        let mut next = from.max(first_kept);
         let upto = self.applied_index();
         let log = self.log.clone();
+        let data_dir = self.data_dir.clone();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         // Task "export": owned by its stream; it ends at the applied index of the request time.
         tokio::spawn(async move {
+            let empty = gyre_log::encode_batch(&[]);
+            if from < first_kept {
+                // Entries purged behind a snapshot: from the segment files (the archive, and
+                // the live log's first segment, which may still hold purged entries).
+                let before = first_kept.min(upto.saturating_add(1));
+                let to_message = move |index, term, body: Option<&[u8]>| {
+                    Some(pb::ExportedEntry {
+                        index,
+                        term,
+                        batch: body.map_or_else(|| empty.clone(), <[u8]>::to_vec),
+                    })
+                };
+                let sent = stream_purged(data_dir, from, before, false, sender.clone(), to_message);
+                match sent.await {
+                    Some(after) => next = next.max(after),
+                    None => return,
+                }
+            }
             let empty = gyre_log::encode_batch(&[]);
             while next <= upto {
                 let entries = match read_entries(&log, next, upto).await {

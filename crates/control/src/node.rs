@@ -52,7 +52,11 @@ impl NodeOptions {
             election_timeout_ms_max: 1200,
             snapshot_every_entries: 20_000,
             entries_kept_behind_snapshot: 1_000_000,
-            log: LogStoreOptions::default(),
+            // A control node keeps its whole committed log: purged segments go to `archive/`.
+            log: LogStoreOptions {
+                archive: true,
+                ..LogStoreOptions::default()
+            },
             proposer: ProposerOptions::default(),
             controller: ControllerOptions::default(),
         }

@@ -91,6 +91,13 @@ pub struct RunArgs {
     /// `gyre log export` reach that far back.
     #[arg(long, default_value_t = 1_000_000)]
     entries_kept_behind_snapshot: u64,
+    /// What a purge behind a snapshot does with the log segments it removes: `true` moves them
+    /// to `DATA_DIR/archive/` (a rename), so the node keeps its whole committed log for
+    /// `gyre replay DATA_DIR`, `gyre log export` and audits of any execution of the run, while
+    /// a restart still reads only the live log; `false` deletes them. The archive grows with
+    /// the run: put the data dir on a disk sized for the whole log.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    archive_purged: bool,
     /// Leader heartbeat interval, ms.
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
@@ -227,6 +234,7 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
                 "peers": parse_nodes(&args.peers)?,
                 "snapshot_every": options.snapshot_every_entries,
                 "entries_kept_behind_snapshot": options.entries_kept_behind_snapshot,
+                "archive_purged": options.log.archive,
                 "heartbeat_ms": options.heartbeat_ms,
                 "election_timeout_min_ms": options.election_timeout_ms_min,
                 "election_timeout_max_ms": options.election_timeout_ms_max,
@@ -312,6 +320,7 @@ fn node_options(args: &RunArgs) -> anyhow::Result<NodeOptions> {
     let mut options = NodeOptions::new(args.id, args.data_dir.clone(), args.listen);
     options.snapshot_every_entries = args.snapshot_every;
     options.entries_kept_behind_snapshot = args.entries_kept_behind_snapshot;
+    options.log.archive = args.archive_purged;
     options.heartbeat_ms = args.heartbeat_ms;
     options.election_timeout_ms_min = args.election_timeout_min_ms;
     options.election_timeout_ms_max = args.election_timeout_max_ms;

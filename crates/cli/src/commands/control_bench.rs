@@ -580,6 +580,10 @@ pub struct SoakArgs {
     /// log then starts after entry 1 and restarts (and `gyre replay`) begin from a snapshot.
     #[arg(long, default_value_t = 64 << 20)]
     segment_bytes: u64,
+    /// Purged segments go to each node's `archive/` (`true`, as `gyre control run` does) or
+    /// are deleted (`false`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    archive_purged: bool,
 }
 
 /// One writer of the soak: appends its execution's records in order, retrying an append until
@@ -646,6 +650,7 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         let listen = format!("127.0.0.1:{}", free_port()?).parse()?;
         let mut node = NodeOptions::new(id, root.join(format!("node-{id}")), listen);
         node.log.segment_bytes = args.segment_bytes.max(4096);
+        node.log.archive = args.archive_purged;
         node.snapshot_every_entries = args.snapshot_every.max(1);
         node.entries_kept_behind_snapshot = args.keep_behind_snapshot;
         // No idle `Tick`s: the digests are compared (and printed for replay to check) after the

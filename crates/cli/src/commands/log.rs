@@ -49,8 +49,10 @@ enum LogCommand {
     },
     /// Write a node's log to an event file (`gyre replay FILE` reads it).
     Export {
-        /// The node whose log is written, `host:port`; a log purged behind a snapshot is
-        /// written from its first kept entry.
+        /// The node whose log is written, `host:port`. Entries purged behind a snapshot come
+        /// from the node's archive (`gyre control run --archive-purged`, on by default), so the
+        /// file holds the whole committed log; a node without one (or whose log restarted
+        /// behind a received snapshot) is written from the first entry it still holds.
         #[arg(long)]
         node: String,
         /// The event file to create; an existing file is never overwritten.

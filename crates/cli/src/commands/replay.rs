@@ -9,9 +9,11 @@
 //!
 //! `LOG` may also be a control node's data directory (`gyre control run --data-dir`), read
 //! without changing it: its segments in order (CRCs, the hash chain within and across segments),
-//! up to the committed index its meta file records. When the node purged the log before its
-//! newest snapshot, replay starts from that snapshot's state (checksummed, and its digest
-//! checked) and reports where it started.
+//! up to the committed index its meta file records, its archived segments (`archive/`, what
+//! purges moved there) before the live ones. When the log it holds does not reach back to
+//! entry 1 (purged without an archive, or restarted behind a received snapshot), replay starts
+//! from the newest snapshot that covers the gap (checksummed, and its digest checked) and
+//! reports where it started.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -421,7 +423,6 @@ struct DataDir {
 }
 
 fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
-    use gyre_log::raft::segment::parse_segment_file_name;
     use gyre_log::raft::Projection;
 
     let log_dir = dir.join("log");
@@ -433,15 +434,13 @@ fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDir> {
     let meta = gyre_log::raft::read_meta(dir)
         .with_context(|| format!("reading the meta file of {}", dir.display()))?;
     let committed = meta.committed.map_or(0, |log_id| log_id.index);
-    let mut segments: Vec<(u64, PathBuf)> = std::fs::read_dir(&log_dir)
-        .with_context(|| format!("listing {}", log_dir.display()))?
-        .filter_map(|entry| entry.ok())
-        .filter_map(|entry| {
-            let name = entry.file_name();
-            parse_segment_file_name(&name.to_string_lossy()).map(|first| (first, entry.path()))
-        })
+    // The archived segments (purged behind snapshots, kept by `--archive-purged`) first, then
+    // the live log: one chain from the archive's first entry when the archive reaches it.
+    let segments: Vec<(u64, PathBuf)> = gyre_log::raft::archive::log_segments(dir)
+        .with_context(|| format!("listing the log segments of {}", dir.display()))?
+        .into_iter()
+        .map(|segment| (segment.first_index, segment.path))
         .collect();
-    segments.sort();
 
     // The newest snapshot that reads back intact, for a log whose start was purged.
     let mut snapshots: Vec<PathBuf> = std::fs::read_dir(dir.join("snapshots"))

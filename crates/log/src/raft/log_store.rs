@@ -31,6 +31,10 @@ pub struct LogStoreOptions {
     /// appends need no block allocation or size change and a group's `fdatasync` has less
     /// journal work. Off: segments grow with each write.
     pub preallocate: bool,
+    /// Move purged segments to `<dir>/archive/` instead of deleting them, so the whole
+    /// committed log stays readable (`gyre replay DIR`, `ExportLog`, audits) while restarts
+    /// scan only what is behind the last snapshot. Disk use grows with the log.
+    pub archive: bool,
 }
 
 impl Default for LogStoreOptions {
@@ -40,6 +44,7 @@ impl Default for LogStoreOptions {
             read_batch_bytes_max: 8 << 20,
             read_batch_entries_max: 300,
             preallocate: true,
+            archive: false,
         }
     }
 }
@@ -87,7 +92,12 @@ impl LogStore {
     pub fn open(dir: impl AsRef<Path>, options: LogStoreOptions) -> Result<Self, RaftStoreError> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(RaftStoreError::io(&dir, "create data dir"))?;
-        let recovered = Writer::recover(&dir, options.segment_bytes, options.preallocate)?;
+        let recovered = Writer::recover(
+            &dir,
+            options.segment_bytes,
+            options.preallocate,
+            options.archive,
+        )?;
         let shared = Arc::new(Shared {
             index: RwLock::new(recovered.index),
             vote: Mutex::new(recovered.meta.vote),

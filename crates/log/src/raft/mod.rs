@@ -12,7 +12,8 @@
 //!   across segments. Appends are readable as soon as `append` returns; one writer thread
 //!   (`writer`) makes each group of queued appends durable with exactly one `fdatasync`
 //!   before calling their `LogFlushed`. Vote, committed and last purged live in `<dir>/meta`
-//!   (tmp, fsync, rename, fsync dir). Purge deletes whole segments; truncate cuts the
+//!   (tmp, fsync, rename, fsync dir). Purge deletes whole segments (or moves them to
+//!   `<dir>/archive/`: `archive`); truncate cuts the
 //!   containing segment (zeroing the cut records in a preallocated one). Reads for
 //!   replication are bounded by bytes and count.
 //!   New segments are allocated to `segment_bytes` up front (`fallocate`), so a group's
@@ -30,6 +31,7 @@
 //! id is (term, node, index). The record frame stores the term; the proposing node id sits in
 //! the payload header (see `record`).
 
+pub mod archive;
 mod error;
 mod index;
 mod log_store;

@@ -32,6 +32,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::file::{
@@ -155,6 +156,18 @@ pub struct SegmentScan {
     pub next_index: u64,
     /// Chain value after the last good record (the base hash if none).
     pub head_hash: ChainHash,
+}
+
+/// The header of the segment at `path`.
+pub fn read_segment_header(path: &Path) -> Result<SegmentHeader, RaftStoreError> {
+    let mut bytes = [0u8; SEGMENT_HEADER_LEN as usize];
+    File::open(path)
+        .and_then(|file| file.read_exact_at(&mut bytes, 0))
+        .map_err(RaftStoreError::io(path, "read segment header"))?;
+    SegmentHeader::decode(&bytes).map_err(|detail| RaftStoreError::BadSegment {
+        segment: path.to_path_buf(),
+        detail,
+    })
 }
 
 /// Reads and verifies every record of the segment at `path`, calling `on_record` with each

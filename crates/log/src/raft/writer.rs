@@ -14,6 +14,11 @@
 //! no size change, which is journal work every group's `fdatasync` would otherwise commit.
 //! A closed segment is trimmed to its records, so only the active segment has a zero tail;
 //! truncation inside it writes zeros over the cut records instead of shrinking the file.
+//!
+//! With `archive` a purge moves whole segments to `<dir>/archive/` instead of deleting them
+//! (a rename: no copy), when what it removes is this node's committed log (the purge point is
+//! in the log, so openraft has already cut any conflicting suffix). A purge past the end of
+//! the log (a received snapshot) deletes: those entries may never have been committed.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -34,8 +39,8 @@ use super::index::{LogIndex, Place, SegmentFile, Slot};
 use super::meta::{read_meta, sync_directory, write_meta, Meta};
 use super::record::encode_payload;
 use super::segment::{
-    append_frame, parse_segment_file_name, scan_segment, segment_file_name, SegmentHeader,
-    FLAG_DETACHED, SEGMENT_HEADER_LEN,
+    append_frame, parse_segment_file_name, read_segment_header, scan_segment, segment_file_name,
+    SegmentHeader, FLAG_DETACHED, SEGMENT_HEADER_LEN,
 };
 use super::types::{Entry, LogFlushed, LogId, Vote};
 
@@ -94,6 +99,7 @@ pub(crate) struct WriterStats {
     pub segments_created: AtomicU64,
     pub segments_preallocated: AtomicU64,
     pub segments_deleted: AtomicU64,
+    pub segments_archived: AtomicU64,
 }
 
 /// A copy of the writer's counters.
@@ -113,6 +119,8 @@ pub struct LogStats {
     /// Of `segments_created`, those allocated to full size when created.
     pub segments_preallocated: u64,
     pub segments_deleted: u64,
+    /// Segments a purge moved to `archive/`.
+    pub segments_archived: u64,
 }
 
 impl WriterStats {
@@ -128,6 +136,7 @@ impl WriterStats {
             segments_created: load(&self.segments_created),
             segments_preallocated: load(&self.segments_preallocated),
             segments_deleted: load(&self.segments_deleted),
+            segments_archived: load(&self.segments_archived),
         }
     }
 }
@@ -207,6 +216,8 @@ pub(crate) struct Writer {
     /// Whether new segments are allocated to `segment_bytes` when created (turned off if the
     /// file system cannot).
     preallocate: bool,
+    /// Move purged segments to `archive/` instead of deleting them.
+    archive: bool,
     shared: Arc<Shared>,
     segments: Vec<WriterSegment>,
     /// Positions of records `records_first ..`.
@@ -247,6 +258,7 @@ impl Writer {
         root: &Path,
         segment_bytes: u64,
         preallocate: bool,
+        archive: bool,
     ) -> Result<Recovered, RaftStoreError> {
         let log_dir = root.join("log");
         fs::create_dir_all(&log_dir).map_err(RaftStoreError::io(&log_dir, "create log dir"))?;
@@ -271,20 +283,30 @@ impl Writer {
         files.sort();
 
         // Segments wholly at or below the purge point are leftovers of an interrupted purge.
-        let mut deleted_any = false;
+        let mut leftovers = Vec::new();
         while files.len() > 1 {
             let next_first = files[1].0;
             match purged {
-                Some(purged) if next_first <= purged + 1 => {
-                    let (_, path) = files.remove(0);
-                    fs::remove_file(&path)
-                        .map_err(RaftStoreError::io(&path, "remove purged segment"))?;
-                    deleted_any = true;
-                }
+                Some(purged) if next_first <= purged + 1 => leftovers.push(files.remove(0).1),
                 _ => break,
             }
         }
-        if deleted_any {
+        if !leftovers.is_empty() {
+            // They are this node's committed log (archived) when the log after them continues
+            // their chain; a log restarted behind a received snapshot (a detached chain) does
+            // not, and what came before it is deleted, as the purge would have.
+            let continued = match files.first() {
+                Some((_, path)) => !read_segment_header(path)?.detached(),
+                None => false,
+            };
+            for path in &leftovers {
+                if archive && continued {
+                    archive_segment(root, path)?;
+                } else {
+                    fs::remove_file(path)
+                        .map_err(RaftStoreError::io(path, "remove purged segment"))?;
+                }
+            }
             sync_directory(&log_dir)?;
         }
 
@@ -491,6 +513,7 @@ impl Writer {
             log_dir,
             segment_bytes,
             preallocate,
+            archive,
             shared: shared_placeholder,
             segments,
             records,
@@ -1015,20 +1038,30 @@ impl Writer {
             }
         }
         self.base_hash = purged_hash;
-        let mut deleted = false;
+        // Within the log, the purged entries are this node's committed log: archive them.
+        let archive = self.archive && upto.index < end;
+        let mut removed = false;
         while self.segments.len() > 1 && self.segments[0].next_index <= upto.index + 1 {
             let segment = self.segments.remove(0);
-            fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
-                &segment.read.path,
-                "delete purged segment",
-            ))?;
-            deleted = true;
-            self.shared
-                .stats
-                .segments_deleted
-                .fetch_add(1, Ordering::AcqRel);
+            if archive {
+                archive_segment(&self.root, &segment.read.path)?;
+                self.shared
+                    .stats
+                    .segments_archived
+                    .fetch_add(1, Ordering::AcqRel);
+            } else {
+                fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
+                    &segment.read.path,
+                    "delete purged segment",
+                ))?;
+                self.shared
+                    .stats
+                    .segments_deleted
+                    .fetch_add(1, Ordering::AcqRel);
+            }
+            removed = true;
         }
-        if deleted {
+        if removed {
             sync_directory(&self.log_dir)?;
         }
         Ok(())
@@ -1129,6 +1162,23 @@ fn create_segment(
     fs::rename(&tmp, path).map_err(RaftStoreError::io(path, "rename segment into place"))?;
     sync_directory(super::meta::parent_of(path))?;
     Ok(allocated)
+}
+
+/// Moves the closed segment at `path` into `<root>/archive/` (created if missing), durably:
+/// the archive directory is synced before the caller syncs the log directory, so after a
+/// crash the segment is in one of the two, and recovery finishes the move.
+fn archive_segment(root: &Path, path: &Path) -> Result<(), RaftStoreError> {
+    let archive_dir = root.join(super::archive::ARCHIVE_DIR);
+    if !archive_dir.is_dir() {
+        fs::create_dir_all(&archive_dir)
+            .map_err(RaftStoreError::io(&archive_dir, "create archive dir"))?;
+        sync_directory(root)?;
+    }
+    let name = path.file_name().unwrap_or_default();
+    let target = archive_dir.join(name);
+    fs::rename(path, &target)
+        .map_err(RaftStoreError::io(path, "move purged segment to archive"))?;
+    sync_directory(&archive_dir)
 }
 
 /// Writes zeros over `from..to` of `file`.

@@ -338,6 +338,7 @@ async fn multi_megabyte_entries_round_trip_and_replication_reads_are_bounded_by_
         read_batch_bytes_max: 8 << 20,
         read_batch_entries_max: 300,
         preallocate: true,
+        archive: false,
     };
     let mut log = LogStore::open(dir.path(), options).expect("opens");
     // ~3 MiB each: 768k token ids of 4 bytes.
@@ -879,4 +880,186 @@ async fn a_length_running_past_a_preallocated_segment_is_refused_not_truncated()
         "{text}"
     );
     assert!(text.contains(&index.to_string()), "{text}");
+}
+
+fn archiving_segments() -> LogStoreOptions {
+    LogStoreOptions {
+        archive: true,
+        ..tiny_segments()
+    }
+}
+
+/// Every entry `archive::read_entries` finds in `dir` from `from`, as (index, term, marker of
+/// the batch's first event or `None` for blank / membership entries).
+fn entries_in_files(dir: &Path, from: u64, before: u64) -> Vec<(u64, u64, bool)> {
+    let mut found = Vec::new();
+    gyre_log::raft::archive::read_entries(dir, from, before, |entry| {
+        let events = matches!(
+            gyre_log::raft::record::split_payload(entry.payload),
+            Ok((gyre_log::raft::record::RecordKind::Events, _, _))
+        );
+        found.push((entry.index, entry.term, events));
+        true
+    })
+    .expect("the files read");
+    found
+}
+
+/// With `archive`, a purge inside the log moves whole segments to `archive/` (nothing is
+/// deleted), the store serves only what is behind the purge point, and the segment files
+/// (archive, then live log) still hold every entry once, in order, chained; reopening ignores
+/// the archive. A purge past the end of the log (a received snapshot) deletes instead.
+#[tokio::test]
+async fn purges_archive_committed_segments_and_the_files_keep_every_entry() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    let before = segment_files(dir.path());
+    log.purge(log_id(1, 1, 20)).await.expect("purge");
+    let stats = log.stats();
+    assert!(stats.segments_archived > 0, "{stats:?}");
+    assert_eq!(stats.segments_deleted, 0, "{stats:?}");
+    let live = segment_files(dir.path());
+    let archived = gyre_log::raft::archive::log_segments(dir.path())
+        .expect("lists")
+        .into_iter()
+        .filter(|segment| segment.home == gyre_log::raft::archive::SegmentHome::Archive)
+        .count();
+    assert_eq!(archived + live.len(), before.len(), "moved, not deleted");
+    assert_eq!(
+        read_all(&mut log).await.first().map(|e| e.log_id.index),
+        Some(21)
+    );
+
+    let files = entries_in_files(dir.path(), 0, 40);
+    assert_eq!(
+        files.iter().map(|(index, _, _)| *index).collect::<Vec<_>>(),
+        (0..40).collect::<Vec<_>>(),
+        "every entry once, in order"
+    );
+    assert!(!files[0].2 && files[1..].iter().all(|(_, _, events)| *events));
+    // A range in the middle, and a reader that stops early.
+    assert_eq!(entries_in_files(dir.path(), 7, 9).len(), 2);
+    let mut taken = 0;
+    let after = gyre_log::raft::archive::read_entries(dir.path(), 0, 40, |_| {
+        taken += 1;
+        taken < 5
+    })
+    .expect("reads");
+    assert_eq!(
+        (taken, after),
+        (5, 4),
+        "the fifth entry stopped it, not delivered"
+    );
+    close(log).await;
+
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.first().map(|e| e.log_id.index), Some(21));
+    assert_eq!(entries.len(), 19);
+    // Past the end: nothing of it is known to be committed; deleted, not archived.
+    let archived_before = log.stats().segments_archived;
+    log.purge(log_id(3, 1, 100))
+        .await
+        .expect("purge past the end");
+    let stats = log.stats();
+    assert_eq!(stats.segments_archived, archived_before, "{stats:?}");
+    close(log).await;
+}
+
+/// A crash between a purge's meta write and its move leaves purged segments in `log/`:
+/// reopening finishes the move to the archive when the live log continues their chain, and
+/// deletes them when it does not (the log restarted behind a received snapshot: a detached
+/// segment).
+#[tokio::test]
+async fn an_interrupted_archive_is_finished_when_the_log_reopens() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    log.purge(log_id(1, 1, 20)).await.expect("purge");
+    close(log).await;
+    // Put the archived segments back, as if the crash came before the renames.
+    let archive = dir.path().join("archive");
+    let moved: Vec<_> = std::fs::read_dir(&archive)
+        .expect("archive")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    assert!(!moved.is_empty());
+    for path in &moved {
+        std::fs::rename(
+            path,
+            dir.path().join("log").join(path.file_name().expect("name")),
+        )
+        .expect("move back");
+    }
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    assert_eq!(read_all(&mut log).await.len(), 19);
+    for path in &moved {
+        assert!(path.exists(), "{} is archived again", path.display());
+    }
+    assert_eq!(entries_in_files(dir.path(), 0, 40).len(), 40);
+
+    // The log restarts past its end (as after a received snapshot): a detached segment. A
+    // leftover from before it is not this log's committed past and is deleted.
+    log.purge(log_id(3, 1, 100))
+        .await
+        .expect("purge past the end");
+    append_durable(&mut log, vec![normal(3, 101, batch(101, 2))]).await;
+    close(log).await;
+    let stale = dir
+        .path()
+        .join("log")
+        .join(moved[0].file_name().expect("name"));
+    std::fs::copy(&moved[0], &stale).expect("a leftover");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    assert!(
+        !stale.exists(),
+        "the leftover before a detached log is deleted"
+    );
+    let entries = read_all(&mut log).await;
+    assert_eq!(entries.len(), 1);
+    close(log).await;
+    // The readers start at the detached segment: the archive before it does not chain into it.
+    let files = entries_in_files(dir.path(), 0, 200);
+    assert_eq!(
+        files.iter().map(|(index, _, _)| *index).collect::<Vec<_>>(),
+        vec![101]
+    );
+}
+
+/// A flipped bit in an archived segment is refused by the readers of the files, naming the
+/// segment; entries before it were delivered.
+#[tokio::test]
+async fn a_damaged_archived_segment_is_refused() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    log.purge(log_id(1, 1, 20)).await.expect("purge");
+    close(log).await;
+    let segments = gyre_log::raft::archive::log_segments(dir.path()).expect("lists");
+    let victim = segments
+        .iter()
+        .rfind(|segment| segment.home == gyre_log::raft::archive::SegmentHome::Archive)
+        .expect("an archived segment");
+    let mut bytes = std::fs::read(&victim.path).expect("read");
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(&victim.path, &bytes).expect("write");
+    let mut delivered = Vec::new();
+    let error = gyre_log::raft::archive::read_entries(dir.path(), 0, 40, |entry| {
+        delivered.push(entry.index);
+        true
+    })
+    .expect_err("a damaged record is refused");
+    assert!(
+        error
+            .to_string()
+            .contains(&victim.path.display().to_string()),
+        "{error}"
+    );
+    assert!(
+        delivered.iter().copied().eq(0..delivered.len() as u64),
+        "what came before the damage was delivered, in order: {delivered:?}"
+    );
+    assert!(!delivered.is_empty(), "entry 0 precedes the damage");
 }
