@@ -7,6 +7,7 @@ pub mod anthropic;
 pub mod openai_chat;
 pub mod openai_responses;
 mod parser;
+pub mod partial_json;
 pub mod sse;
 pub mod stop;
 

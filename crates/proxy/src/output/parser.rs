@@ -4,7 +4,10 @@
 //! Tool calls are buffered whole and emitted at their end tag (an end tag inside one of the
 //! call's JSON strings is text of the call); a call whose body is not
 //! `{"name": string, "arguments": object}` is passed through as text, tags included, as vLLM's
-//! Hermes parser does. How the text is chunked changes only how deltas are split, never the
+//! Hermes parser does. A call the output stops inside (the token limit, a stop sequence; no
+//! end tag and no end of turn) is still a call once its name is written: its arguments are
+//! what was written of them, closed into an object (`partial_json`), the shape the real APIs
+//! give a tool call cut by `max_tokens`; [`OutputParser::cut_tool_call`] says so. How the text is chunked changes only how deltas are split, never the
 //! blocks they add up to (a property test checks it).
 
 use std::collections::BTreeMap;
@@ -35,6 +38,8 @@ pub struct OutputParser {
     block_started: bool,
     pending_whitespace: String,
     tool_calls_count: usize,
+    /// The last call was cut by the end of the output (see the module docs).
+    cut_tool_call: bool,
 }
 
 impl OutputParser {
@@ -52,6 +57,7 @@ impl OutputParser {
             block_started: false,
             pending_whitespace: String::new(),
             tool_calls_count: 0,
+            cut_tool_call: false,
         }
     }
 
@@ -63,6 +69,12 @@ impl OutputParser {
     /// Tool calls emitted so far.
     pub fn tool_calls_count(&self) -> usize {
         self.tool_calls_count
+    }
+
+    /// Whether the output ended inside a tool call that was emitted with the arguments written
+    /// so far (never a finished turn's call: the stop reason must not say `tool_use`).
+    pub fn cut_tool_call(&self) -> bool {
+        self.cut_tool_call
     }
 
     /// The markers that end the current state, with what each one does.
@@ -138,8 +150,9 @@ impl OutputParser {
         }
     }
 
-    /// The output ended (any reason): flushes held text, closes an open reasoning block and
-    /// passes an unterminated tool call through as text.
+    /// The output ended (any reason): flushes held text, closes an open reasoning block, and
+    /// emits a tool call it ended inside as a cut call once the call's name is written (as
+    /// text otherwise).
     pub fn finish(&mut self) -> Vec<OutputEvent> {
         let mut events = Vec::new();
         let rest = std::mem::take(&mut self.buffer);
@@ -152,14 +165,25 @@ impl OutputParser {
                 events.push(OutputEvent::ReasoningEnd);
             }
             State::ToolCall => {
-                let start = self
-                    .format
-                    .tool_call
-                    .as_ref()
-                    .map(|tool_call| tool_call.start.clone())
-                    .unwrap_or_default();
-                let raw = format!("{start}{}{rest}", std::mem::take(&mut self.tool_body));
-                self.emit_text(&raw, &mut events);
+                let body = format!("{}{rest}", std::mem::take(&mut self.tool_body));
+                let call = parse_tool_call(&body, &self.format)
+                    .or_else(|| parse_cut_tool_call(&body, &self.format));
+                match call {
+                    Some((name, arguments)) => {
+                        self.tool_calls_count += 1;
+                        self.cut_tool_call = true;
+                        events.push(OutputEvent::ToolCall { name, arguments });
+                    }
+                    None => {
+                        let start = self
+                            .format
+                            .tool_call
+                            .as_ref()
+                            .map(|tool_call| tool_call.start.clone())
+                            .unwrap_or_default();
+                        self.emit_text(&format!("{start}{body}"), &mut events);
+                    }
+                }
             }
         }
         self.state = State::Ended;
@@ -333,6 +357,73 @@ fn parse_tool_call(body: &str, format: &OutputFormat) -> Option<(String, String)
         return None;
     }
     Some((name, arguments.to_string()))
+}
+
+/// A call body the output stopped inside, `{"name": "<complete>", "arguments": {<cut>` (name
+/// first, as the format writes it) → (name, the arguments closed into an object: `{}` when
+/// they had not begun). `None` when the name is not complete or the body has another shape.
+fn parse_cut_tool_call(body: &str, format: &OutputFormat) -> Option<(String, String)> {
+    let tool_call = format.tool_call.as_ref()?;
+    let mut rest = body.trim_start().strip_prefix('{')?;
+    let (key, after) = json_string(rest)?;
+    if key != tool_call.name_key {
+        return None;
+    }
+    rest = after.trim_start().strip_prefix(':')?;
+    let (name, after) = json_string(rest)?;
+    let empty = || Some((name.clone(), "{}".to_string()));
+    let Some(after) = after.trim_start().strip_prefix(',') else {
+        return after
+            .trim()
+            .is_empty()
+            .then(|| (name.clone(), "{}".to_string()));
+    };
+    let after = after.trim_start();
+    if after.is_empty() {
+        return empty();
+    }
+    let Some((key, after)) = json_string(after) else {
+        // The key itself was cut.
+        return after
+            .starts_with('"')
+            .then(|| (name.clone(), "{}".to_string()));
+    };
+    if key != tool_call.arguments_key {
+        return None;
+    }
+    let after = after.trim_start();
+    if after.is_empty() {
+        return empty();
+    }
+    let value = after.strip_prefix(':')?.trim_start();
+    if value.is_empty() {
+        return empty();
+    }
+    let arguments = super::partial_json::close_partial_object(value)?;
+    Some((name, arguments))
+}
+
+/// The complete JSON string literal at the start of `text` (after white space), decoded, and
+/// the text after it; `None` if there is none or it is not closed.
+fn json_string(text: &str) -> Option<(String, &str)> {
+    let text = text.trim_start();
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'"') {
+        return None;
+    }
+    let mut at = 1;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'\\' => at += 2,
+            b'"' => {
+                let literal = &text[..=at];
+                let decoded: String = serde_json::from_str(literal).ok()?;
+                return Some((decoded, &text[at + 1..]));
+            }
+            _ => at += 1,
+        }
+    }
+    None
 }
 
 /// Parses a whole output into blocks (consecutive deltas of one kind merged).

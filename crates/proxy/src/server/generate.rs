@@ -862,7 +862,11 @@ pub async fn run(
             &sampled.output_logprobs,
         );
     }
-    let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
+    // A call the output stopped inside is shown, but never as a finished turn's `tool_use`.
+    let stop = StopReason::from_finish(
+        &finish,
+        answer.tool_calls > 0 && !answer.parser.cut_tool_call(),
+    );
     let usage = Usage {
         input_tokens: prepared.context_ids.len() as u64,
         cached_input_tokens: prepared.tree_reused,
@@ -1077,7 +1081,11 @@ async fn run_replay(
     } else {
         EngineFinish::Length
     };
-    let stop = StopReason::from_finish(&finish, answer.tool_calls > 0);
+    // A call the output stopped inside is shown, but never as a finished turn's `tool_use`.
+    let stop = StopReason::from_finish(
+        &finish,
+        answer.tool_calls > 0 && !answer.parser.cut_tool_call(),
+    );
     let usage = Usage {
         input_tokens: replay.prompt_tokens as u64,
         cached_input_tokens: prepared.tree_reused,

@@ -45,12 +45,26 @@ fn test_model_format_blocks() {
             "<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"\\\"</tool_call>\\\\\"}}</tool_call>",
             vec![call("x", "{\"s\": \"\\\"</tool_call>\\\\\"}")],
         ),
+        // The output stopped inside a call (the token limit, a stop sequence) whose end tag was
+        // inside a string: a cut call with what was written of its arguments.
         (
             "<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"open</tool_call>tail",
-            vec![text("<tool_call>{\"name\": \"x\", \"arguments\": {\"s\": \"open</tool_call>tail")],
+            vec![call("x", "{\"s\": \"open</tool_call>tail\"}")],
         ),
         ("<think>cut off by the limit", vec![reasoning("cut off by the limit")]),
-        ("text <tool_call>{\"name\": \"x\"", vec![text("text <tool_call>{\"name\": \"x\"")]),
+        ("text <tool_call>{\"name\": \"x\"", vec![text("text "), call("x", "{}")]),
+        (
+            "<tool_call>{\"name\": \"Write\", \"arguments\": {\"path\": \"a.txt\", \"content\": \"hel",
+            vec![call("Write", "{\"path\": \"a.txt\", \"content\": \"hel\"}")],
+        ),
+        ("<tool_call>{\"name\": \"x\", \"argu", vec![call("x", "{}")]),
+        ("<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": 1}}", vec![call("x", "{\"a\": 1}")]),
+        // The name itself was cut, or the body is not name-first: not a call.
+        ("<tool_call>{\"name\": \"Wri", vec![text("<tool_call>{\"name\": \"Wri")]),
+        (
+            "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"x\"",
+            vec![text("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"x\"")],
+        ),
         ("<tool_call>{\"name\":\"x\"<|im_end|>", vec![text("<tool_call>{\"name\":\"x\"")]),
         ("<think></think>", vec![reasoning("")]),
         ("a < b <th", vec![text("a < b <th")]),
@@ -252,5 +266,59 @@ proptest! {
             }
         }
         prop_assert_eq!(rebuilt, visible);
+    }
+}
+
+/// A call the output stopped inside is flagged, so the stop reason never says `tool_use`; a
+/// finished call is not.
+#[test]
+fn a_cut_call_is_flagged_and_a_finished_one_is_not() {
+    let format = OutputFormat::test_model();
+    let mut parser = OutputParser::new(format.clone());
+    let mut events =
+        parser.push("<tool_call>{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls -");
+    events.extend(parser.finish());
+    assert!(parser.cut_tool_call());
+    assert_eq!(
+        events,
+        vec![OutputEvent::ToolCall {
+            name: "Bash".into(),
+            arguments: "{\"command\": \"ls -\"}".into()
+        }]
+    );
+    let mut parser = OutputParser::new(format);
+    parser.push("<tool_call>{\"name\": \"Bash\", \"arguments\": {}}</tool_call><|im_end|>");
+    parser.finish();
+    assert!(!parser.cut_tool_call());
+}
+
+proptest! {
+    /// Whatever prefix of an output with tool calls the engine stops at, every call the parser
+    /// emits has arguments that are a JSON object, and each cut call's arguments are what was
+    /// written (the complete arguments, or a closed prefix of their text).
+    #[test]
+    fn every_cut_of_a_call_gives_object_arguments(
+        arguments in proptest::collection::btree_map("[a-z]{1,6}", prop_oneof![
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[ -~]{0,12}".prop_map(serde_json::Value::from),
+            Just(serde_json::Value::Bool(true)),
+            Just(serde_json::Value::Null),
+            proptest::collection::vec(any::<u8>(), 0..4).prop_map(|v| serde_json::json!(v)),
+        ], 0..5),
+        cut in 0usize..400,
+    ) {
+        let arguments = serde_json::to_string(&arguments).expect("serialises");
+        let output = format!("Let me check.<tool_call>{{\"name\": \"Run\", \"arguments\": {arguments}}}</tool_call><|im_end|>");
+        let cut = cut.min(output.len());
+        let cut = (0..=cut).rev().find(|at| output.is_char_boundary(*at)).unwrap_or(0);
+        for block in parse_output(&OutputFormat::test_model(), &output[..cut]) {
+            if let OutputBlock::ToolCall { name, arguments: written } = block {
+                prop_assert_eq!(name, "Run");
+                let value: serde_json::Value = serde_json::from_str(&written).expect("arguments are JSON");
+                prop_assert!(value.is_object(), "{}", written);
+                let prefix = written.trim_end_matches(['}', ']', '"']);
+                prop_assert!(arguments.starts_with(prefix), "{} is not a prefix of {}", written, arguments);
+            }
+        }
     }
 }

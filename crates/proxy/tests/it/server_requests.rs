@@ -335,3 +335,113 @@ async fn an_error_in_a_chained_request_names_the_clients_own_item() {
         "{text}"
     );
 }
+
+/// A proxy over the test model whose engine plays `script` (one JSONL line per call).
+fn scripted_state(script: &str) -> Arc<AppState> {
+    use gyre_proxy::engine::scripted::{Script, ScriptedEngine, ScriptedOptions};
+    let model = Arc::new(
+        ChatModel::load(
+            &gyre_proxy::test_model::directory(),
+            ToolArgumentsForm::RawText,
+        )
+        .expect("the test model loads"),
+    );
+    let script = Script::parse(script, None).expect("the script parses");
+    let format = OutputFormat::test_model();
+    let engine = ScriptedEngine::new(&script, &model, &format, ScriptedOptions::default())
+        .expect("the script renders");
+    AppState::new(
+        ServerConfig::default(),
+        model,
+        format,
+        vec![Arc::new(engine)],
+        Arc::new(NoSink),
+    )
+    .expect("state")
+}
+
+/// A tool call the token limit cuts is answered as the real APIs answer it: a `tool_use` /
+/// `tool_calls` entry with the arguments written so far (closed into an object) and the
+/// limit's stop reason, never the call's raw markup as text and never `tool_use` as the stop
+/// reason. Streamed, the same call arrives as a well-formed block.
+#[tokio::test]
+async fn a_tool_call_cut_by_the_token_limit_stays_a_tool_call() {
+    let content = "line of the file\n".repeat(40);
+    let line = json!({"agent": "main", "blocks": [
+        {"type": "text", "text": "Writing."},
+        {"type": "tool_use", "name": "Write", "input": {"file_path": "/tmp/a.txt", "content": content}}
+    ]})
+    .to_string();
+    let script = [line.as_str(); 3].join("\n");
+    let state = scripted_state(&script);
+    let messages = json!([{"role": "user", "content": "Write the file."}]);
+
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "max_tokens": 40, "messages": messages});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/messages"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(answer["stop_reason"], "max_tokens", "{text}");
+    let content_blocks = answer["content"].as_array().expect("content");
+    assert_eq!(content_blocks[0]["text"], "Writing.", "{text}");
+    let call = &content_blocks[1];
+    assert_eq!(call["type"], "tool_use", "{text}");
+    assert_eq!(call["name"], "Write");
+    assert_eq!(call["input"]["file_path"], "/tmp/a.txt", "{text}");
+    let written = call["input"]["content"].as_str().unwrap_or_default();
+    assert!(
+        content.starts_with(written) && written.len() < content.len(),
+        "the content written before the cut: {text}"
+    );
+    assert!(!text.contains("<tool_call>"), "no raw markup: {text}");
+
+    // Streamed: a tool_use block whose input_json_delta parts add up to the same object.
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "max_tokens": 40, "stream": true, "messages": messages});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/messages"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let mut partial = String::new();
+    let mut stop_reason = None;
+    for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+        let event: Value = serde_json::from_str(data).expect("event JSON");
+        if event["delta"]["type"] == "input_json_delta" {
+            partial.push_str(
+                event["delta"]["partial_json"]
+                    .as_str()
+                    .expect("partial json"),
+            );
+        }
+        if event["type"] == "message_delta" {
+            stop_reason = event["delta"]["stop_reason"].as_str().map(str::to_string);
+        }
+    }
+    let streamed: Value = serde_json::from_str(&partial).expect("the deltas add up to JSON");
+    assert_eq!(streamed, call["input"], "{text}");
+    assert_eq!(stop_reason.as_deref(), Some("max_tokens"));
+
+    // OpenAI Chat: `tool_calls` with the arguments so far, `finish_reason: length`.
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "max_tokens": 40, "messages": messages});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{text}");
+    let arguments = choice["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .expect("arguments");
+    let arguments: Value = serde_json::from_str(arguments).expect("arguments are JSON");
+    assert_eq!(arguments["file_path"], "/tmp/a.txt", "{text}");
+}
