@@ -108,8 +108,11 @@ pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
     pub tools: Vec<FunctionTool>,
-    /// Non-function tools (`custom`, …), by name or type.
+    /// Tools the model is not shown (types other than `function` and `custom`), by type.
     pub other_tools: Vec<String>,
+    /// The names of freeform `custom` tools among `tools`: shown to the model as a function
+    /// taking one string, `input`, and answered as `type: "custom"` tool calls.
+    pub freeform_tools: Vec<String>,
     pub tool_choice: Option<ToolChoice>,
     pub stream: bool,
     pub include_usage: bool,
@@ -164,6 +167,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
     }
     let mut tools = Vec::new();
     let mut other_tools = Vec::new();
+    let mut freeform_tools = Vec::new();
     let mut names = ToolNames::default();
     if let Some(child) = root.get("tools")? {
         for tool in child.node().array()? {
@@ -186,19 +190,40 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
                     description: function.optional_str("description")?.map(str::to_string),
                     parameters,
                 });
+            } else if kind == "custom" {
+                // A freeform tool (GPT-5's plain-text tools): the model sees a function with
+                // one string parameter, as in the Responses API (`openai_responses::read_tool`).
+                let custom = node.required("custom")?;
+                let custom = custom.node();
+                let name = custom.required_str("name")?;
+                names.add(custom.required("name")?.node(), name)?;
+                let mut input = String::from("The tool's whole input, as plain text (not JSON).");
+                if let Some(format) = custom.get("format")? {
+                    let format = format.node();
+                    format.object()?;
+                    if let Some(grammar) = format.get("grammar")? {
+                        let grammar = grammar.node();
+                        grammar.object()?;
+                        let definition = grammar.required_str("definition")?;
+                        let syntax = grammar.optional_str("syntax")?.unwrap_or("grammar");
+                        input.push_str(&format!(
+                            " It must match this {syntax} grammar:\n{definition}"
+                        ));
+                    }
+                }
+                freeform_tools.push(name.to_string());
+                tools.push(FunctionTool {
+                    name: name.to_string(),
+                    description: custom.optional_str("description")?.map(str::to_string),
+                    parameters: Some(serde_json::json!({
+                        "type": "object",
+                        "properties": {"input": {"type": "string", "description": input}},
+                        "required": ["input"],
+                        "additionalProperties": false,
+                    })),
+                });
             } else {
-                let name = match node.get("custom")? {
-                    Some(custom) => match custom.node().get("name")? {
-                        Some(name) => {
-                            let text = name.node().str()?;
-                            names.add(name.node(), text)?;
-                            Some(text.to_string())
-                        }
-                        None => None,
-                    },
-                    None => None,
-                };
-                other_tools.push(name.unwrap_or_else(|| kind.to_string()));
+                other_tools.push(kind.to_string());
             }
         }
     }
@@ -236,6 +261,7 @@ fn read_request(root: Node<'_>) -> Read<ChatCompletionRequest> {
         messages,
         tools,
         other_tools,
+        freeform_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
         include_usage,
@@ -312,16 +338,34 @@ fn read_message(node: Node<'_>) -> Read<ChatMessage> {
             for call in child.node().array()? {
                 let call = call.node();
                 let kind = call.optional_str("type")?.unwrap_or("function");
-                if kind != "function" {
-                    return Err(call.error(format!("unsupported tool call type `{kind}`")));
+                match kind {
+                    "function" => {
+                        let function = call.required("function")?;
+                        let function = function.node();
+                        tool_calls.push(ChatToolCall {
+                            id: call.required_str("id")?.to_string(),
+                            name: function.required_str("name")?.to_string(),
+                            arguments: function.required_str("arguments")?.to_string(),
+                        });
+                    }
+                    // A freeform call renders as the `{"input": …}` call the model wrote.
+                    "custom" => {
+                        let custom = call.required("custom")?;
+                        let custom = custom.node();
+                        tool_calls.push(ChatToolCall {
+                            id: call.required_str("id")?.to_string(),
+                            name: custom.required_str("name")?.to_string(),
+                            arguments: crate::openai_responses::freeform_arguments(
+                                custom.required_str("input")?,
+                            ),
+                        });
+                    }
+                    other => {
+                        return Err(call.error(format!(
+                            "unsupported tool call type `{other}`, expected `function` or `custom`"
+                        )))
+                    }
                 }
-                let function = call.required("function")?;
-                let function = function.node();
-                tool_calls.push(ChatToolCall {
-                    id: call.required_str("id")?.to_string(),
-                    name: function.required_str("name")?.to_string(),
-                    arguments: function.required_str("arguments")?.to_string(),
-                });
             }
         }
         reasoning_content = match node.optional_str("reasoning_content")? {
@@ -360,6 +404,12 @@ fn read_tool_choice(node: Node<'_>) -> Read<ToolChoice> {
             let function = node.required("function")?;
             Ok(ToolChoice::Tool(
                 function.node().required_str("name")?.to_string(),
+            ))
+        }
+        "custom" => {
+            let custom = node.required("custom")?;
+            Ok(ToolChoice::Tool(
+                custom.node().required_str("name")?.to_string(),
             ))
         }
         "allowed_tools" => Ok(ToolChoice::Auto),
@@ -426,6 +476,7 @@ impl ChatCompletionRequest {
             })
             .collect();
         chat.omitted_tools = self.other_tools.clone();
+        chat.freeform_tools = self.freeform_tools.clone();
         chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
         chat.parallel_tool_calls = self.parallel_tool_calls;
         chat.reasoning = match self.reasoning_effort.as_deref() {

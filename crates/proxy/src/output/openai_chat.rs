@@ -21,6 +21,8 @@ pub struct ChatCompletionResponse {
     tool_calls: Vec<Value>,
     /// `logprobs.content`, when the request asked for log-probs (set before the end).
     logprobs: Option<Vec<Value>>,
+    /// The request's freeform (`custom`) tools: their calls go out as `type: "custom"`.
+    freeform_tools: Vec<String>,
 }
 
 /// One `logprobs.content` entry: the token's text (lossy where it holds part of a character),
@@ -53,7 +55,16 @@ impl ChatCompletionResponse {
             reasoning: String::new(),
             tool_calls: Vec::new(),
             logprobs: None,
+            freeform_tools: Vec::new(),
         }
+    }
+
+    /// Names the request's freeform (`custom`) tools: a call of one goes out as
+    /// `{"type": "custom", "custom": {"name", "input"}}`, `input` being the text the model
+    /// wrote as the function's one string argument.
+    pub fn with_freeform_tools(mut self, names: Vec<String>) -> Self {
+        self.freeform_tools = names;
+        self
     }
 
     /// The answer's tokens for `logprobs.content` (every sampled token, reasoning and
@@ -112,6 +123,18 @@ impl ChatCompletionResponse {
                 arguments,
             } => {
                 let index = self.tool_calls.len();
+                if self.freeform_tools.iter().any(|tool| tool == name) {
+                    let input = crate::openai_responses::freeform_input(arguments);
+                    let custom = json!({"name": name, "input": input});
+                    self.tool_calls
+                        .push(json!({"id": id, "type": "custom", "custom": custom}));
+                    return vec![self.chunk(
+                        json!({"tool_calls": [{
+                            "index": index, "id": id, "type": "custom", "custom": custom,
+                        }]}),
+                        None,
+                    )];
+                }
                 self.tool_calls.push(json!({
                     "id": id,
                     "type": "function",

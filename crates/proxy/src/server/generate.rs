@@ -435,7 +435,9 @@ fn builder_for(
         created_unix_s: requested_at.nanos() / 1_000_000_000,
     };
     let mut builder = Builder::new(api, meta, usage_start, request.stream_include_usage);
-    if let Builder::Responses(responses) = builder {
+    if let Builder::Chat(chat) = builder {
+        builder = Builder::Chat(chat.with_freeform_tools(request.freeform_tools.clone()));
+    } else if let Builder::Responses(responses) = builder {
         builder = Builder::Responses(
             responses
                 .with_freeform_tools(request.freeform_tools.clone())

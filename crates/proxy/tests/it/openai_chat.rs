@@ -49,8 +49,12 @@ fn an_agent_conversation_converts() {
     assert_eq!(chat.messages[2].tool_calls[0].arguments, raw_arguments);
     assert_eq!(chat.messages[3].tool_name.as_deref(), Some("exec_command"));
     assert_eq!(chat.messages[4].content, "ok\nno");
-    assert_eq!(chat.tools.len(), 1);
-    assert_eq!(chat.omitted_tools, ["apply_patch"]);
+    // A freeform `custom` tool is shown to the model as a function of one string, `input`.
+    assert_eq!(chat.tools.len(), 2);
+    assert_eq!(chat.tools[1].name, "apply_patch");
+    assert_eq!(chat.tools[1].parameters["required"], json!(["input"]));
+    assert_eq!(chat.freeform_tools, ["apply_patch"]);
+    assert!(chat.omitted_tools.is_empty());
     assert_eq!(chat.tool_choice, ToolChoice::Tool("exec_command".into()));
     assert!(chat.stream && chat.stream_include_usage);
     assert_eq!(

@@ -445,3 +445,99 @@ async fn a_tool_call_cut_by_the_token_limit_stays_a_tool_call() {
     let arguments: Value = serde_json::from_str(arguments).expect("arguments are JSON");
     assert_eq!(arguments["file_path"], "/tmp/a.txt", "{text}");
 }
+
+/// Chat Completions `custom` (freeform) tools, as GPT-5 clients send them: the model is shown
+/// each as a function taking one string, a call of it comes back as a `type: "custom"` tool
+/// call carrying that string (streamed too), `tool_choice` may name it, and the call in the
+/// next request's history renders as it was sampled (its tokens are reused).
+#[tokio::test]
+async fn chat_custom_tools_are_shown_answered_and_replayed() {
+    let line = json!({"agent": "main", "blocks": [
+        {"type": "tool_use", "name": "cx", "input": {"input": "print(1)\n"}}
+    ]})
+    .to_string();
+    let done = json!({"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}).to_string();
+    let script = [line.as_str(), done.as_str(), line.as_str(), line.as_str()].join("\n");
+    let state = scripted_state(&script);
+    let custom = json!({"type": "custom", "custom": {
+        "name": "cx", "description": "Runs Python.",
+        "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": "start: /.+/"}}
+    }});
+    let user = json!({"role": "user", "content": "Run it."});
+
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/chat/completions");
+    let body = json!({"model": "m", "max_tokens": 200, "messages": [user], "tools": [custom]});
+    let (status, text) = send(&state, request("POST", &path, &body)).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{text}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "custom", "{text}");
+    assert_eq!(call["custom"]["name"], "cx");
+    assert_eq!(call["custom"]["input"], "print(1)\n");
+    let first_prompt = answer["usage"]["prompt_tokens"].as_u64().expect("usage");
+
+    // The call and its output in the history: rendered as sampled, so the prompt reuses the
+    // first call's tokens.
+    let history = json!([
+        user,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "1"}
+    ]);
+    let body = json!({"model": "m", "max_tokens": 200, "messages": history, "tools": [custom]});
+    let (status, text) = send(&state, request("POST", &path, &body)).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"], "Done.",
+        "{text}"
+    );
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached > first_prompt,
+        "the first call's tokens are reused: {text}"
+    );
+
+    // The tool is in the prompt: without it the same request has fewer prompt tokens.
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "max_tokens": 200, "messages": [user],
+                      "tool_choice": {"type": "custom", "custom": {"name": "cx"}},
+                      "tools": [custom], "stream": true});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let streamed: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).expect("chunk JSON"))
+        .collect();
+    let calls: Vec<&Value> = streamed
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls.len(), 1, "{text}");
+    assert_eq!(calls[0]["type"], "custom");
+    assert_eq!(calls[0]["custom"]["input"], "print(1)\n");
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "max_tokens": 200, "messages": [user]});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let bare_prompt = answer["usage"]["prompt_tokens"].as_u64().expect("usage");
+    assert!(
+        first_prompt > bare_prompt + 10,
+        "the tool is shown to the model"
+    );
+}
