@@ -217,7 +217,7 @@ fn raw_exchange(address: &str, request: &str) -> String {
 }
 
 /// A route the proxy does not serve answers 404 in the error shape its client reads: OpenAI's
-/// for an OpenAI path (Codex's `/v1/responses/compact`, `/v1/models`), Anthropic's for a
+/// for an OpenAI path (Codex's `/v1/responses/compact`, `/v1/embeddings`), Anthropic's for a
 /// client that sends `anthropic-version`.
 #[test]
 fn unknown_routes_answer_in_the_clients_error_shape() {
@@ -240,7 +240,7 @@ fn unknown_routes_answer_in_the_clients_error_shape() {
     let (status, body) = http(
         &proxy.address,
         "GET",
-        "/v1/models",
+        "/v1/files",
         &[("anthropic-version", "2023-06-01")],
         "",
     );

@@ -92,6 +92,11 @@ pub struct ProxyArgs {
         conflicts_with = "gguf"
     )]
     output_format: Format,
+    /// The model id `GET /v1/models` lists. Default: the model directory's (or `.gguf`
+    /// file's) name, `gyre-policy` for the built-in test model. Calls are answered whatever
+    /// model they name.
+    #[arg(long, value_name = "ID")]
+    served_model_name: Option<String>,
     /// Which engines answer.
     #[arg(long, value_enum, default_value = "scripted")]
     engine: EngineKind,
@@ -402,6 +407,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
             Sampling::Policy => server::SamplingPolicy::Policy,
             Sampling::Harness => server::SamplingPolicy::Harness,
         },
+        served_model: served_model_name(args.served_model_name.as_deref(), &directory),
         ..ServerConfig::default()
     };
     let state = AppState::new(config, model, format, engines, sink).map_err(anyhow::Error::msg)?;
@@ -639,4 +645,21 @@ fn http_engine(kind: EngineKind, url: &str) -> anyhow::Result<Arc<dyn TokenEngin
         EngineKind::Vllm => Arc::new(VllmEngine::new(url, VllmConfig::default())?),
         _ => Arc::new(SglangEngine::new(url, SglangConfig::default())?),
     })
+}
+
+/// The id `GET /v1/models` lists: the one given, else the model's file or directory name
+/// (without a `.gguf` extension), else `gyre-policy` (the built-in test model).
+fn served_model_name(given: Option<&str>, model: &std::path::Path) -> String {
+    if let Some(given) = given {
+        return given.to_string();
+    }
+    if model.as_os_str() == gyre_proxy::test_model::BUILT_IN {
+        return gyre_proxy::server::DEFAULT_SERVED_MODEL.to_string();
+    }
+    model
+        .file_name()
+        .map(|name| name.to_string_lossy())
+        .map(|name| name.strip_suffix(".gguf").unwrap_or(&name).to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| gyre_proxy::server::DEFAULT_SERVED_MODEL.to_string())
 }

@@ -103,6 +103,8 @@ pub struct ServerConfig {
     pub media: crate::media::MediaPolicy,
     /// Whose sampling settings the engine samples with.
     pub sampling: SamplingPolicy,
+    /// The model id `GET /v1/models` lists (calls are answered whatever model they name).
+    pub served_model: String,
 }
 
 /// Whose sampling settings (`temperature`, `top_p`, `top_k`) an engine samples a call with.
@@ -211,9 +213,13 @@ impl Default for ServerConfig {
             numbering: ExecutionNumbering::default(),
             media: crate::media::MediaPolicy::default(),
             sampling: SamplingPolicy::default(),
+            served_model: DEFAULT_SERVED_MODEL.into(),
         }
     }
 }
+
+/// The model id listed by `GET /v1/models` unless the proxy is told another.
+pub const DEFAULT_SERVED_MODEL: &str = "gyre-policy";
 
 /// One execution's session, shared by its concurrent calls (sub-agents run in parallel).
 #[derive(Clone)]
@@ -1561,6 +1567,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/x/{token}/v1/responses",
             post(responses_at).get(websocket::responses_socket_at),
         )
+        .route("/v1/models", get(list_models))
+        .route("/x/{token}/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(one_model))
+        .route("/x/{token}/v1/models/{model}", get(one_model))
         .route("/api/hello", get(hello).head(hello))
         .route("/x/{token}/api/hello", get(hello).head(hello))
         .route("/health", get(health))
@@ -2660,6 +2670,45 @@ async fn count_tokens_at(
 
 async fn hello() -> StatusCode {
     StatusCode::OK
+}
+
+/// A model as `GET /v1/models` lists it, in the shape of the API the client speaks (an
+/// `anthropic-version` header: Anthropic's; otherwise OpenAI's).
+fn model_entry(id: &str, anthropic: bool) -> Value {
+    if anthropic {
+        json!({"type": "model", "id": id, "display_name": id,
+               "created_at": "1970-01-01T00:00:00Z"})
+    } else {
+        json!({"id": id, "object": "model", "created": 0, "owned_by": "gyre"})
+    }
+}
+
+/// `GET /v1/models`: the served model (`ServerConfig::served_model`), for clients that check
+/// the list first (OpenAI SDK users, model pickers, gateways' health checks).
+async fn list_models(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let anthropic = headers.contains_key("anthropic-version");
+    let id = app.config.served_model.as_str();
+    let entry = model_entry(id, anthropic);
+    let body = if anthropic {
+        json!({"data": [entry], "has_more": false, "first_id": id, "last_id": id})
+    } else {
+        json!({"object": "list", "data": [entry]})
+    };
+    axum::Json(body).into_response()
+}
+
+/// `GET /v1/models/{model}`: the proxy answers calls naming any model (the policy answers
+/// them all), so whatever model a harness is configured with exists here.
+async fn one_model(
+    axum::extract::Path(params): axum::extract::Path<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let model = params.get("model").map(String::as_str).unwrap_or_default();
+    axum::Json(model_entry(
+        model,
+        headers.contains_key("anthropic-version"),
+    ))
+    .into_response()
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> Response {

@@ -541,3 +541,44 @@ async fn chat_custom_tools_are_shown_answered_and_replayed() {
         "the tool is shown to the model"
     );
 }
+
+/// `GET /v1/models` lists the served model in the shape of the API the client speaks, with or
+/// without an execution's path prefix, and any model a harness names exists.
+#[tokio::test]
+async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
+    let state = state();
+    let (_, token) = state.open_execution(None, None).expect("open");
+    for path in ["/v1/models".to_string(), format!("/x/{token}/v1/models")] {
+        let get = Request::builder()
+            .uri(path.as_str())
+            .body(Body::empty())
+            .expect("request");
+        let (status, text) = send(&state, get).await;
+        assert_eq!(status, 200, "{text}");
+        let listed: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(listed["object"], "list", "{text}");
+        assert_eq!(listed["data"][0]["id"], "gyre-policy");
+        assert_eq!(listed["data"][0]["object"], "model");
+
+        let get = Request::builder()
+            .uri(path.as_str())
+            .header("anthropic-version", "2023-06-01")
+            .body(Body::empty())
+            .expect("request");
+        let (status, text) = send(&state, get).await;
+        assert_eq!(status, 200, "{text}");
+        let listed: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(listed["data"][0]["type"], "model", "{text}");
+        assert_eq!(listed["has_more"], false);
+        assert_eq!(listed["first_id"], "gyre-policy");
+    }
+    let get = Request::builder()
+        .uri("/v1/models/claude-sonnet-4-5")
+        .header("anthropic-version", "2023-06-01")
+        .body(Body::empty())
+        .expect("request");
+    let (status, text) = send(&state, get).await;
+    assert_eq!(status, 200, "{text}");
+    let model: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(model["id"], "claude-sonnet-4-5", "{text}");
+}
