@@ -314,6 +314,9 @@ pub struct ChatRequest {
     /// Harness-run tool-search tools among `tools` (Codex's `tool_search`): their calls go
     /// back as `tool_search_call` items.
     pub search_tools: Vec<String>,
+    /// The Responses API's `local_shell` tool is among `tools` (as a function of that name):
+    /// its calls go back as `local_shell_call` items.
+    pub local_shell: bool,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: Option<bool>,
     pub reasoning: ReasoningRequest,
@@ -357,6 +360,7 @@ impl ChatRequest {
             omitted_tools: Vec::new(),
             freeform_tools: Vec::new(),
             search_tools: Vec::new(),
+            local_shell: false,
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
             reasoning: ReasoningRequest::Unspecified,

@@ -146,6 +146,9 @@ pub struct ResponsesRequest {
     /// The names of client-executed `tool_search` tools among `tools`: their calls go out as
     /// `tool_search_call` items.
     pub search_tools: Vec<String>,
+    /// The `local_shell` tool is among `tools` (a function of that name): its calls go out as
+    /// `local_shell_call` items.
+    pub local_shell: bool,
     pub tool_choice: Option<ToolChoice>,
     pub stream: bool,
     pub max_output_tokens: Option<u32>,
@@ -286,6 +289,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         other: other_tools,
         freeform: freeform_tools,
         search: search_tools,
+        local_shell,
         names: _,
     } = tools;
     let tool_choice = root
@@ -308,6 +312,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         other_tools,
         freeform_tools,
         search_tools,
+        local_shell,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
         max_output_tokens: read_max_output_tokens(root)?,
@@ -415,6 +420,38 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
                 parameters,
             });
         }
+        // The client-run `local_shell` tool (Codex's for its codex-mini models): the model sees
+        // a function taking the `exec` action's fields; its call goes back as a
+        // `local_shell_call` item whose `action` they make, and history's `local_shell_call`
+        // renders as that function's call.
+        "local_shell" if namespace.is_none() => {
+            tools.name_once(node, LOCAL_SHELL)?;
+            tools.local_shell = true;
+            tools.functions.push(Tool {
+                name: LOCAL_SHELL.into(),
+                description: Some(
+                    "Runs a command on the user's machine and returns its output.".into(),
+                ),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "command": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "The program and its arguments, e.g. [\"bash\", \"-lc\", \"ls\"]."
+                        },
+                        "working_directory": {"type": "string", "description": "Where to run it."},
+                        "timeout_ms": {"type": "integer", "description": "Give up after this long."},
+                        "env": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                            "description": "Environment variables to set."
+                        }
+                    },
+                    "required": ["command"]
+                }),
+            });
+        }
         "namespace" => return Err(node.error("a namespace cannot contain another namespace")),
         _ => {
             let name = node.optional_str("name")?.unwrap_or(kind);
@@ -459,6 +496,8 @@ struct Tools {
     other: Vec<String>,
     freeform: Vec<String>,
     search: Vec<String>,
+    /// `local_shell` is among `functions`.
+    local_shell: bool,
     /// The names of the tools the model is shown, each non-empty and used once, when the
     /// list is one the model calls tools from (not a `tool_search_output`'s report).
     names: Option<ToolNames>,
@@ -527,6 +566,9 @@ pub(crate) fn freeform_input(arguments: &str) -> String {
         .map(|parsed| parsed.input)
         .unwrap_or_else(|_| arguments.to_string())
 }
+
+/// The name the `local_shell` tool has for the model.
+pub(crate) const LOCAL_SHELL: &str = "local_shell";
 
 /// Between a namespace and a function name in the names the model sees and calls.
 pub(crate) const NAMESPACE_SEPARATOR: char = '.';
@@ -651,7 +693,7 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
         // The `local_shell` tool's call and output pair like a function call's.
         "local_shell_call" => InputItem::FunctionCall {
             call_id: node.required_str("call_id")?.to_string(),
-            name: "local_shell".to_string(),
+            name: LOCAL_SHELL.to_string(),
             arguments: serde_json::to_string(node.required("action")?.value).unwrap_or_default(),
         },
         // OpenAI's type names the call by `id`; `call_id` is accepted too.
@@ -885,6 +927,7 @@ impl ResponsesRequest {
         chat.freeform_tools = self.freeform_tools.clone();
         chat.freeform_tools.extend(loaded_freeform);
         chat.search_tools = self.search_tools.clone();
+        chat.local_shell = self.local_shell;
         chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
         chat.parallel_tool_calls = self.parallel_tool_calls;
         chat.reasoning = match self.reasoning_effort.as_deref() {

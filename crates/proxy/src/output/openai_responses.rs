@@ -38,6 +38,8 @@ pub struct ResponsesResponse {
     freeform_tools: Vec<String>,
     /// The harness's tool-search tools: a call of one goes out as a `tool_search_call`.
     search_tools: Vec<String>,
+    /// The request has the `local_shell` tool: its calls go out as `local_shell_call`.
+    local_shell: bool,
     /// The request's settings, echoed in every `response` object.
     settings: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
     /// `completed_at`, once the server stamped it.
@@ -85,14 +87,28 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPay
         item.insert("arguments".into(), arguments);
         return Value::Object(item);
     }
+    if let CallPayload::LocalShell(arguments) = payload {
+        // The `exec` action: the fields the model gave, `type` and `env` always present.
+        let mut action = serde_json::from_str::<Value>(arguments)
+            .ok()
+            .and_then(|value| match value {
+                Value::Object(fields) => Some(fields),
+                _ => None,
+            })
+            .unwrap_or_default();
+        action.insert("type".into(), Value::from("exec"));
+        action.entry("env").or_insert_with(|| json!({}));
+        item.insert("action".into(), Value::Object(action));
+        return Value::Object(item);
+    }
     if let Some(namespace) = namespace {
         item.insert("namespace".into(), Value::from(namespace));
     }
     item.insert("name".into(), Value::from(name));
     match payload {
-        CallPayload::Arguments(arguments) | CallPayload::Search(arguments) => {
-            item.insert("arguments".into(), arguments.into())
-        }
+        CallPayload::Arguments(arguments)
+        | CallPayload::Search(arguments)
+        | CallPayload::LocalShell(arguments) => item.insert("arguments".into(), arguments.into()),
         CallPayload::Input(input) => item.insert("input".into(), input.into()),
     };
     Value::Object(item)
@@ -104,6 +120,8 @@ enum CallPayload<'a> {
     Input(&'a str),
     /// A `tool_search` call's arguments (sent as an object).
     Search(&'a str),
+    /// A `local_shell` call's arguments (sent as its `exec` action).
+    LocalShell(&'a str),
 }
 
 impl<'a> CallPayload<'a> {
@@ -112,6 +130,7 @@ impl<'a> CallPayload<'a> {
             CallPayload::Arguments(_) => "function_call",
             CallPayload::Input(_) => "custom_tool_call",
             CallPayload::Search(_) => "tool_search_call",
+            CallPayload::LocalShell(_) => "local_shell_call",
         }
     }
 
@@ -129,15 +148,16 @@ impl<'a> CallPayload<'a> {
                 "response.custom_tool_call_input.done",
                 "input",
             ),
-            CallPayload::Search(_) => return None,
+            CallPayload::Search(_) | CallPayload::LocalShell(_) => return None,
         })
     }
 
     fn text(self) -> &'a str {
         match self {
-            CallPayload::Arguments(text) | CallPayload::Input(text) | CallPayload::Search(text) => {
-                text
-            }
+            CallPayload::Arguments(text)
+            | CallPayload::Input(text)
+            | CallPayload::Search(text)
+            | CallPayload::LocalShell(text) => text,
         }
     }
 
@@ -145,7 +165,7 @@ impl<'a> CallPayload<'a> {
         match self {
             CallPayload::Arguments(_) => CallPayload::Arguments(""),
             CallPayload::Input(_) => CallPayload::Input(""),
-            CallPayload::Search(_) => self,
+            CallPayload::Search(_) | CallPayload::LocalShell(_) => self,
         }
     }
 }
@@ -160,6 +180,7 @@ impl ResponsesResponse {
             open_text: String::new(),
             freeform_tools: Vec::new(),
             search_tools: Vec::new(),
+            local_shell: false,
             settings: None,
             completed_unix_s: None,
             cut: false,
@@ -229,6 +250,13 @@ impl ResponsesResponse {
     /// `tool_search_call` items with the arguments as an object.
     pub fn with_search_tools(mut self, names: Vec<String>) -> Self {
         self.search_tools = names;
+        self
+    }
+
+    /// Whether the request has the `local_shell` tool: a call of it goes out as a
+    /// `local_shell_call` item whose `exec` action the call's arguments make.
+    pub fn with_local_shell(mut self, local_shell: bool) -> Self {
+        self.local_shell = local_shell;
         self
     }
 
@@ -470,6 +498,8 @@ impl ResponsesResponse {
                     (self.item_id("ctc"), CallPayload::Input(&input))
                 } else if self.search_tools.iter().any(|tool| tool == name) {
                     (self.item_id("ts"), CallPayload::Search(arguments))
+                } else if self.local_shell && name == crate::openai_responses::LOCAL_SHELL {
+                    (self.item_id("lsh"), CallPayload::LocalShell(arguments))
                 } else {
                     (self.item_id("fc"), CallPayload::Arguments(arguments))
                 };

@@ -126,9 +126,9 @@ async fn route_errors_do_not_echo_the_path_credential() {
     for (method, path, status, shown) in [
         (
             "GET",
-            format!("/x/{token}/v1/models"),
+            format!("/x/{token}/v1/files"),
             404,
-            "no such route: GET /x/<credential>/v1/models",
+            "no such route: GET /x/<credential>/v1/files",
         ),
         (
             "POST",
@@ -159,9 +159,9 @@ async fn route_errors_do_not_echo_the_path_credential() {
         let _: Value = serde_json::from_str(&body).expect("the API's JSON error");
     }
     // Paths without a credential are shown as they are.
-    let (got, body) = send(&state, request("GET", "/v1/models", &json!({}))).await;
+    let (got, body) = send(&state, request("GET", "/v1/files", &json!({}))).await;
     assert_eq!(got, 404);
-    assert!(body.contains("no such route: GET /v1/models"), "{body}");
+    assert!(body.contains("no such route: GET /v1/files"), "{body}");
 }
 
 /// `"generate": false` is Codex's warm-up; any other value that is not a boolean is a 400
@@ -581,4 +581,84 @@ async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
     assert_eq!(status, 200, "{text}");
     let model: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(model["id"], "claude-sonnet-4-5", "{text}");
+}
+
+/// The Responses API's client-run `local_shell` tool (Codex's, for its codex-mini models): the
+/// model is shown it, its call goes out as a `local_shell_call` item with an `exec` action
+/// (streamed as the item's events), and the next request's history of that call and its
+/// output renders as sampled (the first call's tokens are reused).
+#[tokio::test]
+async fn the_local_shell_tool_is_shown_called_and_replayed() {
+    let line = json!({"agent": "main", "blocks": [
+        {"type": "tool_use", "name": "local_shell", "input": {"command": ["ls", "-la"], "timeout_ms": 5000}}
+    ]})
+    .to_string();
+    let done =
+        json!({"agent": "main", "blocks": [{"type": "text", "text": "Listed."}]}).to_string();
+    let script = [line.as_str(), done.as_str(), line.as_str()].join("\n");
+    let state = scripted_state(&script);
+    let user = json!({"type": "message", "role": "user", "content": "List the files."});
+
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/responses");
+    let body = json!({"model": "m", "input": [user], "tools": [{"type": "local_shell"}],
+                      "store": false});
+    let (status, text) = send(&state, request("POST", &path, &body)).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let call = &answer["output"][0];
+    assert_eq!(call["type"], "local_shell_call", "{text}");
+    assert_eq!(call["status"], "completed");
+    assert_eq!(
+        call["action"],
+        json!({"type": "exec", "command": ["ls", "-la"], "timeout_ms": 5000, "env": {}}),
+        "{text}"
+    );
+    assert!(
+        call["id"].as_str().is_some_and(|id| id.starts_with("lsh_")),
+        "{text}"
+    );
+    let first_prompt = answer["usage"]["input_tokens"].as_u64().expect("usage");
+
+    let history = json!([
+        user,
+        call,
+        {"type": "local_shell_call_output", "id": call["call_id"], "output": "a.txt\n"}
+    ]);
+    let body = json!({"model": "m", "input": history, "tools": [{"type": "local_shell"}],
+                      "store": false});
+    let (status, text) = send(&state, request("POST", &path, &body)).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        answer["output"][0]["content"][0]["text"], "Listed.",
+        "{text}"
+    );
+    let cached = answer["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached > first_prompt,
+        "the first call's tokens are reused: {text}"
+    );
+
+    // Streamed: the item's added and done events carry the call.
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "input": [user], "tools": [{"type": "local_shell"}],
+                      "store": false, "stream": true});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/responses"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let done: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).expect("event JSON"))
+        .filter(|event| event["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(done.len(), 1, "{text}");
+    assert_eq!(done[0]["item"]["type"], "local_shell_call");
+    assert_eq!(done[0]["item"]["action"]["command"], json!(["ls", "-la"]));
 }
