@@ -266,8 +266,6 @@ fn members_map(members: &[pb::Member]) -> Result<BTreeMap<NodeId, BasicNode>, Co
     Ok(map)
 }
 
-/// Reads up to `READ_ENTRIES_MAX` entries from `next` to `upto` (inclusive); an index below the
-/// first kept entry is `Purged`.
 /// Streams the entries `[from, before)`, which the log store no longer serves (purged behind a
 /// snapshot), from the node's segment files (`gyre_log::raft::archive::read_entries`: the
 /// archive and the live log's first segment) to `sender`, each made a message by `to_message`
@@ -327,6 +325,8 @@ async fn stream_purged<M: Send + 'static>(
     None
 }
 
+/// Reads up to `READ_ENTRIES_MAX` entries from `next` to `upto` (inclusive); an index below the
+/// first kept entry is `Purged`.
 async fn read_entries(
     log: &LogStoreHandle,
     next: u64,
@@ -395,39 +395,46 @@ impl pb::control_server::Control for ControlService {
         tokio::spawn(async move {
             let mut next = request.from_index.max(1);
             let mut skip = request.from_position;
-            if next < first_kept {
-                // Purged behind a snapshot: from the segment files (the archive, and the live
-                // log's first segment), as far as they reach back.
-                let (from_index, from_position) = (request.from_index, request.from_position);
-                let to_message = move |index, _term, body: Option<&[u8]>| {
-                    let body = body?;
-                    if index == from_index && from_position > 0 {
-                        let events = gyre_log::decode_batch(body).ok()?;
-                        let from = (from_position as usize).min(events.len());
-                        return Some(pb::CommittedEntry {
-                            index,
-                            first_position: u32::try_from(from).unwrap_or(u32::MAX),
-                            batch: gyre_log::encode_batch(&events[from..]),
-                        });
-                    }
-                    Some(pb::CommittedEntry {
+            let (from_index, from_position) = (request.from_index, request.from_position);
+            let to_message = move |index, _term, body: Option<&[u8]>| {
+                let body = body?;
+                if index == from_index && from_position > 0 {
+                    let events = gyre_log::decode_batch(body).ok()?;
+                    let from = (from_position as usize).min(events.len());
+                    return Some(pb::CommittedEntry {
                         index,
-                        first_position: 0,
-                        batch: body.to_vec(),
-                    })
-                };
-                let sent =
-                    stream_purged(data_dir, next, first_kept, true, sender.clone(), to_message);
-                match sent.await {
-                    Some(after) if after > next => {
-                        next = after;
-                        skip = 0;
-                    }
-                    Some(_) => {}
-                    None => return,
+                        first_position: u32::try_from(from).unwrap_or(u32::MAX),
+                        batch: gyre_log::encode_batch(&events[from..]),
+                    });
                 }
-            }
+                Some(pb::CommittedEntry {
+                    index,
+                    first_position: 0,
+                    batch: body.to_vec(),
+                })
+            };
+            let mut first_kept = first_kept;
             loop {
+                if next < first_kept {
+                    // Purged behind a snapshot: from the segment files (the archive, and the
+                    // live log's first segment), which must hold `next` itself.
+                    let sent = stream_purged(
+                        data_dir.clone(),
+                        next,
+                        first_kept,
+                        true,
+                        sender.clone(),
+                        to_message,
+                    );
+                    match sent.await {
+                        Some(after) if after > next => {
+                            next = after;
+                            skip = 0;
+                        }
+                        Some(_) => {}
+                        None => return,
+                    }
+                }
                 let applied =
                     state_machine.with_projection(|_, last| last.map_or(0, |log_id| log_id.index));
                 let applied = end.unwrap_or(applied);
@@ -443,6 +450,11 @@ impl pb::control_server::Control for ControlService {
                 }
                 let entries = match read_entries(&log, next, applied).await {
                     Ok(entries) => entries,
+                    // A purge ran since the last read: what it removed is read from the files.
+                    Err(ControlError::Purged { first, .. }) if first > next => {
+                        first_kept = first;
+                        continue;
+                    }
                     Err(error) => {
                         let _ = sender.send(Err(to_status(error))).await;
                         return;
@@ -607,14 +619,15 @@ impl pb::control_server::Control for ControlService {
         &self,
         request: Request<pb::ExportRequest>,
     ) -> Result<Response<Self::ExportLogStream>, Status> {
-        let first_kept = self
+        let mut first_kept = self
             .raft
             .metrics()
             .borrow()
             .purged
             .map_or(1, |log_id| log_id.index + 1);
-        let from = request.into_inner().from_index;
-        let mut next = from.max(first_kept);
+        // Entry 0 is openraft's initial membership, never exported.
+        let from = request.into_inner().from_index.max(1);
+        let mut next = from;
         let upto = self.applied_index();
         let log = self.log.clone();
         let data_dir = self.data_dir.clone();
@@ -622,47 +635,67 @@ impl pb::control_server::Control for ControlService {
         // Task "export": owned by its stream; it ends at the applied index of the request time.
         tokio::spawn(async move {
             let empty = gyre_log::encode_batch(&[]);
-            if from < first_kept {
-                // Entries purged behind a snapshot: from the segment files (the archive, and
-                // the live log's first segment, which may still hold purged entries).
-                let before = first_kept.min(upto.saturating_add(1));
-                let to_message = move |index, term, body: Option<&[u8]>| {
+            let to_message = {
+                let empty = empty.clone();
+                move |index, term, body: Option<&[u8]>| {
                     Some(pb::ExportedEntry {
                         index,
                         term,
                         batch: body.map_or_else(|| empty.clone(), <[u8]>::to_vec),
                     })
-                };
-                let sent = stream_purged(data_dir, from, before, false, sender.clone(), to_message);
-                match sent.await {
-                    Some(after) => next = next.max(after),
-                    None => return,
                 }
-            }
-            let empty = gyre_log::encode_batch(&[]);
-            while next <= upto {
-                let entries = match read_entries(&log, next, upto).await {
-                    Ok(entries) => entries,
-                    Err(error) => {
-                        let _ = sender.send(Err(to_status(error))).await;
-                        return;
-                    }
-                };
-                for entry in entries {
-                    next = entry.log_id.index + 1;
-                    let batch = match entry.payload {
-                        EntryPayload::Normal(batch) => batch.0.to_vec(),
-                        EntryPayload::Blank | EntryPayload::Membership(_) => empty.clone(),
-                    };
-                    let message = pb::ExportedEntry {
-                        index: entry.log_id.index,
-                        term: entry.log_id.leader_id.term,
-                        batch,
-                    };
-                    if sender.send(Ok(message)).await.is_err() {
-                        return;
+            };
+            'purged: loop {
+                if next < first_kept {
+                    // Entries purged behind a snapshot: from the segment files (the archive,
+                    // and the live log's first segment, which may still hold purged entries).
+                    // The first read may begin later than asked (a node without an archive
+                    // exports what it holds); a later one continues what was sent, exactly.
+                    let before = first_kept.min(upto.saturating_add(1));
+                    let exact = next > from;
+                    let sent = stream_purged(
+                        data_dir.clone(),
+                        next,
+                        before,
+                        exact,
+                        sender.clone(),
+                        to_message.clone(),
+                    );
+                    match sent.await {
+                        Some(after) => next = after.max(before),
+                        None => return,
                     }
                 }
+                while next <= upto {
+                    let entries = match read_entries(&log, next, upto).await {
+                        Ok(entries) => entries,
+                        // A purge ran since: read what it removed from the files, go on.
+                        Err(ControlError::Purged { first, .. }) if first > next => {
+                            first_kept = first;
+                            continue 'purged;
+                        }
+                        Err(error) => {
+                            let _ = sender.send(Err(to_status(error))).await;
+                            return;
+                        }
+                    };
+                    for entry in entries {
+                        next = entry.log_id.index + 1;
+                        let batch = match entry.payload {
+                            EntryPayload::Normal(batch) => batch.0.to_vec(),
+                            EntryPayload::Blank | EntryPayload::Membership(_) => empty.clone(),
+                        };
+                        let message = pb::ExportedEntry {
+                            index: entry.log_id.index,
+                            term: entry.log_id.leader_id.term,
+                            batch,
+                        };
+                        if sender.send(Ok(message)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                return;
             }
         });
         Ok(Response::new(ReceiverStream::new(receiver)))

@@ -556,15 +556,17 @@ pub(crate) fn freeform_arguments(input: &str) -> String {
 }
 
 /// The text a freeform call carries, from the arguments the model produced: the `input`
-/// string, else (a model that wrote something else) the arguments themselves.
+/// string; nothing for an object without one (a call cut before its input began); else (a
+/// model that wrote something else) the arguments themselves.
 pub(crate) fn freeform_input(arguments: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct Arguments {
-        input: String,
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(fields)) => match fields.get("input") {
+            Some(Value::String(input)) => input.clone(),
+            None => String::new(),
+            Some(_) => arguments.to_string(),
+        },
+        _ => arguments.to_string(),
     }
-    serde_json::from_str::<Arguments>(arguments)
-        .map(|parsed| parsed.input)
-        .unwrap_or_else(|_| arguments.to_string())
 }
 
 /// The name the `local_shell` tool has for the model.

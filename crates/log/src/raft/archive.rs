@@ -130,7 +130,17 @@ pub fn read_entries(
         if next >= before {
             return Ok(next);
         }
-        let segments = log_segments(dir)?;
+        let segments = match log_segments(dir) {
+            Ok(segments) => segments,
+            // A segment listed was moved to the archive before its header was read.
+            Err(RaftStoreError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && relisted < 3 =>
+            {
+                relisted += 1;
+                continue 'list;
+            }
+            Err(error) => return Err(error),
+        };
         for (position, segment) in segments.iter().enumerate() {
             // Skip segments wholly before `next`.
             if segments
@@ -189,6 +199,11 @@ pub fn read_entries(
                 continued = true;
                 head = Some(record.hash);
                 next = record.index + 1;
+                if next >= before {
+                    // Done: the record after `before` may be one the writer is appending.
+                    stop = Some(Stop::Done);
+                    return Err(stop_scan());
+                }
                 Ok(())
             });
             match (stop, scan) {

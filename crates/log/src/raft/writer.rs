@@ -171,6 +171,9 @@ struct WriterSegment {
     read: Arc<SegmentFile>,
     write: Option<File>,
     dirty: bool,
+    /// Its header says the chain before it is unknown: the log restarted here (behind a
+    /// received snapshot), so the segments before it are not this log's past.
+    detached: bool,
 }
 
 impl WriterSegment {
@@ -292,15 +295,19 @@ impl Writer {
             }
         }
         if !leftovers.is_empty() {
-            // They are this node's committed log (archived) when the log after them continues
-            // their chain; a log restarted behind a received snapshot (a detached chain) does
+            // A leftover is this node's committed log (archived) when the purge was inside the
+            // log (its chain value is known) and the segment after it continues its chain; a
+            // segment after a restart of the log behind a received snapshot (detached) does
             // not, and what came before it is deleted, as the purge would have.
-            let continued = match files.first() {
-                Some((_, path)) => !read_segment_header(path)?.detached(),
-                None => false,
-            };
-            for path in &leftovers {
-                if archive && continued {
+            for (position, path) in leftovers.iter().enumerate() {
+                let next = leftovers
+                    .get(position + 1)
+                    .or(files.first().map(|(_, path)| path));
+                let continued = match next {
+                    Some(next) => !read_segment_header(next)?.detached(),
+                    None => false,
+                };
+                if archive && continued && meta.last_purged_hash.is_some() {
                     archive_segment(root, path)?;
                 } else {
                     fs::remove_file(path)
@@ -480,7 +487,28 @@ impl Writer {
                 read,
                 write: None,
                 dirty: false,
+                detached: scan.header.detached(),
             });
+        }
+        if let (Some(purged), None) = (purged, meta.last_purged_hash) {
+            // A purge past the end of the log (after a received snapshot) that a crash cut
+            // short: the segment it left holds only entries it purged, none of them known to
+            // be committed here. Finish the purge: delete it.
+            let mut dropped = false;
+            for segment in segments
+                .iter()
+                .filter(|segment| segment.next_index <= purged + 1)
+            {
+                fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
+                    &segment.read.path,
+                    "remove purged segment",
+                ))?;
+                dropped = true;
+            }
+            if dropped {
+                segments.retain(|segment| segment.next_index > purged + 1);
+                sync_directory(&log_dir)?;
+            }
         }
         if purged.is_none() && index.slots.is_empty() {
             // A log that never held a record (or only torn ones).
@@ -830,6 +858,7 @@ impl Writer {
             read,
             write: Some(write),
             dirty: false,
+            detached: base_hash.is_none(),
         });
         self.shared
             .stats
@@ -1038,12 +1067,33 @@ impl Writer {
             }
         }
         self.base_hash = purged_hash;
-        // Within the log, the purged entries are this node's committed log: archive them.
-        let archive = self.archive && upto.index < end;
         let mut removed = false;
+        if upto.index >= end {
+            // Past the end of the log (a received snapshot): none of what the segments hold is
+            // known to be committed here. Every one goes; the next append starts a detached
+            // segment.
+            for segment in self.segments.drain(..) {
+                fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
+                    &segment.read.path,
+                    "delete purged segment",
+                ))?;
+                self.shared
+                    .stats
+                    .segments_deleted
+                    .fetch_add(1, Ordering::AcqRel);
+                removed = true;
+            }
+        }
         while self.segments.len() > 1 && self.segments[0].next_index <= upto.index + 1 {
             let segment = self.segments.remove(0);
-            if archive {
+            // Within the log, the purged entries are this node's committed log (openraft cut
+            // any conflicting suffix before), archived when the segment after continues their
+            // chain; one before a restart of the log (a detached segment) is not its past.
+            let continued = self
+                .segments
+                .first()
+                .is_some_and(|next| !next.detached && next.first_index == segment.next_index);
+            if self.archive && continued {
                 archive_segment(&self.root, &segment.read.path)?;
                 self.shared
                     .stats

@@ -1063,3 +1063,86 @@ async fn a_damaged_archived_segment_is_refused() {
     );
     assert!(!delivered.is_empty(), "entry 0 precedes the damage");
 }
+
+/// A purge past the end of the log (a received snapshot) deletes every segment, the last one
+/// too: none of it is known to be committed here, so none of it may reach the archive or the
+/// readers, then or after the log goes on (a detached segment) and later purges archive.
+#[tokio::test]
+async fn a_purge_past_the_end_leaves_nothing_stale_to_archive_or_read() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    log.purge(log_id(1, 1, 20)).await.expect("purge inside");
+    log.purge(log_id(3, 1, 100))
+        .await
+        .expect("purge past the end");
+    assert!(
+        segment_files(dir.path()).is_empty(),
+        "every live segment deleted"
+    );
+    let served = entries_in_files(dir.path(), 0, 200);
+    assert!(
+        served.iter().all(|(index, _, _)| *index <= 20),
+        "only what the inside purge archived: {served:?}"
+    );
+    // The log goes on at 101, detached; a later purge inside it archives its own segments.
+    let entries: Vec<Entry> = (101..140)
+        .map(|index| normal(3, index, batch(index, 3)))
+        .collect();
+    append_durable(&mut log, entries).await;
+    log.purge(log_id(3, 1, 130))
+        .await
+        .expect("purge inside the new log");
+    close(log).await;
+    let served = entries_in_files(dir.path(), 0, 200);
+    assert_eq!(
+        served
+            .iter()
+            .map(|(index, _, _)| *index)
+            .collect::<Vec<_>>(),
+        (101..140).collect::<Vec<_>>(),
+        "the readers start at the restart and hold nothing stale"
+    );
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    assert_eq!(
+        read_all(&mut log).await.first().map(|e| e.log_id.index),
+        Some(131)
+    );
+    close(log).await;
+}
+
+/// A crash after a purge past the end wrote its meta file and before it deleted the segments:
+/// recovery finishes it (every segment holding only purged entries goes), so nothing stale is
+/// read or archived afterwards.
+#[tokio::test]
+async fn an_interrupted_purge_past_the_end_is_finished_when_the_log_reopens() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(40)).await;
+    close(log).await;
+    let saved = TempDir::new().expect("temp dir");
+    copy_dir(&dir.path().join("log"), saved.path());
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    log.purge(log_id(3, 1, 100))
+        .await
+        .expect("purge past the end");
+    close(log).await;
+    // The segments come back, as if the deletes never happened.
+    copy_dir(saved.path(), &dir.path().join("log"));
+    assert!(!segment_files(dir.path()).is_empty());
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens");
+    assert!(
+        segment_files(dir.path()).is_empty(),
+        "recovery deleted them"
+    );
+    assert!(read_all(&mut log).await.is_empty());
+    assert!(
+        entries_in_files(dir.path(), 0, 200).is_empty(),
+        "nothing stale is read"
+    );
+    append_durable(&mut log, vec![normal(3, 101, batch(101, 2))]).await;
+    close(log).await;
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("reopens again");
+    assert_eq!(read_all(&mut log).await.len(), 1);
+    close(log).await;
+}

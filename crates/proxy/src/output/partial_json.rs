@@ -146,12 +146,25 @@ pub fn close_partial_object(text: &str) -> Option<String> {
                     }
                 } else {
                     if !is_key {
-                        // A value cut inside: keep what was written of it, closed.
+                        // A value cut inside: keep what was written of it, closed. A high
+                        // surrogate escape whose low half was cut off is dropped (alone it is
+                        // not JSON); if the text still does not close, the value goes too.
                         let mut closing = stack.clone();
                         if let Some(top) = closing.last_mut() {
                             top.1 = Slot::After;
                         }
-                        return close(&format!("{}\"", &trimmed[..whole_up_to]), &closing);
+                        let mut kept = &trimmed[..whole_up_to];
+                        if let Some(escape) =
+                            kept.len().checked_sub(6).and_then(|at| kept.get(at..))
+                        {
+                            if is_high_surrogate_escape(escape) {
+                                kept = &kept[..kept.len() - 6];
+                            }
+                        }
+                        if let Some(closed) = close(&format!("{kept}\""), &closing) {
+                            return Some(closed);
+                        }
+                        break;
                     }
                     break;
                 }
@@ -188,6 +201,14 @@ pub fn close_partial_object(text: &str) -> Option<String> {
     close(&trimmed[..end], &open)
 }
 
+/// Whether `escape` is `\uD800`..`\uDBFF`: the first half of a surrogate pair.
+fn is_high_surrogate_escape(escape: &str) -> bool {
+    escape
+        .strip_prefix("\\u")
+        .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+        .is_some_and(|unit| (0xD800..0xDC00).contains(&unit))
+}
+
 /// `prefix` with the closers of `open` appended, checked to be a JSON object.
 fn close(prefix: &str, open: &[(Open, Slot)]) -> Option<String> {
     let mut closed = prefix.trim_end().to_string();
@@ -220,11 +241,23 @@ mod tests {
             (r#"{"a": true, "b": -"#, r#"{"a": true}"#),
             (r#"{"a": "x\"#, r#"{"a": "x"}"#),
             (r#"{"a": "x\u00"#, r#"{"a": "x"}"#),
+            (r#"{"a": "x\ud83d"#, r#"{"a": "x"}"#),
+            (r#"{"a": "x\ud83d\ude00"#, r#"{"a": "x\ud83d\ude00"}"#),
+            (r#"{"a": "x\ud83d\ude"#, r#"{"a": "x"}"#),
             (r#"{"a": {"b": {"c": "d"#, r#"{"a": {"b": {"c": "d"}}}"#),
             (r#"{"a": 1}"#, r#"{"a": 1}"#),
             (r#"{"a": 1} trailing"#, r#"{"a": 1}"#),
         ] {
             assert_eq!(close_partial_object(cut).as_deref(), Some(closed), "{cut}");
+        }
+        // Every cut of a text full of escapes closes to an object (never `None`, never text).
+        let whole =
+            r#"{"a": "x\ud83d\ude00y", "b": [1, {"c": "\u00e9\n\"q\""}], "d": -1.5e3, "e": null}"#;
+        for cut in (1..=whole.len()).filter(|at| whole.is_char_boundary(*at)) {
+            let closed = close_partial_object(&whole[..cut])
+                .unwrap_or_else(|| panic!("cut at {cut} did not close: {}", &whole[..cut]));
+            let value: serde_json::Value = serde_json::from_str(&closed).expect("JSON");
+            assert!(value.is_object(), "{closed}");
         }
         for refused in ["", "[1", "nope", r#"{"a" 1"#, r#"{]"#] {
             assert_eq!(close_partial_object(refused), None, "{refused}");

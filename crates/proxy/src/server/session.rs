@@ -1029,8 +1029,9 @@ impl Session {
         // Streamed as the server streamed it (one detokenized delta per token into the
         // parser), so each event fires at the token it fired at then: the ids derive from the
         // output up to that token.
-        // Through the call's stop sequences, as the server ran them: a tool call or reasoning
-        // that the cut left unterminated never got an id.
+        // Through the call's stop sequences, as the server ran them: a tool call the output
+        // stopped inside gets its id at the end, as it did live (a cut call,
+        // `OutputParser::cut_tool_call`).
         let mut stream = model.text_stream();
         let mut stop = StopStrings::new(&record.stop_sequences);
         if !record.stop_sequences.is_empty() {
