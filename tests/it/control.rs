@@ -613,6 +613,22 @@ fn purged_segments_are_archived_and_exported() {
                 ),
             }
         }
+        // `Status` says how much the archive holds (what the disk keeps beyond the live log).
+        let statuses = runtime.block_on(async {
+            let mut client = ClusterClient::new(&addresses).expect("client");
+            client.status_all().await
+        });
+        for (address, status) in statuses {
+            let status = status.expect("status");
+            if archive {
+                assert!(
+                    status.archive_segments > 0 && status.archive_bytes > 0,
+                    "{address}: {status:?}"
+                );
+            } else {
+                assert_eq!((status.archive_segments, status.archive_bytes), (0, 0));
+            }
+        }
         for node in nodes {
             runtime.block_on(node.shutdown()).expect("node stops");
         }

@@ -227,6 +227,8 @@ impl ControlService {
             events_applied,
             fatal,
             purged_index: metrics.purged.map_or(0, |log_id| log_id.index),
+            archive_bytes: self.log.stats().archive_bytes,
+            archive_segments: self.log.stats().archive_segments,
         }
     }
 

@@ -380,12 +380,15 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                             "term": status.term, "commit_index": status.commit_index,
                             "last_applied": status.last_applied_index, "last_log_index": status.last_log_index,
                             "digest": status.digest_hex, "events_applied": status.events_applied,
+                            "purged_index": status.purged_index,
+                            "archive_bytes": status.archive_bytes,
+                            "archive_segments": status.archive_segments,
                             "members": members, "fatal": status.fatal,
                         })
                     );
                 } else {
                     outln!(
-                        "{address}  node {} {:<9} leader {} term {} commit {} applied {} log {} events {} digest {}{}",
+                        "{address}  node {} {:<9} leader {} term {} commit {} applied {} log {} events {} digest {}{}{}",
                         status.node_id,
                         status.server_state,
                         status.leader_id,
@@ -395,6 +398,15 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                         status.last_log_index,
                         status.events_applied,
                         &status.digest_hex[..status.digest_hex.len().min(16)],
+                        if status.archive_segments == 0 {
+                            String::new()
+                        } else {
+                            format!(
+                                "  archive {:.1} MiB in {} segments",
+                                status.archive_bytes as f64 / (1u64 << 20) as f64,
+                                status.archive_segments
+                            )
+                        },
                         if status.fatal.is_empty() { String::new() } else { format!("  HALTED: {}", status.fatal) }
                     );
                 }

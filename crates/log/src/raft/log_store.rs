@@ -98,11 +98,20 @@ impl LogStore {
             options.preallocate,
             options.archive,
         )?;
+        let stats = WriterStats::default();
+        // What earlier runs archived (after recovery, which may have finished a move).
+        let (archive_bytes, archive_segments) = super::archive::archive_size(&dir)?;
+        stats
+            .archive_bytes
+            .store(archive_bytes, std::sync::atomic::Ordering::Release);
+        stats
+            .archive_segments
+            .store(archive_segments, std::sync::atomic::Ordering::Release);
         let shared = Arc::new(Shared {
             index: RwLock::new(recovered.index),
             vote: Mutex::new(recovered.meta.vote),
             committed: Mutex::new(recovered.meta.committed),
-            stats: WriterStats::default(),
+            stats,
             pause: Mutex::new(()),
             failed: Mutex::new(None),
         });

@@ -100,6 +100,10 @@ pub(crate) struct WriterStats {
     pub segments_preallocated: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub segments_archived: AtomicU64,
+    /// Bytes in `archive/` (what recovery found there, plus what this run moved there).
+    pub archive_bytes: AtomicU64,
+    /// Segment files in `archive/`, counted the same way.
+    pub archive_segments: AtomicU64,
 }
 
 /// A copy of the writer's counters.
@@ -121,6 +125,9 @@ pub struct LogStats {
     pub segments_deleted: u64,
     /// Segments a purge moved to `archive/`.
     pub segments_archived: u64,
+    /// Bytes and segment files in `archive/` (found at open, plus moved since).
+    pub archive_bytes: u64,
+    pub archive_segments: u64,
 }
 
 impl WriterStats {
@@ -137,6 +144,8 @@ impl WriterStats {
             segments_preallocated: load(&self.segments_preallocated),
             segments_deleted: load(&self.segments_deleted),
             segments_archived: load(&self.segments_archived),
+            archive_bytes: load(&self.archive_bytes),
+            archive_segments: load(&self.archive_segments),
         }
     }
 }
@@ -1095,10 +1104,10 @@ impl Writer {
                 .is_some_and(|next| !next.detached && next.first_index == segment.next_index);
             if self.archive && continued {
                 archive_segment(&self.root, &segment.read.path)?;
-                self.shared
-                    .stats
-                    .segments_archived
-                    .fetch_add(1, Ordering::AcqRel);
+                let stats = &self.shared.stats;
+                stats.segments_archived.fetch_add(1, Ordering::AcqRel);
+                stats.archive_segments.fetch_add(1, Ordering::AcqRel);
+                stats.archive_bytes.fetch_add(segment.len, Ordering::AcqRel);
             } else {
                 fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
                     &segment.read.path,
