@@ -1081,15 +1081,8 @@ impl Writer {
             // Past the end of the log (a received snapshot): none of what the segments hold is
             // known to be committed here. Every one goes; the next append starts a detached
             // segment.
-            for segment in self.segments.drain(..) {
-                fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
-                    &segment.read.path,
-                    "delete purged segment",
-                ))?;
-                self.shared
-                    .stats
-                    .segments_deleted
-                    .fetch_add(1, Ordering::AcqRel);
+            for segment in std::mem::take(&mut self.segments) {
+                self.delete_purged(&segment)?;
                 removed = true;
             }
         }
@@ -1109,20 +1102,26 @@ impl Writer {
                 stats.archive_segments.fetch_add(1, Ordering::AcqRel);
                 stats.archive_bytes.fetch_add(segment.len, Ordering::AcqRel);
             } else {
-                fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
-                    &segment.read.path,
-                    "delete purged segment",
-                ))?;
-                self.shared
-                    .stats
-                    .segments_deleted
-                    .fetch_add(1, Ordering::AcqRel);
+                self.delete_purged(&segment)?;
             }
             removed = true;
         }
         if removed {
             sync_directory(&self.log_dir)?;
         }
+        Ok(())
+    }
+
+    /// Deletes a segment a purge removed from the log.
+    fn delete_purged(&self, segment: &WriterSegment) -> Result<(), RaftStoreError> {
+        fs::remove_file(&segment.read.path).map_err(RaftStoreError::io(
+            &segment.read.path,
+            "delete purged segment",
+        ))?;
+        self.shared
+            .stats
+            .segments_deleted
+            .fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 

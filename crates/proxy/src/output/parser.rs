@@ -175,12 +175,7 @@ impl OutputParser {
                         events.push(OutputEvent::ToolCall { name, arguments });
                     }
                     None => {
-                        let start = self
-                            .format
-                            .tool_call
-                            .as_ref()
-                            .map(|tool_call| tool_call.start.clone())
-                            .unwrap_or_default();
+                        let start = self.tool_call_start();
                         self.emit_text(&format!("{start}{body}"), &mut events);
                     }
                 }
@@ -228,12 +223,7 @@ impl OutputParser {
                         events.push(OutputEvent::ToolCall { name, arguments });
                     }
                     None => {
-                        let start = self
-                            .format
-                            .tool_call
-                            .as_ref()
-                            .map(|tool_call| tool_call.start.clone())
-                            .unwrap_or_default();
+                        let start = self.tool_call_start();
                         self.state = State::Text;
                         self.emit_text(&format!("{start}{body}{marker_text}"), events);
                     }
@@ -247,12 +237,7 @@ impl OutputParser {
                         events.push(OutputEvent::ReasoningEnd);
                     }
                     State::ToolCall => {
-                        let start = self
-                            .format
-                            .tool_call
-                            .as_ref()
-                            .map(|tool_call| tool_call.start.clone())
-                            .unwrap_or_default();
+                        let start = self.tool_call_start();
                         let raw = format!("{start}{}", std::mem::take(&mut self.tool_body));
                         self.state = State::Text;
                         self.emit_text(&raw, events);
@@ -262,6 +247,15 @@ impl OutputParser {
                 self.state = State::Ended;
             }
         }
+    }
+
+    /// The format's tool-call start tag (empty without tool calls).
+    fn tool_call_start(&self) -> String {
+        self.format
+            .tool_call
+            .as_ref()
+            .map(|tool_call| tool_call.start.clone())
+            .unwrap_or_default()
     }
 
     fn close_block(&mut self) {
