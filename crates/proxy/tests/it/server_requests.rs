@@ -109,6 +109,13 @@ fn request(method: &str, path: &str, body: &Value) -> Request<Body> {
         .expect("a request")
 }
 
+/// An answer that must be a 200 with a JSON body: the body parsed, and as text for messages.
+fn ok_json((status, text): (u16, String)) -> (Value, String) {
+    assert_eq!(status, 200, "{text}");
+    let value = serde_json::from_str(&text).expect("JSON");
+    (value, text)
+}
+
 /// The value of one series in the `/metrics` text.
 fn metric(text: &str, series: &str) -> u64 {
     text.lines()
@@ -278,9 +285,7 @@ async fn a_re_send_with_a_smaller_token_limit_is_sampled_anew() {
     }
     assert_eq!(sink.records.load(Ordering::SeqCst), 1);
 
-    let (status, text) = send(&state, request("POST", &path, &body(3))).await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body(3))).await);
     assert_eq!(answer["usage"]["output_tokens"], 3, "{text}");
     assert_eq!(answer["stop_reason"], "max_tokens", "{text}");
     assert_eq!(
@@ -299,20 +304,20 @@ async fn an_error_in_a_chained_request_names_the_clients_own_item() {
     let state = state();
     let (_, token) = state.open_execution(None, None).expect("open");
     let path = format!("/x/{token}/v1/responses");
-    let (status, text) = send(
-        &state,
-        request(
-            "POST",
-            &path,
-            &json!({"model": "m", "input": [
+    let (first, _) = ok_json(
+        send(
+            &state,
+            request(
+                "POST",
+                &path,
+                &json!({"model": "m", "input": [
                 {"role": "user", "content": "first"},
                 {"role": "user", "content": "second"},
             ], "max_output_tokens": 16}),
-        ),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let first: Value = serde_json::from_str(&text).expect("JSON");
+            ),
+        )
+        .await,
+    );
     let id = first["id"].as_str().expect("a response id").to_string();
     let (status, text) = send(
         &state,
@@ -378,13 +383,13 @@ async fn a_tool_call_cut_by_the_token_limit_stays_a_tool_call() {
 
     let (_, token) = state.open_execution(None, None).expect("open");
     let body = json!({"model": "m", "max_tokens": 40, "messages": messages});
-    let (status, text) = send(
-        &state,
-        request("POST", &format!("/x/{token}/v1/messages"), &body),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(
+        send(
+            &state,
+            request("POST", &format!("/x/{token}/v1/messages"), &body),
+        )
+        .await,
+    );
     assert_eq!(answer["stop_reason"], "max_tokens", "{text}");
     let content_blocks = answer["content"].as_array().expect("content");
     assert_eq!(content_blocks[0]["text"], "Writing.", "{text}");
@@ -430,13 +435,13 @@ async fn a_tool_call_cut_by_the_token_limit_stays_a_tool_call() {
     // OpenAI Chat: `tool_calls` with the arguments so far, `finish_reason: length`.
     let (_, token) = state.open_execution(None, None).expect("open");
     let body = json!({"model": "m", "max_tokens": 40, "messages": messages});
-    let (status, text) = send(
-        &state,
-        request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(
+        send(
+            &state,
+            request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
+        )
+        .await,
+    );
     let choice = &answer["choices"][0];
     assert_eq!(choice["finish_reason"], "length", "{text}");
     let arguments = choice["message"]["tool_calls"][0]["function"]["arguments"]
@@ -468,9 +473,7 @@ async fn chat_custom_tools_are_shown_answered_and_replayed() {
     let (_, token) = state.open_execution(None, None).expect("open");
     let path = format!("/x/{token}/v1/chat/completions");
     let body = json!({"model": "m", "max_tokens": 200, "messages": [user], "tools": [custom]});
-    let (status, text) = send(&state, request("POST", &path, &body)).await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
     let choice = &answer["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{text}");
     let call = &choice["message"]["tool_calls"][0];
@@ -487,9 +490,7 @@ async fn chat_custom_tools_are_shown_answered_and_replayed() {
         {"role": "tool", "tool_call_id": call["id"], "content": "1"}
     ]);
     let body = json!({"model": "m", "max_tokens": 200, "messages": history, "tools": [custom]});
-    let (status, text) = send(&state, request("POST", &path, &body)).await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
     assert_eq!(
         answer["choices"][0]["message"]["content"], "Done.",
         "{text}"
@@ -528,13 +529,13 @@ async fn chat_custom_tools_are_shown_answered_and_replayed() {
     assert_eq!(calls[0]["custom"]["input"], "print(1)\n");
     let (_, token) = state.open_execution(None, None).expect("open");
     let body = json!({"model": "m", "max_tokens": 200, "messages": [user]});
-    let (status, text) = send(
-        &state,
-        request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, _) = ok_json(
+        send(
+            &state,
+            request("POST", &format!("/x/{token}/v1/chat/completions"), &body),
+        )
+        .await,
+    );
     let bare_prompt = answer["usage"]["prompt_tokens"].as_u64().expect("usage");
     assert!(
         first_prompt > bare_prompt + 10,
@@ -553,9 +554,7 @@ async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
             .uri(path.as_str())
             .body(Body::empty())
             .expect("request");
-        let (status, text) = send(&state, get).await;
-        assert_eq!(status, 200, "{text}");
-        let listed: Value = serde_json::from_str(&text).expect("JSON");
+        let (listed, text) = ok_json(send(&state, get).await);
         assert_eq!(listed["object"], "list", "{text}");
         assert_eq!(listed["data"][0]["id"], "gyre-policy");
         assert_eq!(listed["data"][0]["object"], "model");
@@ -565,9 +564,7 @@ async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
             .header("anthropic-version", "2023-06-01")
             .body(Body::empty())
             .expect("request");
-        let (status, text) = send(&state, get).await;
-        assert_eq!(status, 200, "{text}");
-        let listed: Value = serde_json::from_str(&text).expect("JSON");
+        let (listed, text) = ok_json(send(&state, get).await);
         assert_eq!(listed["data"][0]["type"], "model", "{text}");
         assert_eq!(listed["has_more"], false);
         assert_eq!(listed["first_id"], "gyre-policy");
@@ -577,9 +574,7 @@ async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
         .header("anthropic-version", "2023-06-01")
         .body(Body::empty())
         .expect("request");
-    let (status, text) = send(&state, get).await;
-    assert_eq!(status, 200, "{text}");
-    let model: Value = serde_json::from_str(&text).expect("JSON");
+    let (model, text) = ok_json(send(&state, get).await);
     assert_eq!(model["id"], "claude-sonnet-4-5", "{text}");
 }
 
@@ -603,9 +598,7 @@ async fn the_local_shell_tool_is_shown_called_and_replayed() {
     let path = format!("/x/{token}/v1/responses");
     let body = json!({"model": "m", "input": [user], "tools": [{"type": "local_shell"}],
                       "store": false});
-    let (status, text) = send(&state, request("POST", &path, &body)).await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
     let call = &answer["output"][0];
     assert_eq!(call["type"], "local_shell_call", "{text}");
     assert_eq!(call["status"], "completed");
@@ -627,9 +620,7 @@ async fn the_local_shell_tool_is_shown_called_and_replayed() {
     ]);
     let body = json!({"model": "m", "input": history, "tools": [{"type": "local_shell"}],
                       "store": false});
-    let (status, text) = send(&state, request("POST", &path, &body)).await;
-    assert_eq!(status, 200, "{text}");
-    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
     assert_eq!(
         answer["output"][0]["content"][0]["text"], "Listed.",
         "{text}"
