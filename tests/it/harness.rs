@@ -1061,6 +1061,67 @@ fn claude_code_continues_its_conversation_after_the_proxy_is_killed() {
     );
 }
 
+/// What a run of an Agents SDK driver left: its stdout, the requests the proxy captured (each
+/// with its body parsed), and the TITO records.
+struct AgentsRun {
+    stdout: String,
+    captured: Vec<serde_json::Value>,
+    records: Vec<ModelCallRecord>,
+}
+
+/// A request the capture holds, its body parsed (the capture keeps a body as a string).
+fn captured_body(record: &serde_json::Value) -> serde_json::Value {
+    match &record["body"] {
+        serde_json::Value::String(text) => serde_json::from_str(text).expect("body JSON"),
+        other => other.clone(),
+    }
+}
+
+/// Runs the Agents SDK driver `tests/it/data/<driver>` with `python` against a proxy scripted
+/// with `lines`: the driver gets the proxy's base URL, its credential and then `extra`, and
+/// must exit 0.
+fn run_agents_driver(
+    python: &Path,
+    dir: &Path,
+    driver: &str,
+    lines: &[serde_json::Value],
+    extra: &[&Path],
+) -> AgentsRun {
+    let script = script_of(dir, lines);
+    let log = dir.join("tito.log");
+    let capture = dir.join("capture.jsonl");
+    let proxy = start_proxy(&script, &log, &capture);
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/it/data")
+        .join(driver);
+    let mut command = Command::new(python);
+    command
+        .arg(&driver)
+        .arg(&proxy.openai_base_url)
+        .arg(&proxy.token)
+        .args(extra)
+        .env("OPENAI_AGENTS_DISABLE_TRACING", "1");
+    let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "the Agents SDK run failed ({:?})\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    drop(proxy);
+    let captured = std::fs::read_to_string(&capture)
+        .expect("capture")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a capture record"))
+        .collect();
+    AgentsRun {
+        stdout,
+        captured,
+        records: records(&log),
+    }
+}
+
 /// The OpenAI Agents SDK (`openai-agents`, pinned in `.ci/run`), a Responses client that
 /// chains with `previous_response_id` instead of re-sending the conversation: a run with a
 /// function tool (the SDK sends the tool's output alone, naming the response that called it)
@@ -1073,8 +1134,10 @@ fn openai_agents_sdk_chains_responses_with_previous_response_id() {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let script = script_of(
+    let run = run_agents_driver(
+        &python,
         dir.path(),
+        "openai_agents_chain.py",
         &[
             serde_json::json!({"agent": "main", "blocks": [
                 {"type": "thinking", "thinking": "The weather tool knows."},
@@ -1082,42 +1145,13 @@ fn openai_agents_sdk_chains_responses_with_previous_response_id() {
             serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "It is sunny in Paris."}]}),
             serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "You are welcome."}]}),
         ],
+        &[],
     );
-    let log = dir.path().join("tito.log");
-    let capture = dir.path().join("capture.jsonl");
-    let proxy = start_proxy(&script, &log, &capture);
-    let driver =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/it/data/openai_agents_chain.py");
-    let mut command = Command::new(&python);
-    command
-        .arg(&driver)
-        .arg(&proxy.openai_base_url)
-        .arg(&proxy.token)
-        .env("OPENAI_AGENTS_DISABLE_TRACING", "1");
-    let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "the Agents SDK run failed ({:?})\nstdout: {stdout}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = &run.stdout;
     assert!(stdout.contains("FIRST: It is sunny in Paris."), "{stdout}");
     assert!(stdout.contains("SECOND: You are welcome."), "{stdout}");
-    drop(proxy);
-
-    let captured: Vec<serde_json::Value> = std::fs::read_to_string(&capture)
-        .expect("capture")
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a capture record"))
-        .collect();
+    let captured = &run.captured;
     assert_eq!(captured.len(), 3, "three model calls");
-    let body = |record: &serde_json::Value| -> serde_json::Value {
-        match &record["body"] {
-            serde_json::Value::String(text) => serde_json::from_str(text).expect("body JSON"),
-            other => other.clone(),
-        }
-    };
     // A chained request is captured expanded (as a stateless client sends it, so the
     // capture replays anywhere), noting the response it continued.
     let continued = |record: &serde_json::Value| {
@@ -1131,15 +1165,96 @@ fn openai_agents_sdk_chains_responses_with_previous_response_id() {
             continued(record).is_some_and(|id| id.starts_with("resp_")),
             "the SDK chains: {record}"
         );
-        let body = body(record);
+        let body = captured_body(record);
         assert!(body.get("previous_response_id").is_none(), "{body}");
         assert!(
             body["input"].as_array().map(Vec::len) > Some(n),
             "the whole conversation so far: {body}"
         );
     }
-    let records = records(&log);
-    assert_eq!(records.len(), 3, "three model calls");
-    assert_eq!(records[0].parent_call, None);
-    assert_each_turn_extends_the_whole_previous(&records);
+    assert_eq!(run.records.len(), 3, "three model calls");
+    assert_eq!(run.records[0].parent_call, None);
+    assert_each_turn_extends_the_whole_previous(&run.records);
+}
+
+/// The OpenAI Agents SDK's typed client-run tools, `ShellTool` and `ApplyPatchTool` (the
+/// Responses API's `shell` and `apply_patch`, GPT-5.1's): the model's calls reach the SDK as
+/// `shell_call` and `apply_patch_call` items it runs (a real shell command, a file created
+/// and then updated with the SDK's own V4A diff code), the SDK sends its
+/// `shell_call_output` and `apply_patch_call_output` items back in the whole conversation,
+/// and every call extends the previous one with its whole context reused: one root, nothing
+/// re-encoded.
+#[test]
+fn openai_agents_sdk_runs_the_shell_and_apply_patch_tools() {
+    let Some(python) = harness_bin("GYRE_AGENTS_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("repo");
+    std::fs::create_dir(&workdir).expect("workdir");
+    std::fs::write(workdir.join("a.txt"), "hello\n").expect("a.txt");
+    let run = run_agents_driver(
+        &python,
+        dir.path(),
+        "openai_agents_tools.py",
+        &[
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "thinking", "thinking": "Read the greeting first."},
+                {"type": "tool_use", "id": "t1", "name": "shell", "input": {"commands": ["cat a.txt"]}}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "id": "t2", "name": "apply_patch",
+                 "input": {"type": "create_file", "path": "b.txt", "diff": "+hello\n"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "id": "t3", "name": "apply_patch",
+                 "input": {"type": "update_file", "path": "b.txt", "diff": "@@\n-hello\n+Hello\n"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}),
+        ],
+        &[&workdir],
+    );
+    for line in [
+        "SHELL: cat a.txt",
+        "CREATE: b.txt",
+        "UPDATE: b.txt",
+        "FINAL: Done.",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {}", run.stdout);
+    }
+    // (The SDK's V4A code writes a created file without its last newline.)
+    assert_eq!(
+        std::fs::read_to_string(workdir.join("b.txt"))
+            .expect("b.txt")
+            .trim_end(),
+        "Hello",
+        "the SDK applied both patches"
+    );
+    assert_eq!(run.captured.len(), 4, "four model calls");
+    let first = captured_body(&run.captured[0]);
+    let tool_types: Vec<&str> = first["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|tool| tool["type"].as_str())
+        .collect();
+    assert_eq!(tool_types, ["shell", "apply_patch"], "{first}");
+    // The SDK's own output items come back: the command's stdout and exit, each patch's status.
+    let last = captured_body(&run.captured[3]);
+    let items = last["input"].as_array().expect("input");
+    let of_type = |kind: &str| -> Vec<&serde_json::Value> {
+        items.iter().filter(|item| item["type"] == kind).collect()
+    };
+    let shell_outputs = of_type("shell_call_output");
+    assert_eq!(shell_outputs.len(), 1, "{last}");
+    assert_eq!(shell_outputs[0]["output"][0]["stdout"], "hello\n", "{last}");
+    assert_eq!(of_type("apply_patch_call").len(), 2, "{last}");
+    let patch_outputs = of_type("apply_patch_call_output");
+    assert_eq!(patch_outputs.len(), 2, "{last}");
+    assert!(
+        patch_outputs
+            .iter()
+            .all(|item| item["status"] == "completed"),
+        "{last}"
+    );
+    assert_eq!(run.records.len(), 4, "four model calls");
+    assert_eq!(run.records[0].parent_call, None);
+    assert_each_turn_extends_the_whole_previous(&run.records);
 }

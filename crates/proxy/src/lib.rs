@@ -39,6 +39,7 @@ pub mod server;
 pub mod stored_responses;
 pub mod template;
 pub mod test_model;
+pub mod typed_tools;
 
 pub use api_error::{ApiError, ApiErrorKind};
 pub use error::ProxyError;

@@ -314,9 +314,10 @@ pub struct ChatRequest {
     /// Harness-run tool-search tools among `tools` (Codex's `tool_search`): their calls go
     /// back as `tool_search_call` items.
     pub search_tools: Vec<String>,
-    /// The Responses API's `local_shell` tool is among `tools` (as a function of that name):
-    /// its calls go back as `local_shell_call` items.
-    pub local_shell: bool,
+    /// The Responses API's typed client-run tools among `tools` (`local_shell`, `shell`,
+    /// `apply_patch`, as functions of those names): their calls go back as items of the tool's
+    /// own type (see `crate::typed_tools`).
+    pub typed_tools: crate::typed_tools::TypedTools,
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: Option<bool>,
     pub reasoning: ReasoningRequest,
@@ -360,7 +361,7 @@ impl ChatRequest {
             omitted_tools: Vec::new(),
             freeform_tools: Vec::new(),
             search_tools: Vec::new(),
-            local_shell: false,
+            typed_tools: crate::typed_tools::TypedTools::default(),
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: None,
             reasoning: ReasoningRequest::Unspecified,

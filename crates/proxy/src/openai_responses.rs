@@ -19,6 +19,7 @@ use crate::messages::{
     ToolChoice, TEXT_PART_SEPARATOR,
 };
 use crate::reader::{body_object, classify_fields, refuse_unsupported, Node, Read, ToolNames};
+use crate::typed_tools::{TypedTool, TypedTools};
 
 const API: Api = Api::OpenAiResponses;
 
@@ -146,9 +147,10 @@ pub struct ResponsesRequest {
     /// The names of client-executed `tool_search` tools among `tools`: their calls go out as
     /// `tool_search_call` items.
     pub search_tools: Vec<String>,
-    /// The `local_shell` tool is among `tools` (a function of that name): its calls go out as
-    /// `local_shell_call` items.
-    pub local_shell: bool,
+    /// The typed client-run tools among `tools` (`local_shell`, `shell`, `apply_patch`, each a
+    /// function of that name): their calls go out as items of the tool's own type (see
+    /// `crate::typed_tools`).
+    pub typed_tools: TypedTools,
     pub tool_choice: Option<ToolChoice>,
     pub stream: bool,
     pub max_output_tokens: Option<u32>,
@@ -289,7 +291,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         other: other_tools,
         freeform: freeform_tools,
         search: search_tools,
-        local_shell,
+        typed: typed_tools,
         names: _,
     } = tools;
     let tool_choice = root
@@ -312,7 +314,7 @@ fn read_request(root: Node<'_>) -> Read<ResponsesRequest> {
         other_tools,
         freeform_tools,
         search_tools,
-        local_shell,
+        typed_tools,
         tool_choice,
         stream: root.optional_bool("stream")?.unwrap_or(false),
         max_output_tokens: read_max_output_tokens(root)?,
@@ -420,36 +422,19 @@ fn read_tool(node: Node<'_>, namespace: Option<&str>, tools: &mut Tools) -> Read
                 parameters,
             });
         }
-        // The client-run `local_shell` tool (Codex's for its codex-mini models): the model sees
-        // a function taking the `exec` action's fields; its call goes back as a
-        // `local_shell_call` item whose `action` they make, and history's `local_shell_call`
-        // renders as that function's call.
-        "local_shell" if namespace.is_none() => {
-            tools.name_once(node, LOCAL_SHELL)?;
-            tools.local_shell = true;
+        // The typed client-run tools (see `crate::typed_tools`): the model sees a function of
+        // the tool's name; a `shell` in a hosted container runs at OpenAI, not in the harness.
+        "local_shell" | "shell" | "apply_patch" if namespace.is_none() && !hosted_shell(node)? => {
+            let tool = TypedTool::ALL
+                .into_iter()
+                .find(|tool| tool.name() == kind)
+                .expect("matched by name");
+            tools.name_once(node, tool.name())?;
+            tools.typed.add(tool);
             tools.functions.push(Tool {
-                name: LOCAL_SHELL.into(),
-                description: Some(
-                    "Runs a command on the user's machine and returns its output.".into(),
-                ),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {
-                        "command": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "The program and its arguments, e.g. [\"bash\", \"-lc\", \"ls\"]."
-                        },
-                        "working_directory": {"type": "string", "description": "Where to run it."},
-                        "timeout_ms": {"type": "integer", "description": "Give up after this long."},
-                        "env": {
-                            "type": "object",
-                            "additionalProperties": {"type": "string"},
-                            "description": "Environment variables to set."
-                        }
-                    },
-                    "required": ["command"]
-                }),
+                name: tool.name().into(),
+                description: Some(tool.description().into()),
+                parameters: tool.parameters(),
             });
         }
         "namespace" => return Err(node.error("a namespace cannot contain another namespace")),
@@ -496,8 +481,8 @@ struct Tools {
     other: Vec<String>,
     freeform: Vec<String>,
     search: Vec<String>,
-    /// `local_shell` is among `functions`.
-    local_shell: bool,
+    /// The typed client-run tools among `functions`.
+    typed: TypedTools,
     /// The names of the tools the model is shown, each non-empty and used once, when the
     /// list is one the model calls tools from (not a `tool_search_output`'s report).
     names: Option<ToolNames>,
@@ -569,8 +554,19 @@ pub(crate) fn freeform_input(arguments: &str) -> String {
     }
 }
 
-/// The name the `local_shell` tool has for the model.
-pub(crate) const LOCAL_SHELL: &str = "local_shell";
+/// A `shell` tool whose `environment` is a hosted container (`container_auto`,
+/// `container_reference`): it runs at OpenAI, so the model is not shown it here. Without an
+/// environment, or with `local`, the harness runs it.
+fn hosted_shell(node: Node<'_>) -> Read<bool> {
+    if node.type_tag()? != "shell" {
+        return Ok(false);
+    }
+    match node.get("environment")? {
+        None => Ok(false),
+        Some(child) if child.value.is_null() => Ok(false),
+        Some(child) => Ok(child.node().type_tag()? != "local"),
+    }
+}
 
 /// Between a namespace and a function name in the names the model sees and calls.
 pub(crate) const NAMESPACE_SEPARATOR: char = '.';
@@ -695,8 +691,28 @@ fn read_item(node: Node<'_>) -> Read<InputItem> {
         // The `local_shell` tool's call and output pair like a function call's.
         "local_shell_call" => InputItem::FunctionCall {
             call_id: node.required_str("call_id")?.to_string(),
-            name: LOCAL_SHELL.to_string(),
+            name: TypedTool::LocalShell.name().to_string(),
             arguments: serde_json::to_string(node.required("action")?.value).unwrap_or_default(),
+        },
+        // The `shell` and `apply_patch` tools' calls and outputs pair like a function call's,
+        // the outputs as the text `crate::typed_tools` makes of them.
+        "shell_call" => InputItem::FunctionCall {
+            call_id: node.required_str("call_id")?.to_string(),
+            name: TypedTool::Shell.name().to_string(),
+            arguments: crate::typed_tools::shell_call_arguments(node)?,
+        },
+        "shell_call_output" => InputItem::FunctionCallOutput {
+            call_id: node.required_str("call_id")?.to_string(),
+            output: crate::typed_tools::shell_output_text(node)?,
+        },
+        "apply_patch_call" => InputItem::FunctionCall {
+            call_id: node.required_str("call_id")?.to_string(),
+            name: TypedTool::ApplyPatch.name().to_string(),
+            arguments: crate::typed_tools::apply_patch_arguments(node)?,
+        },
+        "apply_patch_call_output" => InputItem::FunctionCallOutput {
+            call_id: node.required_str("call_id")?.to_string(),
+            output: crate::typed_tools::apply_patch_output_text(node)?,
         },
         // OpenAI's type names the call by `id`; `call_id` is accepted too.
         "local_shell_call_output" => InputItem::FunctionCallOutput {
@@ -776,6 +792,8 @@ fn read_tool_choice(node: Node<'_>) -> Read<ToolChoice> {
     }
     match node.type_tag()? {
         "function" | "custom" => Ok(ToolChoice::Tool(qualified_call_name(node)?)),
+        // The typed tools are functions of their type's name for the model.
+        kind @ ("shell" | "apply_patch") => Ok(ToolChoice::Tool(kind.to_string())),
         _ => Ok(ToolChoice::Auto),
     }
 }
@@ -929,7 +947,7 @@ impl ResponsesRequest {
         chat.freeform_tools = self.freeform_tools.clone();
         chat.freeform_tools.extend(loaded_freeform);
         chat.search_tools = self.search_tools.clone();
-        chat.local_shell = self.local_shell;
+        chat.typed_tools = self.typed_tools;
         chat.tool_choice = self.tool_choice.clone().unwrap_or_default();
         chat.parallel_tool_calls = self.parallel_tool_calls;
         chat.reasoning = match self.reasoning_effort.as_deref() {

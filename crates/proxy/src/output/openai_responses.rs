@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::sse::SseEvent;
 use super::{id_suffix, ResponseBlock, ResponseMeta, StopReason, StreamItem, Usage};
+use crate::typed_tools::{TypedTool, TypedTools};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum OpenItem {
@@ -38,8 +39,9 @@ pub struct ResponsesResponse {
     freeform_tools: Vec<String>,
     /// The harness's tool-search tools: a call of one goes out as a `tool_search_call`.
     search_tools: Vec<String>,
-    /// The request has the `local_shell` tool: its calls go out as `local_shell_call`.
-    local_shell: bool,
+    /// The request's typed client-run tools: a call of one goes out as an item of the tool's
+    /// own type (`local_shell_call`, `shell_call`, `apply_patch_call`).
+    typed_tools: TypedTools,
     /// The request's settings, echoed in every `response` object.
     settings: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
     /// `completed_at`, once the server stamped it.
@@ -87,18 +89,10 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPay
         item.insert("arguments".into(), arguments);
         return Value::Object(item);
     }
-    if let CallPayload::LocalShell(arguments) = payload {
-        // The `exec` action: the fields the model gave, `type` and `env` always present.
-        let mut action = serde_json::from_str::<Value>(arguments)
-            .ok()
-            .and_then(|value| match value {
-                Value::Object(fields) => Some(fields),
-                _ => None,
-            })
-            .unwrap_or_default();
-        action.insert("type".into(), Value::from("exec"));
-        action.entry("env").or_insert_with(|| json!({}));
-        item.insert("action".into(), Value::Object(action));
+    if let CallPayload::Typed(tool, arguments) = payload {
+        // The tool's own field (`action`, `operation`), made of the arguments the model gave.
+        let (field, value) = tool.call_field(arguments);
+        item.insert(field.into(), value);
         return Value::Object(item);
     }
     if let Some(namespace) = namespace {
@@ -108,7 +102,7 @@ fn call_item(id: &str, status: &str, call_id: &str, name: &str, payload: CallPay
     match payload {
         CallPayload::Arguments(arguments)
         | CallPayload::Search(arguments)
-        | CallPayload::LocalShell(arguments) => item.insert("arguments".into(), arguments.into()),
+        | CallPayload::Typed(_, arguments) => item.insert("arguments".into(), arguments.into()),
         CallPayload::Input(input) => item.insert("input".into(), input.into()),
     };
     Value::Object(item)
@@ -120,8 +114,8 @@ enum CallPayload<'a> {
     Input(&'a str),
     /// A `tool_search` call's arguments (sent as an object).
     Search(&'a str),
-    /// A `local_shell` call's arguments (sent as its `exec` action).
-    LocalShell(&'a str),
+    /// A typed tool's call's arguments (sent as the item's own field, see `crate::typed_tools`).
+    Typed(TypedTool, &'a str),
 }
 
 impl<'a> CallPayload<'a> {
@@ -130,7 +124,7 @@ impl<'a> CallPayload<'a> {
             CallPayload::Arguments(_) => "function_call",
             CallPayload::Input(_) => "custom_tool_call",
             CallPayload::Search(_) => "tool_search_call",
-            CallPayload::LocalShell(_) => "local_shell_call",
+            CallPayload::Typed(tool, _) => tool.call_type(),
         }
     }
 
@@ -148,7 +142,7 @@ impl<'a> CallPayload<'a> {
                 "response.custom_tool_call_input.done",
                 "input",
             ),
-            CallPayload::Search(_) | CallPayload::LocalShell(_) => return None,
+            CallPayload::Search(_) | CallPayload::Typed(..) => return None,
         })
     }
 
@@ -157,7 +151,7 @@ impl<'a> CallPayload<'a> {
             CallPayload::Arguments(text)
             | CallPayload::Input(text)
             | CallPayload::Search(text)
-            | CallPayload::LocalShell(text) => text,
+            | CallPayload::Typed(_, text) => text,
         }
     }
 
@@ -165,7 +159,7 @@ impl<'a> CallPayload<'a> {
         match self {
             CallPayload::Arguments(_) => CallPayload::Arguments(""),
             CallPayload::Input(_) => CallPayload::Input(""),
-            CallPayload::Search(_) | CallPayload::LocalShell(_) => self,
+            CallPayload::Search(_) | CallPayload::Typed(..) => self,
         }
     }
 }
@@ -180,7 +174,7 @@ impl ResponsesResponse {
             open_text: String::new(),
             freeform_tools: Vec::new(),
             search_tools: Vec::new(),
-            local_shell: false,
+            typed_tools: TypedTools::default(),
             settings: None,
             completed_unix_s: None,
             cut: false,
@@ -253,10 +247,10 @@ impl ResponsesResponse {
         self
     }
 
-    /// Whether the request has the `local_shell` tool: a call of it goes out as a
-    /// `local_shell_call` item whose `exec` action the call's arguments make.
-    pub fn with_local_shell(mut self, local_shell: bool) -> Self {
-        self.local_shell = local_shell;
+    /// The request's typed client-run tools: a call of one goes out as an item of the tool's
+    /// own type whose `action` / `operation` the call's arguments make.
+    pub fn with_typed_tools(mut self, typed_tools: TypedTools) -> Self {
+        self.typed_tools = typed_tools;
         self
     }
 
@@ -293,9 +287,10 @@ impl ResponsesResponse {
         object.insert("object".into(), Value::from("response"));
         object.insert("created_at".into(), Value::from(self.meta.created_unix_s));
         object.insert("status".into(), Value::from(status));
+        // Only a completed response has a completion time (not an incomplete one).
         let completed_at = match (status, self.completed_unix_s) {
-            ("in_progress", _) | (_, None) => Value::Null,
-            (_, Some(at)) => Value::from(at),
+            ("completed", Some(at)) => Value::from(at),
+            _ => Value::Null,
         };
         object.insert("completed_at".into(), completed_at);
         object.insert("error".into(), Value::Null);
@@ -498,8 +493,11 @@ impl ResponsesResponse {
                     (self.item_id("ctc"), CallPayload::Input(&input))
                 } else if self.search_tools.iter().any(|tool| tool == name) {
                     (self.item_id("ts"), CallPayload::Search(arguments))
-                } else if self.local_shell && name == crate::openai_responses::LOCAL_SHELL {
-                    (self.item_id("lsh"), CallPayload::LocalShell(arguments))
+                } else if let Some(tool) = self.typed_tools.called(name) {
+                    (
+                        self.item_id(tool.id_prefix()),
+                        CallPayload::Typed(tool, arguments),
+                    )
                 } else {
                     (self.item_id("fc"), CallPayload::Arguments(arguments))
                 };

@@ -442,7 +442,7 @@ fn builder_for(
             responses
                 .with_freeform_tools(request.freeform_tools.clone())
                 .with_search_tools(request.search_tools.clone())
-                .with_local_shell(request.local_shell)
+                .with_typed_tools(request.typed_tools)
                 .with_settings(request.response_settings.clone())
                 .with_compaction(request.remote_compaction),
         );

@@ -107,6 +107,11 @@ fn bad_requests_name_the_field() {
         (json!({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]}), "input[0].arguments: expected a string, got an object"),
         (json!({"model": "m", "input": [{"type": "image_generation_call"}]}), "input[0]: unsupported input item type `image_generation_call`"),
         (json!({"model": "m", "input": [{"type": "local_shell_call"}]}), "input[0].call_id: field required"),
+        (json!({"model": "m", "input": [{"type": "shell_call", "call_id": "c", "action": {"commands": "ls"}}]}), "input[0].action.commands: expected an array, got a string"),
+        (json!({"model": "m", "input": [{"type": "shell_call_output", "call_id": "c", "output": [{"stdout": "", "stderr": "", "outcome": {"type": "crash"}}]}]}), "input[0].output[0].outcome: unknown outcome type `crash`, expected exit or timeout"),
+        (json!({"model": "m", "input": [{"type": "apply_patch_call", "call_id": "c", "status": "completed", "operation": {"type": "rename_file", "path": "a"}}]}), "input[0].operation.type: unknown operation type `rename_file`, expected create_file, update_file or delete_file"),
+        (json!({"model": "m", "input": [{"type": "apply_patch_call", "call_id": "c", "status": "completed", "operation": {"type": "update_file", "path": "a"}}]}), "input[0].operation.diff: field required"),
+        (json!({"model": "m", "input": [{"type": "apply_patch_call_output", "call_id": "c", "status": "done"}]}), "input[0].status: unknown status `done`, expected completed or failed"),
         (json!({"model": "m", "input": []}), "input: at least one input item is required"),
         (json!({"model": "m", "input": "x", "background": true}), "background: background responses are not served: this proxy answers a request while its connection is open (leave `background` out or false)"),
         (json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}], "tool_choice": {"type": "function", "name": "g"}}), "tool_choice.name: names tool `g`, which is not among the request's tools"),
@@ -229,6 +234,65 @@ fn malformed_namespaces_are_refused_by_field() {
         assert_eq!(error.status(), 400);
         assert_eq!(error.message, message);
     }
+}
+
+/// GPT-5.1's typed client-run tools (the OpenAI Agents SDK's `ShellTool` and
+/// `ApplyPatchTool`): a request's `shell` (run locally) and `apply_patch` are shown to the model
+/// as functions of those names, a hosted-container `shell` is not, a `tool_choice` of either
+/// type names its function, and history's calls and outputs pair like a function call's, the
+/// outputs as text the model can read.
+#[test]
+fn shell_and_apply_patch_tools_and_their_history_are_read() {
+    let body = json!({"model": "m",
+        "tools": [{"type": "shell", "environment": {"type": "local"}}, {"type": "apply_patch"}],
+        "tool_choice": {"type": "apply_patch"},
+        "input": [
+        {"role": "user", "content": "fix it"},
+        {"type": "shell_call", "id": "sh_1", "call_id": "call_s", "status": "completed",
+         "action": {"commands": ["ls", "cat a.txt"], "timeout_ms": 1000, "max_output_length": null},
+         "environment": {"type": "local"}},
+        {"type": "shell_call_output", "call_id": "call_s", "status": "completed", "max_output_length": 4096,
+         "output": [{"stdout": "a.txt\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}},
+                    {"stdout": "", "stderr": "cat: a.txt: denied\n", "outcome": {"type": "exit", "exit_code": 1}},
+                    {"stdout": "partial", "stderr": "", "outcome": {"type": "timeout"}}]},
+        {"type": "apply_patch_call", "id": "apc_1", "call_id": "call_p", "status": "completed",
+         "operation": {"type": "create_file", "path": "b.txt", "diff": "+hello\n"}},
+        {"type": "apply_patch_call_output", "call_id": "call_p", "status": "failed", "output": "exists"},
+        {"type": "apply_patch_call", "call_id": "call_d", "status": "completed",
+         "operation": {"type": "delete_file", "path": "c.txt"}},
+        {"type": "apply_patch_call_output", "call_id": "call_d", "status": "completed"}
+    ]});
+    let chat = parse(body.to_string().as_bytes()).expect("accepted");
+    let names: Vec<&str> = chat.tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(names, ["shell", "apply_patch"]);
+    assert!(chat.omitted_tools.is_empty());
+    assert_eq!(chat.tool_choice, ToolChoice::Tool("apply_patch".into()));
+    let shell = &chat.messages[1].tool_calls[0];
+    assert_eq!(shell.name, "shell");
+    assert_eq!(
+        serde_json::from_str::<Value>(&shell.arguments).expect("arguments"),
+        json!({"commands": ["ls", "cat a.txt"], "timeout_ms": 1000})
+    );
+    assert_eq!(
+        chat.messages[2].content,
+        "a.txt\n[exit code 0]\n[stderr]\ncat: a.txt: denied\n[exit code 1]\npartial\n[timed out]"
+    );
+    assert_eq!(chat.messages[2].tool_call_id.as_deref(), Some("call_s"));
+    let patch = &chat.messages[3].tool_calls[0];
+    assert_eq!(patch.name, "apply_patch");
+    assert_eq!(
+        serde_json::from_str::<Value>(&patch.arguments).expect("arguments"),
+        json!({"type": "create_file", "path": "b.txt", "diff": "+hello\n"})
+    );
+    assert_eq!(chat.messages[4].content, "[failed] exists");
+    assert_eq!(chat.messages[6].content, "[completed]");
+
+    // A shell in a hosted container runs at OpenAI: listed, not shown.
+    let body = json!({"model": "m", "input": "x",
+        "tools": [{"type": "shell", "environment": {"type": "container_auto"}}]});
+    let chat = parse(body.to_string().as_bytes()).expect("accepted");
+    assert!(chat.tools.is_empty());
+    assert_eq!(chat.omitted_tools, ["shell"]);
 }
 
 /// Items Codex echoes from tools the model cannot have used here (a server-side web search,
@@ -510,7 +574,8 @@ fn the_response_echoes_the_requests_settings_and_marks_a_cut_message_incomplete(
             "{what}: {object}"
         );
         assert_eq!(object["tools"], json!([tool]), "{what}");
-        assert_eq!(object["completed_at"], 9, "{what}");
+        // Only a completed response has a completion time.
+        assert_eq!(object["completed_at"], Value::Null, "{what}");
         assert_eq!(
             object["usage"]["input_tokens_details"],
             json!({"cached_tokens": 2, "cache_write_tokens": 0}),
@@ -523,6 +588,22 @@ fn the_response_echoes_the_requests_settings_and_marks_a_cut_message_incomplete(
         .expect("the message item closes");
     let item_done: Value = serde_json::from_str(&item_done.data).expect("json");
     assert_eq!(item_done["item"]["status"], "incomplete");
+
+    let meta = ResponseMeta {
+        id: "resp_2".into(),
+        model: "gpt-5.5".into(),
+        created_unix_s: 7,
+    };
+    let mut response = ResponsesResponse::new(meta);
+    response.push(StreamItem::TextDelta("Sunny."));
+    response.set_completed_at(9);
+    let body = response.response_json(&StopReason::EndTurn, &usage);
+    let events = response.finish(&StopReason::EndTurn, &usage);
+    let last: Value = serde_json::from_str(&events.last().expect("events").data).expect("json");
+    for (what, object) in [("stream", &last["response"]), ("body", &body)] {
+        assert_eq!(object["status"], "completed", "{what}");
+        assert_eq!(object["completed_at"], 9, "{what}");
+    }
 }
 
 /// Items of Codex's newer history: a message between agents of one session, a settings

@@ -578,6 +578,125 @@ async fn the_models_route_lists_the_served_model_in_each_apis_shape() {
     assert_eq!(model["id"], "claude-sonnet-4-5", "{text}");
 }
 
+/// GPT-5.1's typed client-run tools, `shell` and `apply_patch` (the OpenAI Agents SDK's
+/// `ShellTool` and `ApplyPatchTool`): the model is shown both, its calls go out as a
+/// `shell_call` with an `action` of commands and an `apply_patch_call` with a file
+/// `operation` (streamed as the item's events), and each next request's history of the calls
+/// and their outputs renders as sampled (every earlier call's tokens are reused).
+#[tokio::test]
+async fn the_shell_and_apply_patch_tools_are_shown_called_and_replayed() {
+    let shell = json!({"agent": "main", "blocks": [
+        {"type": "tool_use", "name": "shell", "input": {"commands": ["ls", "cat a.txt"], "timeout_ms": 5000}}
+    ]})
+    .to_string();
+    let patch = json!({"agent": "main", "blocks": [
+        {"type": "tool_use", "name": "apply_patch", "input": {"type": "create_file", "path": "b.txt", "diff": "+hello\n"}}
+    ]})
+    .to_string();
+    let done = json!({"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}).to_string();
+    let script = [
+        shell.as_str(),
+        patch.as_str(),
+        done.as_str(),
+        shell.as_str(),
+    ]
+    .join("\n");
+    let state = scripted_state(&script);
+    let user = json!({"type": "message", "role": "user", "content": "Copy a.txt to b.txt."});
+    let tools =
+        json!([{"type": "shell", "environment": {"type": "local"}}, {"type": "apply_patch"}]);
+
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let path = format!("/x/{token}/v1/responses");
+    let body = json!({"model": "m", "input": [user], "tools": tools, "store": false});
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
+    let shell_call = answer["output"][0].clone();
+    assert_eq!(shell_call["type"], "shell_call", "{text}");
+    assert_eq!(shell_call["status"], "completed");
+    assert_eq!(
+        shell_call["action"],
+        json!({"commands": ["ls", "cat a.txt"], "timeout_ms": 5000, "max_output_length": null}),
+        "{text}"
+    );
+    assert!(
+        shell_call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("sh_")),
+        "{text}"
+    );
+    let mut prompt = answer["usage"]["input_tokens"].as_u64().expect("usage");
+
+    let mut history = vec![
+        user.clone(),
+        shell_call.clone(),
+        json!({"type": "shell_call_output", "call_id": shell_call["call_id"], "status": "completed",
+               "output": [{"stdout": "a.txt\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}},
+                          {"stdout": "hello\n", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}),
+    ];
+    let body = json!({"model": "m", "input": history, "tools": tools, "store": false});
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
+    let patch_call = answer["output"][0].clone();
+    assert_eq!(patch_call["type"], "apply_patch_call", "{text}");
+    assert_eq!(
+        patch_call["operation"],
+        json!({"type": "create_file", "path": "b.txt", "diff": "+hello\n"}),
+        "{text}"
+    );
+    assert!(
+        patch_call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("apc_")),
+        "{text}"
+    );
+    let cached = answer["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached > prompt,
+        "the shell call's tokens are reused: {text}"
+    );
+    prompt = answer["usage"]["input_tokens"].as_u64().expect("usage");
+
+    history.push(patch_call.clone());
+    history.push(
+        json!({"type": "apply_patch_call_output", "call_id": patch_call["call_id"],
+                        "status": "completed", "output": "Created b.txt"}),
+    );
+    let body = json!({"model": "m", "input": history, "tools": tools, "store": false});
+    let (answer, text) = ok_json(send(&state, request("POST", &path, &body)).await);
+    assert_eq!(answer["output"][0]["content"][0]["text"], "Done.", "{text}");
+    let cached = answer["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached > prompt,
+        "the patch call's tokens are reused: {text}"
+    );
+
+    // Streamed: the item's added and done events carry the call.
+    let (_, token) = state.open_execution(None, None).expect("open");
+    let body = json!({"model": "m", "input": [user], "tools": tools, "store": false,
+                      "stream": true});
+    let (status, text) = send(
+        &state,
+        request("POST", &format!("/x/{token}/v1/responses"), &body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let items: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).expect("event JSON"))
+        .filter(|event| event["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(items.len(), 1, "{text}");
+    assert_eq!(items[0]["item"]["type"], "shell_call");
+    assert_eq!(
+        items[0]["item"]["action"]["commands"],
+        json!(["ls", "cat a.txt"])
+    );
+}
+
 /// The Responses API's client-run `local_shell` tool (Codex's, for its codex-mini models): the
 /// model is shown it, its call goes out as a `local_shell_call` item with an `exec` action
 /// (streamed as the item's events), and the next request's history of that call and its

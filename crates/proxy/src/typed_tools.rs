@@ -1,0 +1,345 @@
+//! The Responses API's client-run tools that a request names by `type` alone and whose calls
+//! are items of their own type:
+//!
+//! - `local_shell` (Codex's, for its codex-mini models): a `local_shell_call` with an `exec`
+//!   action, answered by a `local_shell_call_output`;
+//! - `shell` (GPT-5.1's; the OpenAI Agents SDK's `ShellTool`): a `shell_call` with an
+//!   `action` of commands, answered by a `shell_call_output` of stdout / stderr / outcome
+//!   chunks;
+//! - `apply_patch` (GPT-5.1's; the Agents SDK's `ApplyPatchTool`): an `apply_patch_call` with
+//!   one file `operation`, answered by an `apply_patch_call_output` with a status.
+//!
+//! Our policy was not trained on their interfaces, so each is shown to the model as an
+//! ordinary function of the tool's name, with the parameters the harness accepts, in our own
+//! words. The model's call of it goes out as the tool's item, whose fields the call's
+//! arguments make; history's items of that type render back as that function's call and its
+//! output (as text), so a conversation's tokens are reused across turns like a function
+//! call's (the payload cache restores the exact call text by call id).
+//!
+//! A `shell` tool whose `environment` is a hosted container runs at OpenAI, not in the
+//! harness: the request parser lists it with the other hosted tools, not shown.
+//!
+//! Pure: names, schemas and JSON in, JSON and text out.
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::reader::{Node, Read};
+
+/// One of the typed client-run tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypedTool {
+    LocalShell,
+    Shell,
+    ApplyPatch,
+}
+
+impl TypedTool {
+    pub const ALL: [TypedTool; 3] = [
+        TypedTool::LocalShell,
+        TypedTool::Shell,
+        TypedTool::ApplyPatch,
+    ];
+
+    /// The tool's `type` in a request, which is also the function name the model sees.
+    pub fn name(self) -> &'static str {
+        match self {
+            TypedTool::LocalShell => "local_shell",
+            TypedTool::Shell => "shell",
+            TypedTool::ApplyPatch => "apply_patch",
+        }
+    }
+
+    /// The `type` of a call item of this tool.
+    pub fn call_type(self) -> &'static str {
+        match self {
+            TypedTool::LocalShell => "local_shell_call",
+            TypedTool::Shell => "shell_call",
+            TypedTool::ApplyPatch => "apply_patch_call",
+        }
+    }
+
+    /// The prefix of a call item's `id`.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            TypedTool::LocalShell => "lsh",
+            TypedTool::Shell => "sh",
+            TypedTool::ApplyPatch => "apc",
+        }
+    }
+
+    /// The description shown to the model.
+    pub fn description(self) -> &'static str {
+        match self {
+            TypedTool::LocalShell => "Runs a command on the user's machine and returns its output.",
+            TypedTool::Shell => {
+                "Runs shell commands, one after another, on the user's machine and returns each \
+                 one's standard output, standard error and exit code."
+            }
+            TypedTool::ApplyPatch => {
+                "Creates, updates or deletes one file. `diff` is a V4A diff: for create_file, \
+                 every line of the new file prefixed with `+`; for update_file, hunks that \
+                 start with `@@` (optionally followed by a line of context to find the place) \
+                 and lines prefixed with ` ` (kept), `-` (removed) or `+` (added); none for \
+                 delete_file."
+            }
+        }
+    }
+
+    /// The parameters (a JSON schema) shown to the model.
+    pub fn parameters(self) -> Value {
+        match self {
+            TypedTool::LocalShell => json!({
+                "type": "object",
+                "properties": {
+                    "command": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "The program and its arguments, e.g. [\"bash\", \"-lc\", \"ls\"]."
+                    },
+                    "working_directory": {"type": "string", "description": "Where to run it."},
+                    "timeout_ms": {"type": "integer", "description": "Give up after this long."},
+                    "env": {
+                        "type": "object",
+                        "additionalProperties": {"type": "string"},
+                        "description": "Environment variables to set."
+                    }
+                },
+                "required": ["command"]
+            }),
+            TypedTool::Shell => json!({
+                "type": "object",
+                "properties": {
+                    "commands": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "Shell command lines to run in order, e.g. [\"ls -la\", \"cat README.md\"]."
+                    },
+                    "timeout_ms": {"type": "integer", "description": "Stop the commands after this many milliseconds."},
+                    "max_output_length": {"type": "integer", "description": "Keep at most this many characters of each command's output."}
+                },
+                "required": ["commands"]
+            }),
+            TypedTool::ApplyPatch => json!({
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["create_file", "update_file", "delete_file"]},
+                    "path": {"type": "string", "description": "The file, relative to the workspace."},
+                    "diff": {"type": "string", "description": "The V4A diff (not for delete_file)."}
+                },
+                "required": ["type", "path"]
+            }),
+        }
+    }
+
+    /// The field of a call item that the model's `arguments` make, with its value: `action`
+    /// for the shells, `operation` for `apply_patch`. Arguments that are not a JSON object (a
+    /// model that wrote something else) make an empty one, which the harness then refuses to
+    /// run as it would the hosted model's malformed call.
+    pub fn call_field(self, arguments: &str) -> (&'static str, Value) {
+        let mut fields = match serde_json::from_str::<Value>(arguments) {
+            Ok(Value::Object(fields)) => fields,
+            _ => Map::new(),
+        };
+        match self {
+            TypedTool::LocalShell => {
+                // The `exec` action: the fields the model gave, `type` and `env` always there.
+                fields.insert("type".into(), Value::from("exec"));
+                fields.entry("env").or_insert_with(|| json!({}));
+                ("action", Value::Object(fields))
+            }
+            TypedTool::Shell => {
+                let mut action = Map::new();
+                action.insert(
+                    "commands".into(),
+                    fields.remove("commands").unwrap_or_else(|| json!([])),
+                );
+                for key in ["timeout_ms", "max_output_length"] {
+                    action.insert(key.into(), fields.remove(key).unwrap_or(Value::Null));
+                }
+                ("action", Value::Object(action))
+            }
+            TypedTool::ApplyPatch => ("operation", Value::Object(fields)),
+        }
+    }
+}
+
+/// Which typed tools a request lists (each shown to the model as a function of its name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TypedTools {
+    local_shell: bool,
+    shell: bool,
+    apply_patch: bool,
+}
+
+impl TypedTools {
+    fn flag(&mut self, tool: TypedTool) -> &mut bool {
+        match tool {
+            TypedTool::LocalShell => &mut self.local_shell,
+            TypedTool::Shell => &mut self.shell,
+            TypedTool::ApplyPatch => &mut self.apply_patch,
+        }
+    }
+
+    /// Notes that the request lists `tool`.
+    pub fn add(&mut self, tool: TypedTool) {
+        *self.flag(tool) = true;
+    }
+
+    pub fn contains(mut self, tool: TypedTool) -> bool {
+        *self.flag(tool)
+    }
+
+    /// The typed tool a call of the function `name` is a call of, if the request lists it.
+    pub fn called(self, name: &str) -> Option<TypedTool> {
+        TypedTool::ALL
+            .into_iter()
+            .find(|tool| tool.name() == name && self.contains(*tool))
+    }
+}
+
+/// The arguments a history `shell_call` renders with: its `action`'s fields, as the model
+/// writes them.
+pub(crate) fn shell_call_arguments(node: Node<'_>) -> Read<String> {
+    let action = node.required("action")?;
+    let action = action.node();
+    let mut fields = Map::new();
+    let commands = action.required("commands")?;
+    for command in commands.node().array()? {
+        command.node().str()?;
+    }
+    fields.insert("commands".into(), commands.value.clone());
+    for key in ["timeout_ms", "max_output_length"] {
+        if let Some(value) = action.optional_i64(key)? {
+            fields.insert(key.into(), Value::from(value));
+        }
+    }
+    Ok(Value::Object(fields).to_string())
+}
+
+/// The arguments a history `apply_patch_call` renders with: its `operation`, as the model
+/// writes it.
+pub(crate) fn apply_patch_arguments(node: Node<'_>) -> Read<String> {
+    let operation = node.required("operation")?;
+    let fields = operation.node().object()?;
+    let kind = operation.node().required_str("type")?;
+    if !matches!(kind, "create_file" | "update_file" | "delete_file") {
+        let child = operation.node().required("type")?;
+        return Err(child.node().error(format!(
+            "unknown operation type `{kind}`, expected create_file, update_file or delete_file"
+        )));
+    }
+    operation.node().required_str("path")?;
+    if kind != "delete_file" {
+        operation.node().required_str("diff")?;
+    }
+    Ok(Value::Object(fields.clone()).to_string())
+}
+
+/// The text a `shell_call_output` shows the model: each chunk's stdout, its stderr after a
+/// `[stderr]` line, and how it ended (`[exit code N]` or `[timed out]`).
+pub(crate) fn shell_output_text(node: Node<'_>) -> Read<String> {
+    let mut text = String::new();
+    for chunk in node.required("output")?.node().array()? {
+        let chunk = chunk.node();
+        let stdout = chunk.optional_str("stdout")?.unwrap_or("");
+        let stderr = chunk.optional_str("stderr")?.unwrap_or("");
+        let outcome = chunk.required("outcome")?;
+        let outcome = outcome.node();
+        let ended = match outcome.type_tag()? {
+            "exit" => format!(
+                "[exit code {}]",
+                outcome.required("exit_code")?.node().i64()?
+            ),
+            "timeout" => "[timed out]".to_string(),
+            other => {
+                return Err(outcome.error(format!(
+                    "unknown outcome type `{other}`, expected exit or timeout"
+                )))
+            }
+        };
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(stdout);
+        if !stderr.is_empty() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("[stderr]\n");
+            text.push_str(stderr);
+        }
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&ended);
+    }
+    Ok(text)
+}
+
+/// The text an `apply_patch_call_output` shows the model: its `output`, after `[failed]`
+/// when the operation failed; `[completed]` or `[failed]` alone without one.
+pub(crate) fn apply_patch_output_text(node: Node<'_>) -> Read<String> {
+    let status = node.required("status")?;
+    let failed = match status.node().str()? {
+        "completed" => false,
+        "failed" => true,
+        other => {
+            return Err(status.node().error(format!(
+                "unknown status `{other}`, expected completed or failed"
+            )))
+        }
+    };
+    let output = node.optional_str("output")?.unwrap_or("");
+    Ok(match (failed, output.is_empty()) {
+        (false, true) => "[completed]".to_string(),
+        (false, false) => output.to_string(),
+        (true, true) => "[failed]".to_string(),
+        (true, false) => format!("[failed] {output}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_fields_are_made_from_the_arguments() {
+        assert_eq!(
+            TypedTool::Shell.call_field(r#"{"commands":["ls"],"timeout_ms":5}"#),
+            (
+                "action",
+                json!({"commands": ["ls"], "timeout_ms": 5, "max_output_length": null})
+            )
+        );
+        assert_eq!(
+            TypedTool::ApplyPatch.call_field(r#"{"type":"delete_file","path":"a"}"#),
+            ("operation", json!({"type": "delete_file", "path": "a"}))
+        );
+        assert_eq!(
+            TypedTool::LocalShell.call_field(r#"{"command":["ls"]}"#),
+            (
+                "action",
+                json!({"type": "exec", "command": ["ls"], "env": {}})
+            )
+        );
+        // A model that wrote no object gets an empty action, never a panic.
+        assert_eq!(
+            TypedTool::Shell.call_field("not json"),
+            (
+                "action",
+                json!({"commands": [], "timeout_ms": null, "max_output_length": null})
+            )
+        );
+    }
+
+    #[test]
+    fn only_listed_tools_are_called_as_typed() {
+        let mut tools = TypedTools::default();
+        assert_eq!(tools.called("shell"), None);
+        tools.add(TypedTool::Shell);
+        assert_eq!(tools.called("shell"), Some(TypedTool::Shell));
+        assert_eq!(tools.called("apply_patch"), None);
+        assert_eq!(tools.called("exec"), None);
+    }
+}
