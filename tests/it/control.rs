@@ -657,3 +657,131 @@ fn purged_segments_are_archived_and_exported() {
         }
     }
 }
+
+/// A follower that was down while the others snapshotted and purged their logs past its last
+/// entry catches up from a snapshot the leader streams over `FullSnapshot` (here in chunks of
+/// 16 bytes, so many of them: the sender reads the file a chunk at a time and the receiver
+/// writes each as it arrives). Afterwards it holds the leader's snapshot as a file of its own
+/// (renamed into place, no `incoming-` file left), applies what follows, and every node
+/// reports the same digest at the same applied index.
+#[test]
+fn a_follower_behind_a_purge_catches_up_from_a_streamed_snapshot() {
+    use gyre_log::raft::openraft::ServerState;
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let mut cluster = crate::support::InProcessCluster::start_with(|options| {
+            options.snapshot_every_entries = 4;
+            options.entries_kept_behind_snapshot = 0;
+            options.snapshot_chunk_bytes = 16;
+        })
+        .await;
+        let leader = cluster.leader_id().await;
+        let down = cluster
+            .nodes
+            .iter()
+            .position(|node| node.id != leader)
+            .expect("a follower");
+        let follower = cluster.nodes.remove(down);
+        let follower_id = follower.id;
+        let behind = follower
+            .raft
+            .raft
+            .metrics()
+            .borrow()
+            .last_log_index
+            .unwrap_or(0);
+        follower.shutdown().await.expect("the follower stops");
+
+        // The two left commit on, snapshot, and purge past everything the follower holds.
+        let mut client = cluster.client.clone();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            client
+                .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+                .await
+                .expect("two of three commit");
+            let purged = cluster
+                .nodes
+                .iter()
+                .map(|node| {
+                    node.raft
+                        .raft
+                        .metrics()
+                        .borrow()
+                        .purged
+                        .map_or(0, |id| id.index)
+                })
+                .min()
+                .unwrap_or(0);
+            if purged > behind + 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the live nodes did not purge past {behind}"
+            );
+        }
+
+        let options = cluster.options[down].clone();
+        let snapshots = options.data_dir.join("snapshots");
+        let restarted = gyre_control::ControlNode::start(options)
+            .await
+            .expect("the follower restarts");
+        let mut metrics = restarted.raft.raft.metrics();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while metrics.borrow().snapshot.map_or(0, |id| id.index) <= behind + 4 {
+                metrics.changed().await.expect("metrics");
+            }
+        })
+        .await
+        .expect("the follower installs a snapshot past the purge");
+        assert_eq!(
+            restarted.raft.raft.metrics().borrow().state,
+            ServerState::Follower
+        );
+        cluster.nodes.push(restarted);
+        cluster.every_node_applied().await;
+
+        let names: Vec<String> = std::fs::read_dir(&snapshots)
+            .expect("snapshot dir")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let stored: Vec<u64> = names
+            .iter()
+            .filter(|name| name.starts_with("snap-"))
+            .map(|name| std::fs::metadata(snapshots.join(name)).expect("size").len())
+            .collect();
+        assert!(
+            !stored.is_empty(),
+            "the installed snapshot is stored: {names:?}"
+        );
+        assert!(
+            stored.iter().all(|bytes| *bytes > 8 * 16),
+            "each snapshot took many 16-byte chunks: {stored:?}"
+        );
+        assert!(
+            !names.iter().any(|name| name.starts_with("incoming-")),
+            "no received file is left: {names:?}"
+        );
+        let statuses = client.status_all().await;
+        let mut views = Vec::new();
+        for (address, status) in statuses {
+            let status = status.unwrap_or_else(|error| panic!("{address}: {error}"));
+            views.push((status.node_id, status.last_applied_index, status.digest_hex));
+        }
+        let (_, applied, digest) = views[0].clone();
+        assert!(
+            views
+                .iter()
+                .all(|(_, index, hex)| *index == applied && *hex == digest),
+            "equal digests at equal index (follower {follower_id}): {views:?}"
+        );
+        cluster.shutdown().await;
+    });
+}

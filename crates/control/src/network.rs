@@ -38,6 +38,8 @@ pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
 pub const ENTRY_BYTES_MAX: usize = 16 << 20;
 /// Snapshot data chunk size in a `FullSnapshot` stream.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Chunks read ahead of the stream when sending a snapshot.
+const SNAPSHOT_CHUNKS_AHEAD: usize = 4;
 /// Deadline for sending a whole snapshot (a large body on a slow disk).
 pub const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -73,17 +75,30 @@ pub fn raft_client(channel: Channel) -> pb::raft_client::RaftClient<Channel> {
 }
 
 /// The network factory: one channel per peer address, reused by every client.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Network {
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    /// Data bytes per `FullSnapshot` chunk.
+    snapshot_chunk_bytes: usize,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network::with_snapshot_chunk_bytes(SNAPSHOT_CHUNK_BYTES)
+    }
 }
 
 impl Network {
+    /// A network sending snapshots in chunks of `bytes` (at least 1) of data.
+    pub fn with_snapshot_chunk_bytes(bytes: usize) -> Self {
+        Network {
+            channels: Arc::default(),
+            snapshot_chunk_bytes: bytes.max(1),
+        }
+    }
+
     fn channel_for(&self, address: &str) -> Result<Channel, String> {
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut channels = lock(&self.channels);
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
@@ -97,6 +112,7 @@ pub struct PeerClient {
     target: NodeId,
     address: String,
     client: Result<pb::raft_client::RaftClient<Channel>, String>,
+    snapshot_chunk_bytes: usize,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -107,6 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             address: node.addr.clone(),
             client: self.channel_for(&node.addr).map(raft_client),
+            snapshot_chunk_bytes: self.snapshot_chunk_bytes,
         }
     }
 }
@@ -261,29 +278,62 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         _cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        // The file is read a chunk at a time on a blocking thread while the stream sends, a
+        // few chunks ahead at most: a snapshot of gigabytes is never in memory whole (it was,
+        // twice, when read up front and then cut into chunks).
         let file = snapshot.snapshot.clone();
-        let bytes = tokio::task::spawn_blocking(move || file.read_bytes())
-            .await
-            .map_err(|join| network_error(format!("snapshot reader task failed: {join}")))?
-            .map_err(|error| network_error(format!("reading snapshot to send: {error}")))?;
-        let mut chunks = vec![pb::SnapshotChunk {
+        let (chunks, queued) = tokio::sync::mpsc::channel(SNAPSHOT_CHUNKS_AHEAD);
+        let read_failed: Arc<Mutex<Option<String>>> = Arc::default();
+        let runtime = tokio::runtime::Handle::current();
+        let chunk_bytes = self.snapshot_chunk_bytes;
+        {
+            let read_failed = read_failed.clone();
+            tokio::task::spawn_blocking(move || {
+                let failed = |detail: String| *lock(&read_failed) = Some(detail);
+                let reader = match file.chunks(chunk_bytes) {
+                    Ok(reader) => reader,
+                    Err(error) => return failed(error.to_string()),
+                };
+                for chunk in reader {
+                    let data = match chunk {
+                        Ok(data) => data,
+                        Err(error) => return failed(error.to_string()),
+                    };
+                    let chunk = pb::SnapshotChunk {
+                        vote_json: Vec::new(),
+                        meta_json: Vec::new(),
+                        data,
+                    };
+                    // Bounded by the send's own deadline: a stream that stopped being read
+                    // (the call failed) does not hold this thread.
+                    let sent = runtime
+                        .block_on(tokio::time::timeout(SNAPSHOT_DEADLINE, chunks.send(chunk)));
+                    if !matches!(sent, Ok(Ok(()))) {
+                        return;
+                    }
+                }
+            });
+        }
+        let first = pb::SnapshotChunk {
             vote_json: to_json(&vote),
             meta_json: to_json(&snapshot.meta),
             data: Vec::new(),
-        }];
-        for chunk in bytes.chunks(SNAPSHOT_CHUNK_BYTES) {
-            chunks.push(pb::SnapshotChunk {
-                vote_json: Vec::new(),
-                meta_json: Vec::new(),
-                data: chunk.to_vec(),
-            });
-        }
-        let mut request = tonic::Request::new(tokio_stream::iter(chunks));
+        };
+        let stream = tokio_stream::StreamExt::chain(
+            tokio_stream::once(first),
+            tokio_stream::wrappers::ReceiverStream::new(queued),
+        );
+        let mut request = tonic::Request::new(stream);
         request.set_timeout(SNAPSHOT_DEADLINE);
-        let reply = self
-            .client()?
-            .full_snapshot(request)
-            .await
+        let sent = self.client()?.full_snapshot(request).await;
+        // A read that failed cut the stream short (the receiver refuses the short file): the
+        // read is the error to report.
+        if let Some(detail) = lock(&read_failed).take() {
+            return Err(StreamingError::Network(network_error(format!(
+                "reading snapshot to send: {detail}"
+            ))));
+        }
+        let reply = sent
             .map_err(|status| match self.transport::<Fatal<NodeId>>(status, 0) {
                 RPCError::Unreachable(error) => StreamingError::Unreachable(error),
                 RPCError::Timeout(error) => StreamingError::Timeout(error),
@@ -294,4 +344,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         self.reply::<_, Fatal<NodeId>>(reply)?
             .map_err(|error| StreamingError::RemoteError(RemoteError::new(self.target, error)))
     }
+}
+
+/// Locks `mutex`, taking the data of a poisoned one (a panic elsewhere must not stop
+/// replication).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

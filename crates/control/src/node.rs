@@ -39,6 +39,9 @@ pub struct NodeOptions {
     pub log: LogStoreOptions,
     pub proposer: ProposerOptions,
     pub controller: ControllerOptions,
+    /// Data bytes per chunk when this node sends a snapshot to a peer
+    /// ([`crate::network::SNAPSHOT_CHUNK_BYTES`]; tests use small ones to send many).
+    pub snapshot_chunk_bytes: usize,
 }
 
 impl NodeOptions {
@@ -59,6 +62,7 @@ impl NodeOptions {
             },
             proposer: ProposerOptions::default(),
             controller: ControllerOptions::default(),
+            snapshot_chunk_bytes: crate::network::SNAPSHOT_CHUNK_BYTES,
         }
     }
 
@@ -103,7 +107,7 @@ impl ControlNode {
             options.id,
             &options.data_dir,
             config,
-            Network::default(),
+            Network::with_snapshot_chunk_bytes(options.snapshot_chunk_bytes),
             options.log,
         )
         .await?;

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gyre_log::raft::openraft::raft::{AppendEntriesRequest, VoteRequest};
-use gyre_log::raft::{NodeId, Raft, Snapshot, SnapshotFile, SnapshotMeta, TypeConfig, Vote};
+use gyre_log::raft::{
+    NodeId, Raft, RaftStoreError, ReceivingSnapshot, Snapshot, SnapshotMeta, TypeConfig, Vote,
+};
 use gyre_proto::control as pb;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -16,7 +18,7 @@ use crate::network::{entries_from_proto, MESSAGE_BYTES_MAX};
 use crate::status::bad_json;
 
 /// Largest snapshot this node accepts over the network.
-const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
+const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 
 pub struct RaftService {
     raft: Raft,
@@ -89,32 +91,46 @@ impl pb::raft_server::Raft for RaftService {
             serde_json::from_slice(&first.vote_json).map_err(|e| bad_json("snapshot vote", e))?;
         let meta: SnapshotMeta =
             serde_json::from_slice(&first.meta_json).map_err(|e| bad_json("snapshot meta", e))?;
-        let mut bytes = first.data;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            if bytes.len() + chunk.data.len() > SNAPSHOT_BYTES_MAX {
-                return Err(Status::resource_exhausted("snapshot larger than 16 GiB"));
-            }
-            bytes.extend_from_slice(&chunk.data);
-        }
         let sequence = self.received.fetch_add(1, Ordering::Relaxed);
-        // `incoming-` files in the snapshot directory are the state machine's own: it removes
-        // them once the snapshot is stored, and at the next open if the node died meanwhile.
+        // `incoming-` files in the snapshot directory are the state machine's own: it moves
+        // them into place once the snapshot is installed, and removes them at the next open if
+        // the node died meanwhile (or when the handle drops, if a transfer is cut short).
         let path = self.snapshot_dir.join(format!(
             "incoming-rpc-{}-{sequence}.snap",
             std::process::id()
         ));
         let installs = self.installs.clone();
-        let file = tokio::task::spawn_blocking(move || {
-            SnapshotFile::write_received(path, &bytes, &installs)
-        })
-        .await
-        .map_err(|join| Status::internal(format!("snapshot writer task failed: {join}")))?
-        .map_err(|error| Status::internal(format!("storing received snapshot: {error}")))?;
+        let mut receiving = blocking(move || ReceivingSnapshot::create(path, &installs)).await?;
+        // Each chunk is written as it arrives: the snapshot is never in memory whole here.
+        let mut next = first.data;
+        loop {
+            if receiving.len().saturating_add(next.len() as u64) > SNAPSHOT_BYTES_MAX {
+                return Err(Status::resource_exhausted("snapshot larger than 16 GiB"));
+            }
+            if !next.is_empty() {
+                receiving = blocking(move || receiving.write(&next).map(|()| receiving)).await?;
+            }
+            match stream.next().await {
+                Some(chunk) => next = chunk?.data,
+                None => break,
+            }
+        }
+        let file = blocking(move || receiving.finish()).await?;
         let snapshot = Snapshot {
             meta,
             snapshot: Box::new(file),
         };
         reply(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
+}
+
+/// Runs a step of storing a received snapshot on the blocking pool; its failure is an
+/// `Internal` status naming it.
+async fn blocking<T: Send + 'static>(
+    step: impl FnOnce() -> Result<T, RaftStoreError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(step)
+        .await
+        .map_err(|join| Status::internal(format!("snapshot writer task failed: {join}")))?
+        .map_err(|error| Status::internal(format!("storing received snapshot: {error}")))
 }

@@ -98,6 +98,12 @@ pub fn write_meta(dir: &Path, meta: &Meta) -> Result<(), RaftStoreError> {
 /// Writes `bytes` to `path` so that after a crash `path` holds either the old or the new
 /// contents: `<path>.tmp`, fsync, rename, fsync of the directory.
 pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), RaftStoreError> {
+    write_parts_atomically(path, &[bytes])
+}
+
+/// [`write_file_atomically`] of the concatenation of `parts`, without copying them into one
+/// buffer first (a snapshot's header and its body, which may be gigabytes).
+pub fn write_parts_atomically(path: &Path, parts: &[&[u8]]) -> Result<(), RaftStoreError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -108,8 +114,10 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), RaftStoreE
             .truncate(true)
             .open(&tmp)
             .map_err(RaftStoreError::io(&tmp, "create"))?;
-        file.write_all(bytes)
-            .map_err(RaftStoreError::io(&tmp, "write"))?;
+        for part in parts {
+            file.write_all(part)
+                .map_err(RaftStoreError::io(&tmp, "write"))?;
+        }
         file.sync_all().map_err(RaftStoreError::io(&tmp, "sync"))?;
     }
     fs::rename(&tmp, path).map_err(RaftStoreError::io(path, "rename into place"))?;

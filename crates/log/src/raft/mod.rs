@@ -48,7 +48,7 @@ pub use error::RaftStoreError;
 pub use log_store::{LogReader, LogStore, LogStoreHandle, LogStoreOptions, WriterPause};
 pub use meta::{read_meta, Meta};
 pub use node::{open_storage, start_node, RaftNode};
-pub use snapshot::{InstallGate, SnapshotFile, SnapshotHeader, SNAPSHOTS_KEPT};
+pub use snapshot::{InstallGate, ReceivingSnapshot, SnapshotFile, SnapshotHeader, SNAPSHOTS_KEPT};
 pub use state_machine::{Projection, SnapshotBuilder, StateMachineStore};
 pub use types::{
     log_id, Applied, Entry, EventBatchBytes, LogId, Membership, Node, NodeId, Raft, Snapshot,

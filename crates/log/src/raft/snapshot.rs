@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::error::RaftStoreError;
-use super::meta::write_file_atomically;
+use super::meta::{sync_directory, write_parts_atomically};
 use super::types::{LogId, SnapshotMeta, StoredMembership};
 use crate::file::read_u32;
 
@@ -28,10 +28,11 @@ pub const SNAPSHOTS_KEPT: usize = 2;
 
 /// openraft's snapshot data: a handle on a complete snapshot file.
 ///
-/// A sender streams the file's bytes ([`SnapshotFile::read_bytes`]); a receiver writes them
-/// to a file of its own ([`SnapshotFile::write_received`]) and passes that handle to
-/// `Raft::install_full_snapshot`, which copies it into the node's snapshot directory after
-/// checking it.
+/// A sender streams the file's bytes a chunk at a time ([`SnapshotFile::chunks`]); a receiver
+/// writes each chunk to a file of its own as it arrives ([`ReceivingSnapshot`]) and passes
+/// that handle to `Raft::install_full_snapshot`, which checks it and moves it into the node's
+/// snapshot directory. Neither side holds the whole snapshot in memory for the transfer (the
+/// install reads it once, to restore the state from it).
 #[derive(Clone, Debug)]
 pub struct SnapshotFile {
     pub path: PathBuf,
@@ -68,6 +69,36 @@ impl SnapshotFile {
         fs::read(&self.path).map_err(RaftStoreError::io(&self.path, "read snapshot"))
     }
 
+    /// The file's bytes in chunks of at most `chunk_bytes` (at least 1), read as they are
+    /// asked for: the whole file is never in memory.
+    pub fn chunks(
+        &self,
+        chunk_bytes: usize,
+    ) -> Result<impl Iterator<Item = Result<Vec<u8>, RaftStoreError>>, RaftStoreError> {
+        use std::io::Read;
+        let path = self.path.clone();
+        let mut file = fs::File::open(&path).map_err(RaftStoreError::io(&path, "open snapshot"))?;
+        let chunk_bytes = chunk_bytes.max(1);
+        let mut done = false;
+        Ok(std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let mut chunk = Vec::with_capacity(chunk_bytes);
+            match (&mut file).take(chunk_bytes as u64).read_to_end(&mut chunk) {
+                Ok(0) => {
+                    done = true;
+                    None
+                }
+                Ok(_) => Some(Ok(chunk)),
+                Err(error) => {
+                    done = true;
+                    Some(Err(RaftStoreError::io(&path, "read snapshot")(error)))
+                }
+            }
+        }))
+    }
+
     /// Writes received snapshot bytes to `path` (durably) and returns a handle on it, pending
     /// at `gate` (the state machine's, [`StateMachineStore::install_gate`]) until openraft
     /// installs it or lets it go.
@@ -78,9 +109,73 @@ impl SnapshotFile {
         bytes: &[u8],
         gate: &Arc<InstallGate>,
     ) -> Result<Self, RaftStoreError> {
+        let mut receiving = ReceivingSnapshot::create(path, gate)?;
+        receiving.write(bytes)?;
+        receiving.finish()
+    }
+}
+
+/// A snapshot being received: each chunk is written to the file as it arrives, and the file is
+/// made durable once the last one is in ([`ReceivingSnapshot::finish`]). Pending at the
+/// install gate from the start, so a transfer cut short leaves no file behind (the handle's
+/// drop removes it).
+#[derive(Debug)]
+pub struct ReceivingSnapshot {
+    file: fs::File,
+    handle: SnapshotFile,
+    bytes: u64,
+}
+
+impl ReceivingSnapshot {
+    /// Creates the file at `path` (truncating one there), pending at `gate`.
+    pub fn create(
+        path: impl Into<PathBuf>,
+        gate: &Arc<InstallGate>,
+    ) -> Result<Self, RaftStoreError> {
         let path = path.into();
-        write_file_atomically(&path, bytes)?;
-        Ok(SnapshotFile::received(path, gate))
+        let handle = SnapshotFile::received(path.clone(), gate);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(RaftStoreError::io(&path, "create received snapshot"))?;
+        Ok(ReceivingSnapshot {
+            file,
+            handle,
+            bytes: 0,
+        })
+    }
+
+    /// Appends the next chunk.
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), RaftStoreError> {
+        use std::io::Write;
+        self.file.write_all(chunk).map_err(RaftStoreError::io(
+            &self.handle.path,
+            "write received snapshot",
+        ))?;
+        self.bytes += chunk.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Makes the file durable (its data and its directory entry) and returns the handle to
+    /// install.
+    pub fn finish(self) -> Result<SnapshotFile, RaftStoreError> {
+        self.file.sync_all().map_err(RaftStoreError::io(
+            &self.handle.path,
+            "sync received snapshot",
+        ))?;
+        sync_directory(super::meta::parent_of(&self.handle.path))?;
+        Ok(self.handle)
     }
 }
 
@@ -183,8 +278,15 @@ impl SnapshotHeader {
 
 /// Encodes a whole snapshot file.
 pub fn encode_snapshot(header: &SnapshotHeader, body: &[u8]) -> Vec<u8> {
+    let mut bytes = encode_snapshot_head(header);
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// The bytes of a snapshot file before its body (magic, version, header, header checksum).
+pub fn encode_snapshot_head(header: &SnapshotHeader) -> Vec<u8> {
     let header_json = serde_json::to_vec(header).expect("a snapshot header always serialises");
-    let mut bytes = Vec::with_capacity(20 + header_json.len() + body.len());
+    let mut bytes = Vec::with_capacity(20 + header_json.len());
     bytes.extend_from_slice(&SNAPSHOT_MAGIC);
     bytes.extend_from_slice(&SNAPSHOT_FORMAT_VERSION.to_le_bytes());
     bytes.extend_from_slice(
@@ -195,7 +297,6 @@ pub fn encode_snapshot(header: &SnapshotHeader, body: &[u8]) -> Vec<u8> {
     bytes.extend_from_slice(&header_json);
     let crc = crc32c::crc32c(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    bytes.extend_from_slice(body);
     bytes
 }
 
@@ -323,7 +424,7 @@ impl SnapshotDir {
     pub fn store_built(
         &mut self,
         meta: SnapshotMeta,
-        bytes: &[u8],
+        parts: &[&[u8]],
     ) -> Result<(SnapshotMeta, PathBuf), RaftStoreError> {
         if let Some((current, path)) = &self.current {
             if current.last_log_id > meta.last_log_id {
@@ -335,18 +436,44 @@ impl SnapshotDir {
                 return Ok((current.clone(), path.clone()));
             }
         }
-        let path = self.store(meta.clone(), bytes)?;
+        let path = self.store(meta.clone(), parts)?;
         Ok((meta, path))
     }
 
-    /// Stores a complete snapshot file durably, makes it current, and keeps the last two.
-    pub fn store(&mut self, meta: SnapshotMeta, bytes: &[u8]) -> Result<PathBuf, RaftStoreError> {
-        let path = self.dir.join(format!("snap-{:020}.snap", self.next_seq));
-        self.next_seq += 1;
-        write_file_atomically(&path, bytes)?;
+    /// Stores a complete snapshot file (the concatenation of `parts`) durably, makes it
+    /// current, and keeps the last two.
+    pub fn store(
+        &mut self,
+        meta: SnapshotMeta,
+        parts: &[&[u8]],
+    ) -> Result<PathBuf, RaftStoreError> {
+        let path = self.next_path();
+        write_parts_atomically(&path, parts)?;
         self.current = Some((meta, path.clone()));
         self.prune()?;
         Ok(path)
+    }
+
+    /// Stores a received snapshot file, already durable and in this directory (an
+    /// [`SnapshotDir::incoming_path`] file), by renaming it into place: it is not written a
+    /// second time. Makes it current and keeps the last two.
+    pub fn store_received(
+        &mut self,
+        meta: SnapshotMeta,
+        received: &Path,
+    ) -> Result<PathBuf, RaftStoreError> {
+        let path = self.next_path();
+        fs::rename(received, &path).map_err(RaftStoreError::io(&path, "rename into place"))?;
+        sync_directory(&self.dir)?;
+        self.current = Some((meta, path.clone()));
+        self.prune()?;
+        Ok(path)
+    }
+
+    fn next_path(&mut self) -> PathBuf {
+        let path = self.dir.join(format!("snap-{:020}.snap", self.next_seq));
+        self.next_seq += 1;
+        path
     }
 
     fn prune(&self) -> Result<(), RaftStoreError> {
@@ -381,6 +508,72 @@ mod tests {
         }
     }
 
+    /// A snapshot sent a chunk at a time and received a chunk at a time arrives whole: the
+    /// chunks of any size concatenate to the file, the received file equals it, and it is
+    /// renamed into the snapshot directory as the current snapshot, leaving no `incoming-`
+    /// file. A transfer cut short (the handle dropped before `finish`) leaves nothing and
+    /// leaves the install gate.
+    #[test]
+    fn a_snapshot_streams_in_chunks_and_is_renamed_into_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut snapshots, _) = SnapshotDir::open(dir.path().join("s")).expect("opens");
+        let bytes: Vec<u8> = (0..10_000u32).map(|n| (n * 7 % 251) as u8).collect();
+        let sent = snapshots
+            .store(meta(5), &[&bytes[..100], &bytes[100..]])
+            .expect("stores");
+        let sent = SnapshotFile::at(sent);
+        for chunk_bytes in [1, 7, 4096, 10_000, 1 << 20] {
+            let chunks: Vec<Vec<u8>> = sent
+                .chunks(chunk_bytes)
+                .expect("opens")
+                .collect::<Result<_, _>>()
+                .expect("reads");
+            assert!(chunks.iter().all(|chunk| chunk.len() <= chunk_bytes));
+            assert_eq!(chunks.len(), bytes.len().div_ceil(chunk_bytes));
+            assert_eq!(chunks.concat(), bytes, "chunks of {chunk_bytes}");
+        }
+
+        let gate = InstallGate::new();
+        let incoming = snapshots.incoming_path();
+        let mut receiving = ReceivingSnapshot::create(&incoming, &gate).expect("creates");
+        assert_eq!(gate.pending(), 1);
+        for chunk in sent.chunks(999).expect("opens") {
+            receiving.write(&chunk.expect("reads")).expect("writes");
+        }
+        assert_eq!(receiving.len(), bytes.len() as u64);
+        let received = receiving.finish().expect("durable");
+        assert_eq!(fs::read(&received.path).expect("reads"), bytes);
+        let stored = snapshots
+            .store_received(meta(9), &received.path)
+            .expect("renamed");
+        assert_eq!(fs::read(&stored).expect("reads"), bytes);
+        assert_eq!(snapshots.current, Some((meta(9), stored)));
+        drop(received);
+        assert_eq!(gate.pending(), 0, "the install settled");
+        let names: Vec<String> = fs::read_dir(dir.path().join("s"))
+            .expect("lists")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert!(
+            names.iter().all(|name| name.starts_with("snap-")),
+            "{names:?}"
+        );
+
+        let cut = snapshots.incoming_path();
+        let mut receiving = ReceivingSnapshot::create(&cut, &gate).expect("creates");
+        receiving.write(&bytes[..10]).expect("writes");
+        assert!(cut.exists());
+        drop(receiving);
+        assert!(!cut.exists(), "a transfer cut short leaves no file");
+        assert_eq!(gate.pending(), 0);
+    }
+
     /// openraft builds a snapshot in a task of its own, so an install of a newer snapshot can
     /// land while a build copies older state, and the log before the installed one may then
     /// be purged. The stale build is neither written nor made current.
@@ -388,15 +581,19 @@ mod tests {
     fn a_build_older_than_the_current_snapshot_steps_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut snapshots, _) = SnapshotDir::open(dir.path().join("s")).expect("opens");
-        snapshots.store(meta(10), b"installed").expect("stores");
-        let (current, path) = snapshots.store_built(meta(3), b"stale").expect("answers");
+        snapshots.store(meta(10), &[b"installed"]).expect("stores");
+        let (current, path) = snapshots
+            .store_built(meta(3), &[b"stale"])
+            .expect("answers");
         assert_eq!(current, meta(10));
         assert_eq!(fs::read(&path).expect("reads"), b"installed");
         assert_eq!(
             fs::read_dir(dir.path().join("s")).expect("lists").count(),
             1
         );
-        let (current, path) = snapshots.store_built(meta(12), b"newer").expect("stores");
+        let (current, path) = snapshots
+            .store_built(meta(12), &[b"newer"])
+            .expect("stores");
         assert_eq!(current, meta(12));
         assert_eq!(fs::read(&path).expect("reads"), b"newer");
     }

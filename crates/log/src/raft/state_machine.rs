@@ -14,7 +14,7 @@ use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshot
 
 use super::error::RaftStoreError;
 use super::snapshot::{
-    decode_snapshot, encode_snapshot, InstallGate, SnapshotDir, SnapshotFile, SnapshotHeader,
+    decode_snapshot, encode_snapshot_head, InstallGate, SnapshotDir, SnapshotFile, SnapshotHeader,
 };
 use super::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -291,9 +291,10 @@ impl<P: Projection> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<P> {
                 body_crc32c: crc32c::crc32c(&body),
                 digest: hex(&digest),
             };
-            let bytes = encode_snapshot(&header, &body);
+            // Written as head then body: the body is not copied into a second buffer.
+            let head = encode_snapshot_head(&header);
             let meta = header.meta();
-            let (meta, path) = snapshots.store_built(meta, &bytes)?;
+            let (meta, path) = snapshots.store_built(meta, &[&head, &body])?;
             inner.install_gate.stored(meta.last_log_id);
             tracing::info!(snapshot = %path.display(), last_log_id = ?meta.last_log_id, "built snapshot");
             Ok(Snapshot {
@@ -371,17 +372,22 @@ impl<P: Projection> RaftStateMachine<TypeConfig> for StateMachineStore<P> {
                 });
             }
             let projection = restore_checked::<P>(&snapshot.path, &header, body)?;
-            lock(&self.inner.snapshots).store(meta.clone(), &bytes)?;
-            self.inner.install_gate.stored(meta.last_log_id);
-            let own_incoming = snapshot.path.starts_with(&lock(&self.inner.snapshots).dir)
-                && snapshot
-                    .path
-                    .file_name()
-                    .is_some_and(|name| name.to_string_lossy().starts_with("incoming-"));
-            if own_incoming {
-                // The stored copy replaces it; a leftover would be removed at the next open.
-                let _ = std::fs::remove_file(&snapshot.path);
+            {
+                let mut snapshots = lock(&self.inner.snapshots);
+                let own_incoming = snapshot.path.parent() == Some(snapshots.dir.as_path())
+                    && snapshot
+                        .path
+                        .file_name()
+                        .is_some_and(|name| name.to_string_lossy().starts_with("incoming-"));
+                if own_incoming {
+                    // Received durably into this directory: renamed into place, not rewritten.
+                    snapshots.store_received(meta.clone(), &snapshot.path)?;
+                } else {
+                    snapshots.store(meta.clone(), &[&bytes])?;
+                }
             }
+            drop(bytes);
+            self.inner.install_gate.stored(meta.last_log_id);
             let mut state = lock(&self.inner.state);
             state.projection = projection;
             state.last_applied = meta.last_log_id;
