@@ -214,6 +214,8 @@ enum TomlKind {
     Number,
     Boolean,
     Text,
+    /// A size: bytes as an integer, or a string with a unit (`"500GiB"`).
+    Size,
 }
 
 impl TomlKind {
@@ -227,6 +229,10 @@ impl TomlKind {
                 )
                 | (TomlKind::Boolean, toml::Value::Boolean(_))
                 | (TomlKind::Text, toml::Value::String(_))
+                | (
+                    TomlKind::Size,
+                    toml::Value::Integer(_) | toml::Value::String(_)
+                )
         )
     }
 
@@ -236,6 +242,7 @@ impl TomlKind {
             TomlKind::Number => "a number",
             TomlKind::Boolean => "true or false",
             TomlKind::Text => "a string",
+            TomlKind::Size => "a size (bytes, or a string such as \"500GiB\")",
         }
     }
 }
@@ -258,6 +265,8 @@ fn toml_kind(arg: &clap::Arg) -> TomlKind {
         TomlKind::Number
     } else if id == TypeId::of::<bool>() {
         TomlKind::Boolean
+    } else if id == TypeId::of::<crate::commands::values::ByteSize>() {
+        TomlKind::Size
     } else {
         TomlKind::Text
     }

@@ -229,6 +229,7 @@ impl ControlService {
             purged_index: metrics.purged.map_or(0, |log_id| log_id.index),
             archive_bytes: self.log.stats().archive_bytes,
             archive_segments: self.log.stats().archive_segments,
+            archive_segments_deleted: self.log.stats().archive_segments_deleted,
         }
     }
 

@@ -98,6 +98,13 @@ pub struct RunArgs {
     /// the run: put the data dir on a disk sized for the whole log.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     archive_purged: bool,
+    /// Keep the archive within this size: once a purge takes it past, its oldest segments are
+    /// deleted (each logged as a warning; `gyre control status` counts them), so a long run
+    /// cannot fill the disk the live log needs. Export what you must keep first
+    /// (`gyre log export`). A number of bytes or a size such as `500GiB` or `2TB`; `0`, the
+    /// default, keeps the whole run.
+    #[arg(long, default_value = "0", value_parser = super::values::byte_size, value_name = "SIZE")]
+    archive_max_size: super::values::ByteSize,
     /// Leader heartbeat interval, ms.
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
@@ -235,6 +242,7 @@ async fn run_node(args: RunArgs) -> anyhow::Result<()> {
                 "snapshot_every": options.snapshot_every_entries,
                 "entries_kept_behind_snapshot": options.entries_kept_behind_snapshot,
                 "archive_purged": options.log.archive,
+                "archive_max_bytes": options.log.archive_bytes_max,
                 "heartbeat_ms": options.heartbeat_ms,
                 "election_timeout_min_ms": options.election_timeout_ms_min,
                 "election_timeout_max_ms": options.election_timeout_ms_max,
@@ -321,6 +329,7 @@ fn node_options(args: &RunArgs) -> anyhow::Result<NodeOptions> {
     options.snapshot_every_entries = args.snapshot_every;
     options.entries_kept_behind_snapshot = args.entries_kept_behind_snapshot;
     options.log.archive = args.archive_purged;
+    options.log.archive_bytes_max = args.archive_max_size.0;
     options.heartbeat_ms = args.heartbeat_ms;
     options.election_timeout_ms_min = args.election_timeout_min_ms;
     options.election_timeout_ms_max = args.election_timeout_max_ms;
@@ -383,6 +392,7 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                             "purged_index": status.purged_index,
                             "archive_bytes": status.archive_bytes,
                             "archive_segments": status.archive_segments,
+                            "archive_segments_deleted": status.archive_segments_deleted,
                             "members": members, "fatal": status.fatal,
                         })
                     );
@@ -402,9 +412,17 @@ async fn status(cluster: &str, json: bool) -> anyhow::Result<()> {
                             String::new()
                         } else {
                             format!(
-                                "  archive {:.1} MiB in {} segments",
+                                "  archive {:.1} MiB in {} segments{}",
                                 status.archive_bytes as f64 / (1u64 << 20) as f64,
-                                status.archive_segments
+                                status.archive_segments,
+                                if status.archive_segments_deleted == 0 {
+                                    String::new()
+                                } else {
+                                    format!(
+                                        " ({} oldest deleted to stay within its size limit)",
+                                        status.archive_segments_deleted
+                                    )
+                                }
                             )
                         },
                         if status.fatal.is_empty() { String::new() } else { format!("  HALTED: {}", status.fatal) }

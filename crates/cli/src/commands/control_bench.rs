@@ -584,6 +584,11 @@ pub struct SoakArgs {
     /// are deleted (`false`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     archive_purged: bool,
+    /// Keep each node's archive within this size (as `gyre control run --archive-max-size`):
+    /// a small one makes the purges delete archived segments while the writers run and nodes
+    /// restart. `0`: no limit.
+    #[arg(long, default_value = "0", value_parser = crate::commands::values::byte_size, value_name = "SIZE")]
+    archive_max_size: crate::commands::values::ByteSize,
 }
 
 /// One writer of the soak: appends its execution's records in order, retrying an append until
@@ -651,6 +656,7 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         let mut node = NodeOptions::new(id, root.join(format!("node-{id}")), listen);
         node.log.segment_bytes = args.segment_bytes.max(4096);
         node.log.archive = args.archive_purged;
+        node.log.archive_bytes_max = args.archive_max_size.0;
         node.snapshot_every_entries = args.snapshot_every.max(1);
         node.entries_kept_behind_snapshot = args.keep_behind_snapshot;
         // No idle `Tick`s: the digests are compared (and printed for replay to check) after the
@@ -773,15 +779,27 @@ pub async fn soak(args: SoakArgs) -> anyhow::Result<()> {
             (projection.state.digest(), absent)
         });
         missing += absent;
+        let log = node.raft.log.stats();
         outln!(
-            "node {}: applied {}, snapshot at {}, log purged through {}, digest {}, acknowledged records missing {}",
+            "node {}: applied {}, snapshot at {}, log purged through {}, archive {:.1} MiB in {} segments ({} deleted at its size limit), digest {}, acknowledged records missing {}",
             node.id,
             metrics.last_applied.map_or(0, |id| id.index),
             metrics.snapshot.map_or(0, |id| id.index),
             metrics.purged.map_or(0, |id| id.index),
+            log.archive_bytes as f64 / (1u64 << 20) as f64,
+            log.archive_segments,
+            log.archive_segments_deleted,
             gyre_log::file::hex(&digest),
             absent
         );
+        if args.archive_max_size.0 > 0 && log.archive_bytes > args.archive_max_size.0 {
+            anyhow::bail!(
+                "node {}: its archive holds {} bytes, over the {}-byte limit",
+                node.id,
+                log.archive_bytes,
+                args.archive_max_size.0
+            );
+        }
         digests.push(digest);
     }
     outln!(

@@ -53,6 +53,44 @@ pub(crate) fn at_least_one_usize() -> clap::builder::RangedU64ValueParser<usize>
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// A size in bytes (`--archive-max-size`): a whole number of bytes, or a number with a unit,
+/// binary (`KiB`, `MiB`, `GiB`, `TiB`) or decimal (`KB`, `MB`, `GB`, `TB`), e.g. `500GiB`,
+/// `1.5TB`. A newtype, so a TOML config gives it as a string (`"500GiB"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ByteSize(pub u64);
+
+pub(crate) fn byte_size(text: &str) -> Result<ByteSize, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`: expected bytes or KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("expected a size such as 500GiB, got `{text}`"))?;
+    let bytes = value * scale as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("`{text}` is too large"));
+    }
+    Ok(ByteSize(bytes.round() as u64))
+}
+
 fn finite(text: &str) -> Result<f64, String> {
     let value: f64 = text
         .trim()
@@ -88,6 +126,27 @@ mod tests {
         assert_eq!(non_negative("12.5"), Ok(12.5));
         for bad in ["-1", "nan", "inf"] {
             assert!(non_negative(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units() {
+        assert_eq!(byte_size("0"), Ok(ByteSize(0)));
+        assert_eq!(byte_size("4096"), Ok(ByteSize(4096)));
+        assert_eq!(byte_size("64MiB"), Ok(ByteSize(64 << 20)));
+        assert_eq!(byte_size("500 GiB"), Ok(ByteSize(500 << 30)));
+        assert_eq!(byte_size("1.5TB"), Ok(ByteSize(1_500_000_000_000)));
+        assert_eq!(byte_size("2KB"), Ok(ByteSize(2_000)));
+        for bad in [
+            "",
+            "GiB",
+            "-1GiB",
+            "5 parsecs",
+            "1e3",
+            "1..2MiB",
+            "99999999999TiB",
+        ] {
+            assert!(byte_size(bad).is_err(), "{bad}");
         }
     }
 }

@@ -90,6 +90,60 @@ pub fn archive_size(dir: &Path) -> Result<(u64, u64), RaftStoreError> {
     Ok((bytes, count))
 }
 
+/// What [`trim_archive`] did and left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Archived segments deleted, and their bytes.
+    pub deleted_segments: u64,
+    pub deleted_bytes: u64,
+    /// The archive after: bytes and segments.
+    pub bytes: u64,
+    pub segments: u64,
+    /// First log index the archive still holds (none when empty).
+    pub first_index: Option<u64>,
+}
+
+/// Keeps `dir/archive` within `bytes_max` bytes: deletes its oldest segments (lowest first
+/// index) until the rest fit, and syncs the directory when it deleted any. The newest part of
+/// the archive is what is kept: the entries just behind the live log.
+pub fn trim_archive(dir: &Path, bytes_max: u64) -> Result<Trimmed, RaftStoreError> {
+    let archive_dir = dir.join(ARCHIVE_DIR);
+    let mut sized = Vec::new();
+    let mut trimmed = Trimmed::default();
+    for segment in list(&archive_dir, SegmentHome::Archive)? {
+        let bytes = fs::metadata(&segment.path)
+            .map_err(RaftStoreError::io(&segment.path, "read segment size"))?
+            .len();
+        trimmed.bytes += bytes;
+        trimmed.segments += 1;
+        sized.push((segment, bytes));
+    }
+    let mut kept = sized.into_iter().peekable();
+    while trimmed.bytes > bytes_max {
+        let Some((segment, bytes)) = kept.next() else {
+            break;
+        };
+        fs::remove_file(&segment.path)
+            .map_err(RaftStoreError::io(&segment.path, "delete archived segment"))?;
+        tracing::warn!(
+            segment = %segment.path.display(),
+            first_index = segment.first_index,
+            bytes,
+            bytes_max,
+            "the archive is over its size limit: its oldest segment is deleted"
+        );
+        trimmed.bytes -= bytes;
+        trimmed.segments -= 1;
+        trimmed.deleted_bytes += bytes;
+        trimmed.deleted_segments += 1;
+    }
+    trimmed.first_index = kept.peek().map(|(segment, _)| segment.first_index);
+    if trimmed.deleted_segments > 0 {
+        super::meta::sync_directory(&archive_dir)?;
+    }
+    Ok(trimmed)
+}
+
 /// One entry read from a segment file.
 #[derive(Clone, Copy, Debug)]
 pub struct FileEntry<'a> {

@@ -35,6 +35,10 @@ pub struct LogStoreOptions {
     /// committed log stays readable (`gyre replay DIR`, `ExportLog`, audits) while restarts
     /// scan only what is behind the last snapshot. Disk use grows with the log.
     pub archive: bool,
+    /// Keep the archive within this many bytes: once a purge takes it past, its oldest
+    /// segments are deleted (each logged as a warning), so a long run cannot fill the disk
+    /// the live log needs. 0: no limit.
+    pub archive_bytes_max: u64,
 }
 
 impl Default for LogStoreOptions {
@@ -45,6 +49,7 @@ impl Default for LogStoreOptions {
             read_batch_entries_max: 300,
             preallocate: true,
             archive: false,
+            archive_bytes_max: 0,
         }
     }
 }
@@ -99,8 +104,18 @@ impl LogStore {
             options.archive,
         )?;
         let stats = WriterStats::default();
-        // What earlier runs archived (after recovery, which may have finished a move).
-        let (archive_bytes, archive_segments) = super::archive::archive_size(&dir)?;
+        // What earlier runs archived (after recovery, which may have finished a move), within
+        // the size limit (which may have been lowered since).
+        let (archive_bytes, archive_segments) = if options.archive_bytes_max > 0 {
+            let trimmed = super::archive::trim_archive(&dir, options.archive_bytes_max)?;
+            stats.archive_segments_deleted.store(
+                trimmed.deleted_segments,
+                std::sync::atomic::Ordering::Release,
+            );
+            (trimmed.bytes, trimmed.segments)
+        } else {
+            super::archive::archive_size(&dir)?
+        };
         stats
             .archive_bytes
             .store(archive_bytes, std::sync::atomic::Ordering::Release);
@@ -116,6 +131,7 @@ impl LogStore {
             failed: Mutex::new(None),
         });
         let mut writer = recovered.writer;
+        writer.archive_bytes_max = options.archive_bytes_max;
         writer.attach(shared.clone());
         let (commands, receiver) = mpsc::channel();
         let (exit_sender, exited) = watch::channel(false);

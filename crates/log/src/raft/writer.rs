@@ -104,6 +104,9 @@ pub(crate) struct WriterStats {
     pub archive_bytes: AtomicU64,
     /// Segment files in `archive/`, counted the same way.
     pub archive_segments: AtomicU64,
+    /// Archived segments deleted to keep the archive within its size limit (at open and
+    /// since).
+    pub archive_segments_deleted: AtomicU64,
 }
 
 /// A copy of the writer's counters.
@@ -128,6 +131,8 @@ pub struct LogStats {
     /// Bytes and segment files in `archive/` (found at open, plus moved since).
     pub archive_bytes: u64,
     pub archive_segments: u64,
+    /// Archived segments deleted to keep the archive within its size limit.
+    pub archive_segments_deleted: u64,
 }
 
 impl WriterStats {
@@ -146,6 +151,7 @@ impl WriterStats {
             segments_archived: load(&self.segments_archived),
             archive_bytes: load(&self.archive_bytes),
             archive_segments: load(&self.archive_segments),
+            archive_segments_deleted: load(&self.archive_segments_deleted),
         }
     }
 }
@@ -230,6 +236,8 @@ pub(crate) struct Writer {
     preallocate: bool,
     /// Move purged segments to `archive/` instead of deleting them.
     archive: bool,
+    /// Keep `archive/` within this many bytes (0: no limit), deleting its oldest segments.
+    pub(crate) archive_bytes_max: u64,
     shared: Arc<Shared>,
     segments: Vec<WriterSegment>,
     /// Positions of records `records_first ..`.
@@ -551,6 +559,7 @@ impl Writer {
             segment_bytes,
             preallocate,
             archive,
+            archive_bytes_max: 0,
             shared: shared_placeholder,
             segments,
             records,
@@ -1077,6 +1086,7 @@ impl Writer {
         }
         self.base_hash = purged_hash;
         let mut removed = false;
+        let mut archived = false;
         if upto.index >= end {
             // Past the end of the log (a received snapshot): none of what the segments hold is
             // known to be committed here. Every one goes; the next append starts a detached
@@ -1101,6 +1111,7 @@ impl Writer {
                 stats.segments_archived.fetch_add(1, Ordering::AcqRel);
                 stats.archive_segments.fetch_add(1, Ordering::AcqRel);
                 stats.archive_bytes.fetch_add(segment.len, Ordering::AcqRel);
+                archived = true;
             } else {
                 self.delete_purged(&segment)?;
             }
@@ -1109,6 +1120,28 @@ impl Writer {
         if removed {
             sync_directory(&self.log_dir)?;
         }
+        if archived {
+            self.trim_archive()?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the archive within `archive_bytes_max` (see [`super::archive::trim_archive`]).
+    fn trim_archive(&self) -> Result<(), RaftStoreError> {
+        let stats = &self.shared.stats;
+        if self.archive_bytes_max == 0
+            || stats.archive_bytes.load(Ordering::Acquire) <= self.archive_bytes_max
+        {
+            return Ok(());
+        }
+        let trimmed = super::archive::trim_archive(&self.root, self.archive_bytes_max)?;
+        stats.archive_bytes.store(trimmed.bytes, Ordering::Release);
+        stats
+            .archive_segments
+            .store(trimmed.segments, Ordering::Release);
+        stats
+            .archive_segments_deleted
+            .fetch_add(trimmed.deleted_segments, Ordering::AcqRel);
         Ok(())
     }
 

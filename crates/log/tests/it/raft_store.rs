@@ -339,6 +339,7 @@ async fn multi_megabyte_entries_round_trip_and_replication_reads_are_bounded_by_
         read_batch_entries_max: 300,
         preallocate: true,
         archive: false,
+        archive_bytes_max: 0,
     };
     let mut log = LogStore::open(dir.path(), options).expect("opens");
     // ~3 MiB each: 768k token ids of 4 bytes.
@@ -964,6 +965,73 @@ async fn purges_archive_committed_segments_and_the_files_keep_every_entry() {
         .expect("purge past the end");
     let stats = log.stats();
     assert_eq!(stats.segments_archived, archived_before, "{stats:?}");
+    close(log).await;
+}
+
+/// With `archive_bytes_max` the archive stays within it: each purge that takes it past
+/// deletes its oldest segments and counts them, and what is left (archive, then live log)
+/// still reads as one verified chain from the oldest entry kept, to the end. Reopening with a
+/// lower limit trims at once.
+#[tokio::test]
+async fn the_archive_is_kept_within_its_size_limit() {
+    let dir = TempDir::new().expect("temp dir");
+    let limit = 2048;
+    let options = LogStoreOptions {
+        archive_bytes_max: limit,
+        ..archiving_segments()
+    };
+    let mut log = LogStore::open(dir.path(), options).expect("opens");
+    append_durable(&mut log, sample_entries(120)).await;
+    for upto in [20, 40, 60, 80, 100] {
+        log.purge(log_id(1, 1, upto)).await.expect("purge");
+        let stats = log.stats();
+        assert!(
+            stats.archive_bytes <= limit,
+            "after purging to {upto}: {stats:?}"
+        );
+        let (bytes, segments) = gyre_log::raft::archive::archive_size(dir.path()).expect("sizes");
+        assert_eq!(
+            (bytes, segments),
+            (stats.archive_bytes, stats.archive_segments),
+            "the counters are the disk's"
+        );
+    }
+    let stats = log.stats();
+    assert!(stats.archive_segments_deleted > 0, "{stats:?}");
+    assert!(
+        stats.archive_segments > 0,
+        "the newest part is kept: {stats:?}"
+    );
+    let files = entries_in_files(dir.path(), 0, 120);
+    let first = files.first().expect("entries").0;
+    assert!(first > 0, "the oldest entries are gone");
+    assert_eq!(
+        files.iter().map(|(index, _, _)| *index).collect::<Vec<_>>(),
+        (first..120).collect::<Vec<_>>(),
+        "from the oldest kept entry to the end, once each, chained"
+    );
+    assert!(
+        first <= 101 - 16,
+        "the archive keeps entries behind the live log: first {first}"
+    );
+    close(log).await;
+
+    let mut lower = options;
+    lower.archive_bytes_max = 1;
+    let log = LogStore::open(dir.path(), lower).expect("reopens");
+    let stats = log.stats();
+    assert_eq!(
+        (stats.archive_bytes, stats.archive_segments),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert!(stats.archive_segments_deleted > 0, "{stats:?}");
+    let files = entries_in_files(dir.path(), 0, 120);
+    assert_eq!(
+        files.last().map(|entry| entry.0),
+        Some(119),
+        "the live log is whole"
+    );
     close(log).await;
 }
 
