@@ -250,6 +250,7 @@ impl<'a> Simulation<'a> {
             self.record(EventBody::ProjectionDigest {
                 upto: gyre_event::LogIndex(entries),
                 hash,
+                rules: gyre_state::FOLD_RULES,
             });
             self.batch_ends.push(self.events.len());
         }

@@ -702,6 +702,8 @@ fn refused_events_are_listed_and_a_partial_file_says_so() {
             EventBody::ProjectionDigest {
                 upto: gyre_event::LogIndex(2),
                 hash: digest_of(&[tick(1), refused, tick(2)]),
+                // Not stated, as in a log written before rules were recorded: still checked.
+                rules: 0,
             },
         )],
         vec![tick(4)],
@@ -870,4 +872,64 @@ fn audit_lists_what_the_whole_state_refused_about_the_execution() {
         stdout.contains("taken from the bundle: 2 event(s)"),
         "{stdout}"
     );
+}
+
+/// Digest checkpoints state the fold rules their writer folded by. A log whose checkpoints
+/// state this build's rules verifies and the report names them; one written by a build of
+/// other rules stops at its first checkpoint with both versions named (not a bare digest
+/// mismatch), exit 2, everything before it still replayed.
+#[test]
+fn a_checkpoint_of_other_fold_rules_is_named_not_compared() {
+    use gyre_event::{Event, EventBody, Timestamp};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tick = |seconds: u64| Event::new(Timestamp(seconds * 1_000_000_000), EventBody::Tick);
+    let mut state = gyre_state::ControlState::new();
+    state.apply(&tick(1)).expect("a tick folds");
+    let hash = state.digest();
+    let write = |name: &str, rules: u32| {
+        let path = dir.path().join(name);
+        let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
+        writer.append_batch(&[tick(1)]).expect("appended");
+        writer
+            .append_batch(&[Event::new(
+                Timestamp(2_000_000_000),
+                EventBody::ProjectionDigest {
+                    upto: gyre_event::LogIndex(1),
+                    hash,
+                    rules,
+                },
+            )])
+            .expect("appended");
+        writer.append_batch(&[tick(3)]).expect("appended");
+        writer.sync().expect("synced");
+        path
+    };
+    let ours = write("ours.log", gyre_state::FOLD_RULES);
+    let (code, report) = replay_json(&["replay", ours.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["digests_verified"], 1, "{report}");
+    assert_eq!(report["fold_rules"], gyre_state::FOLD_RULES, "{report}");
+
+    let other = gyre_state::FOLD_RULES + 1;
+    let theirs = write("theirs.log", other);
+    let (code, report) = replay_json(&["replay", theirs.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 2, "{report}");
+    assert_eq!(report["problem"]["kind"], "fold_rules_mismatch", "{report}");
+    assert_eq!(report["problem"]["entry"], 2, "{report}");
+    let message = report["problem"]["message"].as_str().expect("message");
+    assert!(
+        message.contains(&format!("rules {other}"))
+            && message.contains(&format!("rules {}", gyre_state::FOLD_RULES)),
+        "{message}"
+    );
+    assert_eq!(report["fold_rules"], other, "{report}");
+    assert_eq!(
+        report["entries"], 1,
+        "everything before the checkpoint replayed"
+    );
+
+    let unstated = write("unstated.log", 0);
+    let (code, report) = replay_json(&["replay", unstated.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(report["fold_rules"].is_null(), "{report}");
 }

@@ -318,6 +318,9 @@ pub enum BodyJson {
     ProjectionDigest {
         upto: u64,
         hash: String,
+        /// The fold rules the writer folded by; 0 or absent: not stated.
+        #[serde(default)]
+        rules: u32,
     },
     /// `items` is a JSON array of the stored items (a string when the bytes are not JSON).
     ResponseStored {
@@ -692,9 +695,10 @@ impl From<&ev::Event> for EventJson {
             },
             E::BurstEnded { burst } => BodyJson::BurstEnded { burst: *burst },
             E::Tick => BodyJson::Tick,
-            E::ProjectionDigest { upto, hash } => BodyJson::ProjectionDigest {
+            E::ProjectionDigest { upto, hash, rules } => BodyJson::ProjectionDigest {
                 upto: upto.0,
                 hash: gyre_log::file::hex(hash),
+                rules: *rules,
             },
             E::ResponseStored(record) => BodyJson::ResponseStored {
                 execution: record.execution.get(),
@@ -970,9 +974,10 @@ impl TryFrom<EventJson> for ev::Event {
             },
             BodyJson::BurstEnded { burst } => E::BurstEnded { burst },
             BodyJson::Tick => E::Tick,
-            BodyJson::ProjectionDigest { upto, hash } => E::ProjectionDigest {
+            BodyJson::ProjectionDigest { upto, hash, rules } => E::ProjectionDigest {
                 upto: ev::LogIndex(upto),
                 hash: hex_to_hash(&hash)?,
+                rules,
             },
             BodyJson::ResponseStored {
                 execution,

@@ -49,7 +49,13 @@ impl ControlProjection {
     fn fold(&mut self, index: u64, events: Vec<Event>) -> Vec<String> {
         let mut refused = Vec::new();
         for (position, event) in events.into_iter().enumerate() {
-            if let EventBody::ProjectionDigest { upto, hash } = &event.body {
+            if let EventBody::ProjectionDigest { upto, hash, rules } = &event.body {
+                if let Some(why) = gyre_state::fold_rules_mismatch(*rules) {
+                    let detail = format!("fold rules mismatch at entry {index}: {why}");
+                    tracing::error!(index, detail = %detail, "replica folds by other rules; halting");
+                    self.halted = Some(detail);
+                    return refused;
+                }
                 let ours = self.state.digest();
                 if &ours != hash {
                     let detail = format!(
@@ -198,5 +204,51 @@ mod tests {
             .map(|(position, _)| position)
             .collect();
         assert_eq!(positions, vec![1, 3], "{text}");
+    }
+
+    /// A checkpoint of this build's rules (or of none stated) is compared; one of other rules
+    /// halts the replica naming both versions, and nothing after it is folded.
+    #[test]
+    fn a_checkpoint_of_other_fold_rules_halts_the_replica() {
+        let tick = || Event::new(Timestamp(1), EventBody::Tick);
+        let checkpoint = |projection: &ControlProjection, rules: u32| {
+            Event::new(
+                Timestamp(2),
+                EventBody::ProjectionDigest {
+                    upto: gyre_event::LogIndex(1),
+                    hash: projection.state.digest(),
+                    rules,
+                },
+            )
+        };
+        for rules in [0, gyre_state::FOLD_RULES] {
+            let mut projection = ControlProjection::new();
+            projection
+                .apply_events(1, &[], vec![tick()])
+                .expect("folds");
+            let digest = checkpoint(&projection, rules);
+            projection
+                .apply_events(2, &[], vec![digest])
+                .expect("compared, equal");
+            assert!(projection.halted().is_none(), "rules {rules}");
+        }
+        let mut projection = ControlProjection::new();
+        projection
+            .apply_events(1, &[], vec![tick()])
+            .expect("folds");
+        let other = gyre_state::FOLD_RULES + 1;
+        let digest = checkpoint(&projection, other);
+        let _ = projection.apply_events(2, &[], vec![digest, tick()]);
+        let why = projection.halted().expect("halted");
+        assert!(
+            why.contains("fold rules mismatch at entry 2")
+                && why.contains(&format!("rules {other}"))
+                && why.contains(&format!("rules {}", gyre_state::FOLD_RULES)),
+            "{why}"
+        );
+        assert_eq!(
+            projection.state.events_applied, 1,
+            "nothing after it folded"
+        );
     }
 }

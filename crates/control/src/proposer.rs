@@ -231,6 +231,7 @@ impl Proposer {
             EventBody::ProjectionDigest {
                 upto: LogIndex(upto),
                 hash,
+                rules: gyre_state::FOLD_RULES,
             },
         );
         match self

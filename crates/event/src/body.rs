@@ -234,9 +234,13 @@ pub enum EventBody {
 
     // --- time and integrity ---
     Tick,
+    /// The digest of the projections before this event (checkpoint `upto`), and the version
+    /// of the fold's rules the writer folded by (`gyre_state::FOLD_RULES`; 0: not stated, a
+    /// log written before rules were recorded).
     ProjectionDigest {
         upto: LogIndex,
         hash: [u8; 32],
+        rules: u32,
     },
 
     // --- model API state ---

@@ -76,6 +76,26 @@ impl Default for ControlState {
     }
 }
 
+/// The version of the fold's rules: what state `ControlState::apply` makes of a log. Bump it
+/// with any change to the fold that changes the state (or the digest) some log folds to, and
+/// note the change in docs/ARCHITECTURE.md. Digest checkpoints state the rules their writer
+/// folded by, so a replica or a `gyre replay` of another build stops naming both versions
+/// instead of reporting a bare digest mismatch.
+///
+/// 1: the fold of sessions 30 and 31 (one resolution rule in `Scoring`, frozen designations,
+/// an atomic fold that refuses before it changes anything), the first stated.
+pub const FOLD_RULES: u32 = 1;
+
+/// What to do with a digest checkpoint that states fold rules `stated` (0: not stated): `None`
+/// to compare it, or why it cannot be compared (this build folds by other rules).
+pub fn fold_rules_mismatch(stated: u32) -> Option<String> {
+    (stated != 0 && stated != FOLD_RULES).then(|| {
+        format!(
+            "the checkpoint was written by a build that folds by rules {stated}; this build folds by rules {FOLD_RULES}, so their digests cannot be compared: run every node, and replay this log, with a build of rules {stated}"
+        )
+    })
+}
+
 /// Digest items per entry between two checkpoints, at most (see [`digest_interval`]).
 pub const DIGEST_ITEMS_PER_ENTRY: u64 = 16;
 

@@ -270,6 +270,10 @@ struct PostMortem {
     digests_unchecked: u64,
     head_hash: String,
     digests_verified: u64,
+    /// The fold rules the log's digest checkpoints state (the first that states any; see
+    /// `gyre_state::FOLD_RULES`); `null` when none does (a log written before rules were
+    /// recorded, or one without checkpoints).
+    fold_rules: Option<u32>,
     decisions_recomputed: u64,
     events_by_kind: BTreeMap<&'static str, u64>,
     transitions: Vec<Transition>,
@@ -659,6 +663,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
         digests_unchecked: 0,
         head_hash: String::new(),
         digests_verified: 0,
+        fold_rules: None,
         decisions_recomputed: 0,
         events_by_kind: BTreeMap::new(),
         transitions: Vec::new(),
@@ -740,6 +745,20 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                         }
                         report.decisions_recomputed += expected.len() as u64;
                         verified_until = position + expected.len();
+                    }
+                    if let EventBody::ProjectionDigest { rules, .. } = &event.body {
+                        if *rules != 0 && report.fold_rules.is_none() {
+                            report.fold_rules = Some(*rules);
+                        }
+                        // Another build's rules: its digests say nothing about this fold.
+                        if let Some(why) = gyre_state::fold_rules_mismatch(*rules) {
+                            report.problem = Some(Problem {
+                                kind: "fold_rules_mismatch",
+                                entry: Some(record.index),
+                                message: format!("checkpoint in entry {}: {why}", record.index),
+                            });
+                            break 'records;
+                        }
                     }
                     if let (EventBody::ProjectionDigest { .. }, Some(_)) =
                         (&event.body, report.partial_from)
@@ -901,8 +920,13 @@ fn print_text(report: &PostMortem) {
         );
     }
     outln!(
-        "verified: CRC and hash chain of every record read; {} digest checkpoints; {} decisions recomputed",
-        report.digests_verified, report.decisions_recomputed
+        "verified: CRC and hash chain of every record read; {} digest checkpoints; {} decisions recomputed; fold rules {}",
+        report.digests_verified,
+        report.decisions_recomputed,
+        match report.fold_rules {
+            Some(rules) => format!("{rules} (this build: {})", gyre_state::FOLD_RULES),
+            None => format!("not stated by the log (this build: {})", gyre_state::FOLD_RULES),
+        }
     );
     if report.events_refused > 0 {
         outln!(

@@ -270,6 +270,7 @@ pub(crate) fn decode_body(kind: EventKind, bytes: &[u8]) -> Result<EventBody, Bo
             EventBody::ProjectionDigest {
                 upto: LogIndex(message.upto),
                 hash,
+                rules: message.rules,
             }
         }
     };

@@ -245,9 +245,10 @@ pub(crate) fn encode_body(body: &EventBody) -> Vec<u8> {
         .encode_to_vec(),
         EventBody::BurstEnded { burst } => pb::BurstEnded { burst: *burst }.encode_to_vec(),
         EventBody::Tick => pb::Tick {}.encode_to_vec(),
-        EventBody::ProjectionDigest { upto, hash } => pb::ProjectionDigest {
+        EventBody::ProjectionDigest { upto, hash, rules } => pb::ProjectionDigest {
             upto: upto.get(),
             hash: hash.to_vec(),
+            rules: *rules,
         }
         .encode_to_vec(),
     }

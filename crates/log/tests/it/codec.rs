@@ -273,6 +273,7 @@ fn a_digest_hash_must_be_32_bytes() {
     let body = pb::ProjectionDigest {
         upto: 1,
         hash: vec![1; 31],
+        rules: 1,
     }
     .encode_to_vec();
     let error = decode_one(record(EventKind::ProjectionDigest, 1, body)).expect_err("length");

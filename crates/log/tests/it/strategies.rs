@@ -375,10 +375,11 @@ pub fn event_body() -> BoxedStrategy<EventBody> {
         }),
         any::<u64>().prop_map(|burst| EventBody::BurstEnded { burst }),
         Just(EventBody::Tick),
-        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(upto, hash)| {
+        (any::<u64>(), any::<[u8; 32]>(), any::<u32>()).prop_map(|(upto, hash, rules)| {
             EventBody::ProjectionDigest {
                 upto: LogIndex(upto),
                 hash,
+                rules,
             }
         }),
         (
