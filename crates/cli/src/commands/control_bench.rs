@@ -68,6 +68,9 @@ enum Part {
     Replay,
     /// Restart-to-serving with a snapshot.
     Restart,
+    /// A follower that was down while the others purged their logs catches up from a
+    /// snapshot sent over the network: time, and the process's peak memory growth meanwhile.
+    CatchUp,
 }
 
 /// A 3-node control cluster on loopback in this process, in a temporary directory.
@@ -473,6 +476,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
         cluster.shutdown().await?;
+        if part(Part::CatchUp) {
+            eprintln!("  a follower catching up from a snapshot");
+            epoch += 1;
+            let figures = catch_up_run(args.seconds, epoch).await?;
+            record("catch-up: snapshot file MB", figures.snapshot_mb, "");
+            record("catch-up from a snapshot: s", figures.seconds, "");
+            record(
+                "catch-up: peak memory growth MB",
+                figures.peak_growth_mb,
+                "",
+            );
+        }
         if !part(Part::Restart) && !part(Part::Replay) {
             continue;
         }
@@ -551,6 +566,130 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What [`catch_up_run`] measured.
+struct CatchUp {
+    snapshot_mb: f64,
+    seconds: f64,
+    /// The process's peak resident memory during the catch-up minus its resident memory
+    /// before (NaN where the kernel cannot reset the peak).
+    peak_growth_mb: f64,
+}
+
+/// A follower behind a purge catching up: 64 writers fill a cluster's state for `seconds`, a
+/// follower stops, the other two snapshot and purge their logs past everything it holds, and
+/// the follower restarts: the leader must send it the snapshot. Timed from the restart until
+/// it has installed the snapshot and applied what the leader had; the peak memory is the
+/// whole process's (all three nodes run in it), reset just before the restart.
+async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
+    use gyre_log::raft::openraft::ServerState;
+    let mut cluster = Cluster::start(1_000_000).await?;
+    writers_run(&cluster, 64, seconds, true, false, epoch).await?;
+    let down = cluster
+        .nodes
+        .iter()
+        .position(|node| node.raft.raft.metrics().borrow().state != ServerState::Leader)
+        .context("no follower")?;
+    let follower = cluster.nodes.remove(down);
+    follower.shutdown().await?;
+    let mut client = ClusterClient::new(&cluster.addresses)?;
+    client.retry_deadline = Duration::from_secs(30);
+    client
+        .append(&[Event::new(Timestamp::ZERO, EventBody::Tick)])
+        .await?;
+    let mut target = 0;
+    for node in &cluster.nodes {
+        let applied = node
+            .raft
+            .state_machine
+            .with_projection(|_, applied| applied.map_or(0, |log_id| log_id.index));
+        target = target.max(applied);
+        node.raft
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut metrics = node.raft.raft.metrics();
+        tokio::time::timeout(Duration::from_secs(120), async {
+            while metrics.borrow().snapshot.map_or(0, |id| id.index) < applied {
+                if metrics.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await
+        .context("snapshot not built within 120 s")?;
+        node.raft
+            .raft
+            .trigger()
+            .purge_log(applied)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while metrics.borrow().purged.map_or(0, |id| id.index) < applied {
+                if metrics.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await
+        .context("log not purged within 60 s")?;
+    }
+    let before_kib = proc_status_kib("VmRSS");
+    // Writing 5 resets the peak resident size the kernel reports as VmHWM.
+    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let options = cluster.options[down].clone();
+    let started = Instant::now();
+    let node = ControlNode::start(options.clone()).await?;
+    let mut metrics = node.raft.raft.metrics();
+    tokio::time::timeout(Duration::from_secs(300), async {
+        loop {
+            let (snapshot, applied) = {
+                let now = metrics.borrow();
+                (
+                    now.snapshot.map_or(0, |id| id.index),
+                    now.last_applied.map_or(0, |id| id.index),
+                )
+            };
+            if snapshot >= target && applied >= target {
+                break;
+            }
+            if metrics.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+    .context("the follower did not catch up within 300 s")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let peak_kib = proc_status_kib("VmHWM");
+    let figures = CatchUp {
+        snapshot_mb: dir_bytes(&options.data_dir.join("snapshots")) as f64 / 1e6,
+        seconds,
+        peak_growth_mb: if reset {
+            peak_kib.saturating_sub(before_kib) as f64 * 1024.0 / 1e6
+        } else {
+            f64::NAN
+        },
+    };
+    cluster.nodes.push(node);
+    cluster.shutdown().await?;
+    Ok(figures)
+}
+
+/// A `kB` field of `/proc/self/status` (0 where it cannot be read).
+fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+                rest.trim().trim_end_matches("kB").trim().parse().ok()
+            })
+        })
+        .unwrap_or(0)
 }
 
 /// Arguments of `gyre control soak`.
