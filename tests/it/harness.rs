@@ -1245,6 +1245,12 @@ fn openai_agents_sdk_runs_the_shell_and_apply_patch_tools() {
     let shell_outputs = of_type("shell_call_output");
     assert_eq!(shell_outputs.len(), 1, "{last}");
     assert_eq!(shell_outputs[0]["output"][0]["stdout"], "hello\n", "{last}");
+    // The SDK's default outcome: an exit without a code, read as such (not a 400).
+    assert_eq!(
+        shell_outputs[0]["output"][0]["outcome"],
+        serde_json::json!({"type": "exit", "exit_code": null}),
+        "{last}"
+    );
     assert_eq!(of_type("apply_patch_call").len(), 2, "{last}");
     let patch_outputs = of_type("apply_patch_call_output");
     assert_eq!(patch_outputs.len(), 2, "{last}");

@@ -198,104 +198,105 @@ impl TypedTools {
     }
 }
 
-/// The arguments a history `shell_call` renders with: its `action`'s fields, as the model
-/// writes them.
+/// The arguments a history `shell_call` renders with: its `action`'s `commands`,
+/// `timeout_ms` and `max_output_length` (those given, not null), as the model writes them.
+/// Values are taken as they are, never refused: the item may be this proxy's own output of a
+/// call the model wrote loosely (`"timeout_ms": "5000"`), which the harness ran and echoes.
+/// An `action` that is not an object renders as its JSON.
 pub(crate) fn shell_call_arguments(node: Node<'_>) -> Read<String> {
     let action = node.required("action")?;
-    let action = action.node();
+    let Some(given) = action.value.as_object() else {
+        return Ok(action.value.to_string());
+    };
     let mut fields = Map::new();
-    let commands = action.required("commands")?;
-    for command in commands.node().array()? {
-        command.node().str()?;
-    }
-    fields.insert("commands".into(), commands.value.clone());
-    for key in ["timeout_ms", "max_output_length"] {
-        if let Some(value) = action.optional_i64(key)? {
-            fields.insert(key.into(), Value::from(value));
+    for key in ["commands", "timeout_ms", "max_output_length"] {
+        if let Some(value) = given.get(key).filter(|value| !value.is_null()) {
+            fields.insert(key.into(), value.clone());
         }
     }
     Ok(Value::Object(fields).to_string())
 }
 
-/// The arguments a history `apply_patch_call` renders with: its `operation`, as the model
-/// writes it.
+/// The arguments a history `apply_patch_call` renders with: its `operation` as it is (the
+/// model's own arguments when the item is this proxy's output; never refused, for the same
+/// reason as [`shell_call_arguments`]).
 pub(crate) fn apply_patch_arguments(node: Node<'_>) -> Read<String> {
-    let operation = node.required("operation")?;
-    let fields = operation.node().object()?;
-    let kind = operation.node().required_str("type")?;
-    if !matches!(kind, "create_file" | "update_file" | "delete_file") {
-        let child = operation.node().required("type")?;
-        return Err(child.node().error(format!(
-            "unknown operation type `{kind}`, expected create_file, update_file or delete_file"
-        )));
-    }
-    operation.node().required_str("path")?;
-    if kind != "delete_file" {
-        operation.node().required_str("diff")?;
-    }
-    Ok(Value::Object(fields.clone()).to_string())
+    Ok(node.required("operation")?.value.to_string())
+}
+
+/// A text field of an output chunk: empty when absent or null, the JSON of anything but a
+/// string.
+fn chunk_text(chunk: Node<'_>, key: &str) -> Read<String> {
+    Ok(match chunk.get(key)? {
+        None => String::new(),
+        Some(child) => match child.value {
+            Value::Null => String::new(),
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        },
+    })
 }
 
 /// The text a `shell_call_output` shows the model: each chunk's stdout, its stderr after a
-/// `[stderr]` line, and how it ended (`[exit code N]` or `[timed out]`).
+/// `[stderr]` line, and how it ended: `[exit code N]`, `[exited]` (an exit without a code,
+/// which the Agents SDK sends by default), `[timed out]`, or the outcome's JSON for another.
 pub(crate) fn shell_output_text(node: Node<'_>) -> Read<String> {
     let mut text = String::new();
     for chunk in node.required("output")?.node().array()? {
         let chunk = chunk.node();
-        let stdout = chunk.optional_str("stdout")?.unwrap_or("");
-        let stderr = chunk.optional_str("stderr")?.unwrap_or("");
-        let outcome = chunk.required("outcome")?;
-        let outcome = outcome.node();
-        let ended = match outcome.type_tag()? {
-            "exit" => format!(
-                "[exit code {}]",
-                outcome.required("exit_code")?.node().i64()?
+        chunk.object()?;
+        let stdout = chunk_text(chunk, "stdout")?;
+        let stderr = chunk_text(chunk, "stderr")?;
+        let ended = match chunk.get("outcome")?.map(|child| child.value) {
+            None | Some(Value::Null) => None,
+            Some(outcome) => Some(
+                match (
+                    outcome.get("type").and_then(Value::as_str),
+                    outcome.get("exit_code"),
+                ) {
+                    (Some("exit"), Some(Value::Number(code))) => format!("[exit code {code}]"),
+                    (Some("exit"), _) => "[exited]".to_string(),
+                    (Some("timeout"), _) => "[timed out]".to_string(),
+                    _ => format!("[outcome {outcome}]"),
+                },
             ),
-            "timeout" => "[timed out]".to_string(),
-            other => {
-                return Err(outcome.error(format!(
-                    "unknown outcome type `{other}`, expected exit or timeout"
-                )))
-            }
         };
-        if !text.is_empty() {
-            text.push('\n');
-        }
-        text.push_str(stdout);
+        let mut piece = stdout;
         if !stderr.is_empty() {
-            if !text.is_empty() && !text.ends_with('\n') {
+            if !piece.is_empty() && !piece.ends_with('\n') {
+                piece.push('\n');
+            }
+            piece.push_str("[stderr]\n");
+            piece.push_str(&stderr);
+        }
+        if let Some(ended) = ended {
+            if !piece.is_empty() && !piece.ends_with('\n') {
+                piece.push('\n');
+            }
+            piece.push_str(&ended);
+        }
+        // Chunks on lines of their own; one that says nothing adds nothing.
+        if !piece.is_empty() {
+            if !text.is_empty() {
                 text.push('\n');
             }
-            text.push_str("[stderr]\n");
-            text.push_str(stderr);
+            text.push_str(&piece);
         }
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str(&ended);
     }
     Ok(text)
 }
 
 /// The text an `apply_patch_call_output` shows the model: its `output`, after `[failed]`
-/// when the operation failed; `[completed]` or `[failed]` alone without one.
+/// when the operation failed (`[<status>]` for a status other than completed); `[completed]`
+/// or `[failed]` alone without one.
 pub(crate) fn apply_patch_output_text(node: Node<'_>) -> Read<String> {
-    let status = node.required("status")?;
-    let failed = match status.node().str()? {
-        "completed" => false,
-        "failed" => true,
-        other => {
-            return Err(status.node().error(format!(
-                "unknown status `{other}`, expected completed or failed"
-            )))
-        }
-    };
-    let output = node.optional_str("output")?.unwrap_or("");
-    Ok(match (failed, output.is_empty()) {
-        (false, true) => "[completed]".to_string(),
-        (false, false) => output.to_string(),
-        (true, true) => "[failed]".to_string(),
-        (true, false) => format!("[failed] {output}"),
+    let status = node.required_str("status")?;
+    let output = chunk_text(node, "output")?;
+    Ok(match (status, output.is_empty()) {
+        ("completed", true) => "[completed]".to_string(),
+        ("completed", false) => output,
+        (other, true) => format!("[{other}]"),
+        (other, false) => format!("[{other}] {output}"),
     })
 }
 

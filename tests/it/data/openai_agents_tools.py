@@ -33,12 +33,16 @@ def run_commands(request: ShellCommandRequest) -> ShellResult:
         done = subprocess.run(
             ["sh", "-c", command], cwd=workdir, capture_output=True, text=True, timeout=30
         )
+        # A failed command says its exit code; a successful one leaves the SDK's default
+        # outcome, an exit without a code (sent as `"exit_code": null`).
+        outcome = (
+            ShellCallOutcome(type="exit", exit_code=done.returncode)
+            if done.returncode
+            else ShellCallOutcome(type="exit")
+        )
         outputs.append(
             ShellCommandOutput(
-                stdout=done.stdout,
-                stderr=done.stderr,
-                outcome=ShellCallOutcome(type="exit", exit_code=done.returncode),
-                command=command,
+                stdout=done.stdout, stderr=done.stderr, outcome=outcome, command=command
             )
         )
     return ShellResult(output=outputs)
