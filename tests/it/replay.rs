@@ -928,6 +928,26 @@ fn a_checkpoint_of_other_fold_rules_is_named_not_compared() {
         "everything before the checkpoint replayed"
     );
 
+    // A partial export's checkpoints are not compared at all: one of other rules is noted and
+    // counted unchecked, not a failure.
+    let partial = dir.path().join("partial.log");
+    let mut writer = gyre_log::EventFileWriter::create_at(&partial, 2, [7u8; 32]).expect("file");
+    writer
+        .append_batch(&[Event::new(
+            Timestamp(2_000_000_000),
+            EventBody::ProjectionDigest {
+                upto: gyre_event::LogIndex(1),
+                hash,
+                rules: other,
+            },
+        )])
+        .expect("appended");
+    writer.sync().expect("synced");
+    let (code, report) = replay_json(&["replay", partial.to_str().expect("utf-8"), "--json"]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["digests_unchecked"], 1, "{report}");
+    assert_eq!(report["fold_rules"], other, "{report}");
+
     let unstated = write("unstated.log", 0);
     let (code, report) = replay_json(&["replay", unstated.to_str().expect("utf-8"), "--json"]);
     assert_eq!(code, 0, "{report}");

@@ -124,13 +124,19 @@ impl pb::raft_server::Raft for RaftService {
     }
 }
 
-/// Runs a step of storing a received snapshot on the blocking pool; its failure is an
-/// `Internal` status naming it.
+/// Runs a step of storing a received snapshot on the blocking pool; its failure is a status
+/// naming it: `DataLoss` for a snapshot that arrived cut short or damaged (the sender tries
+/// again; nothing is installed), `Internal` for this node's own trouble.
 async fn blocking<T: Send + 'static>(
     step: impl FnOnce() -> Result<T, RaftStoreError> + Send + 'static,
 ) -> Result<T, Status> {
     tokio::task::spawn_blocking(step)
         .await
         .map_err(|join| Status::internal(format!("snapshot writer task failed: {join}")))?
-        .map_err(|error| Status::internal(format!("storing received snapshot: {error}")))
+        .map_err(|error| match error {
+            RaftStoreError::BadSnapshot { .. } => {
+                Status::data_loss(format!("received snapshot refused: {error}"))
+            }
+            error => Status::internal(format!("storing received snapshot: {error}")),
+        })
 }

@@ -750,8 +750,12 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
                         if *rules != 0 && report.fold_rules.is_none() {
                             report.fold_rules = Some(*rules);
                         }
-                        // Another build's rules: its digests say nothing about this fold.
-                        if let Some(why) = gyre_state::fold_rules_mismatch(*rules) {
+                        // Another build's rules: its digests say nothing about this fold. (A
+                        // partial file's checkpoints are not compared at all: counted unchecked
+                        // below, the rules noted.)
+                        if let (Some(why), None) =
+                            (gyre_state::fold_rules_mismatch(*rules), report.partial_from)
+                        {
                             report.problem = Some(Problem {
                                 kind: "fold_rules_mismatch",
                                 entry: Some(record.index),

@@ -81,14 +81,23 @@ pub(crate) fn byte_size(text: &str) -> Result<ByteSize, String> {
             ))
         }
     };
+    if scale == 1 {
+        // Bytes are whole and exact (no float on the way).
+        return number.parse::<u64>().map(ByteSize).map_err(|_| {
+            format!("expected a whole number of bytes or a size such as 500GiB, got `{text}`")
+        });
+    }
     let value: f64 = number
         .parse()
         .map_err(|_| format!("expected a size such as 500GiB, got `{text}`"))?;
-    let bytes = value * scale as f64;
+    let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(format!("`{text}` is too large"));
     }
-    Ok(ByteSize(bytes.round() as u64))
+    if bytes == 0.0 && value != 0.0 {
+        return Err(format!("`{text}` is less than a byte (0 means no limit)"));
+    }
+    Ok(ByteSize(bytes as u64))
 }
 
 fn finite(text: &str) -> Result<f64, String> {
@@ -137,6 +146,12 @@ mod tests {
         assert_eq!(byte_size("500 GiB"), Ok(ByteSize(500 << 30)));
         assert_eq!(byte_size("1.5TB"), Ok(ByteSize(1_500_000_000_000)));
         assert_eq!(byte_size("2KB"), Ok(ByteSize(2_000)));
+        assert_eq!(byte_size("0.5KiB"), Ok(ByteSize(512)));
+        assert_eq!(
+            byte_size("18446744073709551615"),
+            Ok(ByteSize(u64::MAX)),
+            "bytes are exact"
+        );
         for bad in [
             "",
             "GiB",
@@ -145,6 +160,10 @@ mod tests {
             "1e3",
             "1..2MiB",
             "99999999999TiB",
+            "1.5",
+            "0.4B",
+            "0.0000000001KiB",
+            "18446744073709551616",
         ] {
             assert!(byte_size(bad).is_err(), "{bad}");
         }

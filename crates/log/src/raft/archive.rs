@@ -82,12 +82,23 @@ pub fn archive_size(dir: &Path) -> Result<(u64, u64), RaftStoreError> {
     let mut bytes = 0;
     let mut count = 0;
     for segment in list(&dir.join(ARCHIVE_DIR), SegmentHome::Archive)? {
-        let metadata = fs::metadata(&segment.path)
-            .map_err(RaftStoreError::io(&segment.path, "read segment size"))?;
-        bytes += metadata.len();
+        // A segment deleted since it was listed (by hand, or a trim) holds nothing.
+        let Some(len) = segment_len(&segment.path)? else {
+            continue;
+        };
+        bytes += len;
         count += 1;
     }
     Ok((bytes, count))
+}
+
+/// The size of the segment file at `path`; `None` when it is gone.
+fn segment_len(path: &Path) -> Result<Option<u64>, RaftStoreError> {
+    match fs::metadata(path) {
+        Ok(metadata) => Ok(Some(metadata.len())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(RaftStoreError::io(path, "read segment size")(error)),
+    }
 }
 
 /// What [`trim_archive`] did and left.
@@ -111,9 +122,9 @@ pub fn trim_archive(dir: &Path, bytes_max: u64) -> Result<Trimmed, RaftStoreErro
     let mut sized = Vec::new();
     let mut trimmed = Trimmed::default();
     for segment in list(&archive_dir, SegmentHome::Archive)? {
-        let bytes = fs::metadata(&segment.path)
-            .map_err(RaftStoreError::io(&segment.path, "read segment size"))?
-            .len();
+        let Some(bytes) = segment_len(&segment.path)? else {
+            continue;
+        };
         trimmed.bytes += bytes;
         trimmed.segments += 1;
         sized.push((segment, bytes));
@@ -123,8 +134,14 @@ pub fn trim_archive(dir: &Path, bytes_max: u64) -> Result<Trimmed, RaftStoreErro
         let Some((segment, bytes)) = kept.next() else {
             break;
         };
-        fs::remove_file(&segment.path)
-            .map_err(RaftStoreError::io(&segment.path, "delete archived segment"))?;
+        match fs::remove_file(&segment.path) {
+            Ok(()) => {}
+            // Gone already (an operator deleted it): it frees nothing more.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                return Err(RaftStoreError::io(&segment.path, "delete archived segment")(error))
+            }
+        }
         tracing::warn!(
             segment = %segment.path.display(),
             first_index = segment.first_index,
@@ -188,13 +205,23 @@ pub fn read_entries(
             Ok(segments) => segments,
             // A segment listed was moved to the archive before its header was read.
             Err(RaftStoreError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && relisted < 3 =>
+                if source.kind() == std::io::ErrorKind::NotFound && relisted < 8 =>
             {
                 relisted += 1;
                 continue 'list;
             }
             Err(error) => return Err(error),
         };
+        // After entries were delivered, the files must still hold `next`: a segment the
+        // archive's size limit deleted since (the read was relisting) is named as such, not
+        // taken for a gap in the log.
+        if head.is_some() {
+            if let Some(first) = segments.first().map(|segment| segment.first_index) {
+                if first > next {
+                    return Err(RaftStoreError::Trimmed { next, first });
+                }
+            }
+        }
         for (position, segment) in segments.iter().enumerate() {
             // Skip segments wholly before `next`.
             if segments
@@ -265,9 +292,9 @@ pub fn read_entries(
                 (Some(Stop::Error(error)), _) => return Err(error),
                 (None, Ok(_)) => {}
                 (None, Err(RaftStoreError::Io { source, .. }))
-                    if source.kind() == std::io::ErrorKind::NotFound && relisted < 3 =>
+                    if source.kind() == std::io::ErrorKind::NotFound && relisted < 8 =>
                 {
-                    // Moved to the archive since it was listed.
+                    // Moved to the archive since it was listed (or deleted from it).
                     relisted += 1;
                     continue 'list;
                 }

@@ -45,6 +45,13 @@ pub enum RaftStoreError {
     WriterGone { detail: String },
     #[error("raft: {detail}")]
     Raft { detail: String },
+    /// Entries a read of the segment files had reached were deleted from the archive (its
+    /// size limit) while it ran.
+    #[error(
+        "entries {next} to {} were deleted from the archive (its size limit) while this read ran; the files now begin at entry {first}",
+        first - 1
+    )]
+    Trimmed { next: u64, first: u64 },
 }
 
 impl RaftStoreError {

@@ -106,15 +106,27 @@ impl LogStore {
         let stats = WriterStats::default();
         // What earlier runs archived (after recovery, which may have finished a move), within
         // the size limit (which may have been lowered since).
-        let (archive_bytes, archive_segments) = if options.archive_bytes_max > 0 {
-            let trimmed = super::archive::trim_archive(&dir, options.archive_bytes_max)?;
-            stats.archive_segments_deleted.store(
-                trimmed.deleted_segments,
-                std::sync::atomic::Ordering::Release,
-            );
-            (trimmed.bytes, trimmed.segments)
-        } else {
-            super::archive::archive_size(&dir)?
+        // Trimming is best effort here too: a node must start even when its archive cannot
+        // be trimmed (the next purge tries again).
+        let trimmed = match options.archive_bytes_max {
+            0 => None,
+            max => match super::archive::trim_archive(&dir, max) {
+                Ok(trimmed) => Some(trimmed),
+                Err(error) => {
+                    tracing::warn!(%error, "the archive could not be trimmed to its size limit");
+                    None
+                }
+            },
+        };
+        let (archive_bytes, archive_segments) = match trimmed {
+            Some(trimmed) => {
+                stats.archive_segments_deleted.store(
+                    trimmed.deleted_segments,
+                    std::sync::atomic::Ordering::Release,
+                );
+                (trimmed.bytes, trimmed.segments)
+            }
+            None => super::archive::archive_size(&dir)?,
         };
         stats
             .archive_bytes

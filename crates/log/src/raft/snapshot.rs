@@ -124,6 +124,11 @@ pub struct ReceivingSnapshot {
     file: fs::File,
     handle: SnapshotFile,
     bytes: u64,
+    /// The file's head, gathered until it is whole (see `head_bytes_wanted`).
+    head: Vec<u8>,
+    /// Length and running checksum of what came after the head.
+    body_len: u64,
+    body_crc: u32,
 }
 
 impl ReceivingSnapshot {
@@ -144,6 +149,9 @@ impl ReceivingSnapshot {
             file,
             handle,
             bytes: 0,
+            head: Vec::new(),
+            body_len: 0,
+            body_crc: 0,
         })
     }
 
@@ -155,6 +163,17 @@ impl ReceivingSnapshot {
             "write received snapshot",
         ))?;
         self.bytes += chunk.len() as u64;
+        let mut rest = chunk;
+        while let Some(wanted) = head_bytes_wanted(&self.head) {
+            if rest.is_empty() {
+                return Ok(());
+            }
+            let take = (wanted - self.head.len()).min(rest.len());
+            self.head.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+        }
+        self.body_len += rest.len() as u64;
+        self.body_crc = crc32c::crc32c_append(self.body_crc, rest);
         Ok(())
     }
 
@@ -167,9 +186,14 @@ impl ReceivingSnapshot {
         self.bytes == 0
     }
 
-    /// Makes the file durable (its data and its directory entry) and returns the handle to
-    /// install.
+    /// Checks what arrived is a whole, intact snapshot file (its head, and its body's length
+    /// and checksum against the header, computed as the chunks were written), makes the file
+    /// durable (its data and its directory entry) and returns the handle to install. A stream
+    /// cut short or damaged is refused here, so openraft is never handed a file its install
+    /// would fail on (a failed install stops the node).
     pub fn finish(self) -> Result<SnapshotFile, RaftStoreError> {
+        let (header, _) = decode_head(&self.handle.path, &self.head)?;
+        check_body(&self.handle.path, &header, self.body_len, self.body_crc)?;
         self.file.sync_all().map_err(RaftStoreError::io(
             &self.handle.path,
             "sync received snapshot",
@@ -305,6 +329,31 @@ pub fn decode_snapshot<'a>(
     path: &Path,
     bytes: &'a [u8],
 ) -> Result<(SnapshotHeader, &'a [u8]), RaftStoreError> {
+    let (header, head_len) = decode_head(path, bytes)?;
+    let body = &bytes[head_len..];
+    check_body(path, &header, body.len() as u64, crc32c::crc32c(body))?;
+    Ok((header, body))
+}
+
+/// How many leading bytes of a snapshot file hold its head, as far as `head` (its first
+/// bytes) tells: 16 (magic, version, header length) until those are there, then the whole
+/// head. `None` once `head` holds that much, or when its header length is one no snapshot has
+/// (`decode_head` refuses it then; nothing more is buffered).
+fn head_bytes_wanted(head: &[u8]) -> Option<usize> {
+    if head.len() < 16 {
+        return Some(16);
+    }
+    let header_len = read_u32(&head[12..16]) as usize;
+    let wanted = 20usize.saturating_add(header_len);
+    (header_len <= SNAPSHOT_HEADER_BYTES_MAX && head.len() < wanted).then_some(wanted)
+}
+
+/// The largest header (JSON) a snapshot file may have.
+const SNAPSHOT_HEADER_BYTES_MAX: usize = 1 << 20;
+
+/// Parses and checks the head of a snapshot file (magic, version, header, header checksum);
+/// returns the header and the head's length (where the body begins).
+fn decode_head(path: &Path, bytes: &[u8]) -> Result<(SnapshotHeader, usize), RaftStoreError> {
     let bad = |detail: String| RaftStoreError::BadSnapshot {
         path: path.to_path_buf(),
         detail,
@@ -320,8 +369,13 @@ pub fn decode_snapshot<'a>(
         )));
     }
     let header_len = read_u32(&bytes[12..16]) as usize;
-    let header_end = 16usize.saturating_add(header_len);
-    if bytes.len() < header_end.saturating_add(4) {
+    if header_len > SNAPSHOT_HEADER_BYTES_MAX {
+        return Err(bad(format!(
+            "header length {header_len} is over the {SNAPSHOT_HEADER_BYTES_MAX}-byte limit"
+        )));
+    }
+    let header_end = 16 + header_len;
+    if bytes.len() < header_end + 4 {
         return Err(bad(format!(
             "file is {} bytes, too short for its {header_len}-byte header",
             bytes.len()
@@ -336,22 +390,33 @@ pub fn decode_snapshot<'a>(
     }
     let header: SnapshotHeader = serde_json::from_slice(&bytes[16..header_end])
         .map_err(|error| bad(format!("header does not parse: {error}")))?;
-    let body = &bytes[header_end + 4..];
-    if body.len() as u64 != header.body_len {
+    Ok((header, header_end + 4))
+}
+
+/// Checks a body's length and checksum against its header.
+fn check_body(
+    path: &Path,
+    header: &SnapshotHeader,
+    body_len: u64,
+    body_crc: u32,
+) -> Result<(), RaftStoreError> {
+    let bad = |detail: String| RaftStoreError::BadSnapshot {
+        path: path.to_path_buf(),
+        detail,
+    };
+    if body_len != header.body_len {
         return Err(bad(format!(
-            "body is {} bytes, header says {}",
-            body.len(),
+            "body is {body_len} bytes, header says {}",
             header.body_len
         )));
     }
-    let body_crc = crc32c::crc32c(body);
     if body_crc != header.body_crc32c {
         return Err(bad(format!(
             "body checksum mismatch (stored {:#010x}, computed {body_crc:#010x})",
             header.body_crc32c
         )));
     }
-    Ok((header, body))
+    Ok(())
 }
 
 /// The snapshot directory of one node.
@@ -517,10 +582,18 @@ mod tests {
     fn a_snapshot_streams_in_chunks_and_is_renamed_into_place() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut snapshots, _) = SnapshotDir::open(dir.path().join("s")).expect("opens");
-        let bytes: Vec<u8> = (0..10_000u32).map(|n| (n * 7 % 251) as u8).collect();
-        let sent = snapshots
-            .store(meta(5), &[&bytes[..100], &bytes[100..]])
-            .expect("stores");
+        let body: Vec<u8> = (0..10_000u32).map(|n| (n * 7 % 251) as u8).collect();
+        let header = SnapshotHeader {
+            last_log_id: meta(5).last_log_id,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "1-5".into(),
+            body_len: body.len() as u64,
+            body_crc32c: crc32c::crc32c(&body),
+            digest: String::new(),
+        };
+        let head = encode_snapshot_head(&header);
+        let bytes = encode_snapshot(&header, &body);
+        let sent = snapshots.store(meta(5), &[&head, &body]).expect("stores");
         let sent = SnapshotFile::at(sent);
         for chunk_bytes in [1, 7, 4096, 10_000, 1 << 20] {
             let chunks: Vec<Vec<u8>> = sent
@@ -572,6 +645,31 @@ mod tests {
         drop(receiving);
         assert!(!cut.exists(), "a transfer cut short leaves no file");
         assert_eq!(gate.pending(), 0);
+
+        // A stream that ends early, or a flipped bit anywhere, is refused when it ends: never
+        // handed to an install (which would stop the node), and no file is left.
+        let mut flipped = bytes.clone();
+        flipped[bytes.len() - 3] ^= 1;
+        let mut flipped_head = bytes.clone();
+        flipped_head[20] ^= 1;
+        for (what, arrived, needle) in [
+            ("cut in the body", &bytes[..bytes.len() - 1], "body is"),
+            ("cut in the head", &bytes[..12], "too short"),
+            ("only the head", &bytes[..head.len()], "body is 0 bytes"),
+            ("nothing", &bytes[..0], "too short"),
+            ("a flipped body bit", &flipped[..], "body checksum"),
+            ("a flipped header bit", &flipped_head[..], "header checksum"),
+        ] {
+            let path = snapshots.incoming_path();
+            let mut receiving = ReceivingSnapshot::create(&path, &gate).expect("creates");
+            for chunk in arrived.chunks(333) {
+                receiving.write(chunk).expect("writes");
+            }
+            let error = receiving.finish().expect_err(what).to_string();
+            assert!(error.contains(needle), "{what}: {error}");
+            assert!(!path.exists(), "{what}: no file left");
+            assert_eq!(gate.pending(), 0, "{what}");
+        }
     }
 
     /// openraft builds a snapshot in a task of its own, so an install of a newer snapshot can

@@ -1121,7 +1121,12 @@ impl Writer {
             sync_directory(&self.log_dir)?;
         }
         if archived {
-            self.trim_archive()?;
+            // Best effort: the purge is done and durable; an archive that cannot be trimmed
+            // now (a permission, a disk error) is retried at the next purge, never a reason
+            // to stop the log.
+            if let Err(error) = self.trim_archive() {
+                tracing::warn!(%error, "the archive could not be trimmed to its size limit");
+            }
         }
         Ok(())
     }

@@ -796,6 +796,22 @@ async fn a_halted_state_machine_neither_counts_the_entry_nor_snapshots_it() {
     );
 }
 
+/// The bytes of a whole, intact snapshot file (what a receiver accepts).
+fn a_snapshot_file() -> Vec<u8> {
+    let body = b"projection state";
+    gyre_log::raft::snapshot::encode_snapshot(
+        &gyre_log::raft::SnapshotHeader {
+            last_log_id: Some(log_id(1, 1, 25)),
+            last_membership: Default::default(),
+            snapshot_id: "1-25-1".into(),
+            body_len: body.len() as u64,
+            body_crc32c: crc32c::crc32c(body),
+            digest: String::new(),
+        },
+        body,
+    )
+}
+
 /// openraft 0.9 queues the purge that follows a snapshot install without waiting for the
 /// install: a purge past every stored snapshot waits while a received snapshot has not settled
 /// (stored by an install, or let go), so a crash between the two cannot leave the log purged
@@ -813,7 +829,7 @@ async fn a_purge_waits_for_a_received_snapshot_to_settle() {
     let incoming = dir.path().join("snapshots").join("incoming-test.snap");
     let received = gyre_log::raft::SnapshotFile::write_received(
         incoming.clone(),
-        b"bytes as received",
+        &a_snapshot_file(),
         &sm.install_gate(),
     )
     .expect("written");
@@ -840,7 +856,7 @@ async fn a_purge_waits_for_a_received_snapshot_to_settle() {
     sm.install_gate().stored(Some(log_id(1, 1, 25)));
     let _received = gyre_log::raft::SnapshotFile::write_received(
         incoming,
-        b"bytes as received",
+        &a_snapshot_file(),
         &sm.install_gate(),
     )
     .expect("written");
@@ -1031,6 +1047,37 @@ async fn the_archive_is_kept_within_its_size_limit() {
         files.last().map(|entry| entry.0),
         Some(119),
         "the live log is whole"
+    );
+    close(log).await;
+}
+
+/// A read of the files that the archive's size limit overtakes (the segments after the one it
+/// reads are deleted meanwhile) stops with an error saying so and where the files now begin,
+/// not one that reads as a damaged log.
+#[tokio::test]
+async fn a_read_overtaken_by_the_archive_limit_says_so() {
+    let dir = TempDir::new().expect("temp dir");
+    let mut log = LogStore::open(dir.path(), archiving_segments()).expect("opens");
+    append_durable(&mut log, sample_entries(80)).await;
+    log.purge(log_id(1, 1, 60)).await.expect("purge");
+    assert!(log.stats().archive_segments > 2, "{:?}", log.stats());
+    let mut trimmed = false;
+    let error = gyre_log::raft::archive::read_entries(dir.path(), 0, 80, |_| {
+        if !trimmed {
+            trimmed = true;
+            gyre_log::raft::archive::trim_archive(dir.path(), 1).expect("trims");
+        }
+        true
+    })
+    .expect_err("the rest of the archive is gone");
+    let text = error.to_string();
+    assert!(
+        text.contains("were deleted from the archive (its size limit) while this read ran"),
+        "{text}"
+    );
+    assert!(
+        matches!(error, gyre_log::raft::RaftStoreError::Trimmed { .. }),
+        "{error:?}"
     );
     close(log).await;
 }
