@@ -580,7 +580,8 @@ struct CatchUp {
 /// A follower behind a purge catching up: 64 writers fill a cluster's state for `seconds`, a
 /// follower stops, the other two snapshot and purge their logs past everything it holds, and
 /// the follower restarts: the leader must send it the snapshot. Timed from the restart until
-/// it has installed the snapshot and applied what the leader had; the peak memory is the
+/// it has installed a snapshot past its own log and applied what the live nodes had; the
+/// peak memory is the
 /// whole process's (all three nodes run in it), reset just before the restart.
 async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
     use gyre_log::raft::openraft::ServerState;
@@ -592,6 +593,14 @@ async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
         .position(|node| node.raft.raft.metrics().borrow().state != ServerState::Leader)
         .context("no follower")?;
     let follower = cluster.nodes.remove(down);
+    // What the follower holds: the snapshot it installs must be past it.
+    let behind = follower
+        .raft
+        .raft
+        .metrics()
+        .borrow()
+        .last_log_index
+        .unwrap_or(0);
     follower.shutdown().await?;
     let mut client = ClusterClient::new(&cluster.addresses)?;
     client.retry_deadline = Duration::from_secs(30);
@@ -653,7 +662,7 @@ async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
                     now.last_applied.map_or(0, |id| id.index),
                 )
             };
-            if snapshot >= target && applied >= target {
+            if snapshot > behind && applied >= target {
                 break;
             }
             if metrics.changed().await.is_err() {
