@@ -508,26 +508,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let options = cluster.options.clone();
         let mut snapshot_bytes = 0u64;
         for node in &cluster.nodes {
-            let applied = node
-                .raft
-                .state_machine
-                .with_projection(|_, applied| applied.map_or(0, |log_id| log_id.index));
-            node.raft
-                .raft
-                .trigger()
-                .snapshot()
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut metrics = node.raft.raft.metrics();
-            tokio::time::timeout(Duration::from_secs(120), async {
-                while metrics.borrow().snapshot.map_or(0, |id| id.index) < applied {
-                    if metrics.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
-            .await
-            .context("snapshot not built within 120 s")?;
+            snapshot_now(node).await?;
             snapshot_bytes = snapshot_bytes.max(dir_bytes(&node.raft.dir.join("snapshots")));
         }
         record("restart: snapshot file MB", snapshot_bytes as f64 / 1e6, "");
@@ -609,27 +590,9 @@ async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
         .await?;
     let mut target = 0;
     for node in &cluster.nodes {
-        let applied = node
-            .raft
-            .state_machine
-            .with_projection(|_, applied| applied.map_or(0, |log_id| log_id.index));
+        let applied = snapshot_now(node).await?;
         target = target.max(applied);
-        node.raft
-            .raft
-            .trigger()
-            .snapshot()
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut metrics = node.raft.raft.metrics();
-        tokio::time::timeout(Duration::from_secs(120), async {
-            while metrics.borrow().snapshot.map_or(0, |id| id.index) < applied {
-                if metrics.changed().await.is_err() {
-                    break;
-                }
-            }
-        })
-        .await
-        .context("snapshot not built within 120 s")?;
         node.raft
             .raft
             .trigger()
@@ -686,6 +649,32 @@ async fn catch_up_run(seconds: f64, epoch: u64) -> anyhow::Result<CatchUp> {
     cluster.nodes.push(node);
     cluster.shutdown().await?;
     Ok(figures)
+}
+
+/// Has `node` build a snapshot of everything it applied, and waits (up to 120 s) until it
+/// has; returns the applied index it covers.
+async fn snapshot_now(node: &ControlNode) -> anyhow::Result<u64> {
+    let applied = node
+        .raft
+        .state_machine
+        .with_projection(|_, applied| applied.map_or(0, |log_id| log_id.index));
+    node.raft
+        .raft
+        .trigger()
+        .snapshot()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut metrics = node.raft.raft.metrics();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while metrics.borrow().snapshot.map_or(0, |id| id.index) < applied {
+            if metrics.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+    .context("snapshot not built within 120 s")?;
+    Ok(applied)
 }
 
 /// A `kB` field of `/proc/self/status` (0 where it cannot be read).
