@@ -674,27 +674,30 @@ async fn the_shell_and_apply_patch_tools_are_shown_called_and_replayed() {
     );
 
     // Streamed: the item's added and done events carry the call.
-    let (_, token) = state.open_execution(None, None).expect("open");
     let body = json!({"model": "m", "input": [user], "tools": tools, "store": false,
                       "stream": true});
+    let items = streamed_items_done(&state, &body).await;
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0]["type"], "shell_call");
+    assert_eq!(items[0]["action"]["commands"], json!(["ls", "cat a.txt"]));
+}
+
+/// The items of the `response.output_item.done` events of a streamed Responses request in a
+/// new execution (the request must answer 200).
+async fn streamed_items_done(state: &Arc<AppState>, body: &Value) -> Vec<Value> {
+    let (_, token) = state.open_execution(None, None).expect("open");
     let (status, text) = send(
-        &state,
-        request("POST", &format!("/x/{token}/v1/responses"), &body),
+        state,
+        request("POST", &format!("/x/{token}/v1/responses"), body),
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let items: Vec<Value> = text
-        .lines()
+    text.lines()
         .filter_map(|line| line.strip_prefix("data: "))
         .map(|data| serde_json::from_str::<Value>(data).expect("event JSON"))
         .filter(|event| event["type"] == "response.output_item.done")
-        .collect();
-    assert_eq!(items.len(), 1, "{text}");
-    assert_eq!(items[0]["item"]["type"], "shell_call");
-    assert_eq!(
-        items[0]["item"]["action"]["commands"],
-        json!(["ls", "cat a.txt"])
-    );
+        .map(|event| event["item"].clone())
+        .collect()
 }
 
 /// The Responses API's client-run `local_shell` tool (Codex's, for its codex-mini models): the
@@ -753,22 +756,10 @@ async fn the_local_shell_tool_is_shown_called_and_replayed() {
     );
 
     // Streamed: the item's added and done events carry the call.
-    let (_, token) = state.open_execution(None, None).expect("open");
     let body = json!({"model": "m", "input": [user], "tools": [{"type": "local_shell"}],
                       "store": false, "stream": true});
-    let (status, text) = send(
-        &state,
-        request("POST", &format!("/x/{token}/v1/responses"), &body),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let done: Vec<Value> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("data: "))
-        .map(|data| serde_json::from_str::<Value>(data).expect("event JSON"))
-        .filter(|event| event["type"] == "response.output_item.done")
-        .collect();
-    assert_eq!(done.len(), 1, "{text}");
-    assert_eq!(done[0]["item"]["type"], "local_shell_call");
-    assert_eq!(done[0]["item"]["action"]["command"], json!(["ls", "-la"]));
+    let items = streamed_items_done(&state, &body).await;
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0]["type"], "local_shell_call");
+    assert_eq!(items[0]["action"]["command"], json!(["ls", "-la"]));
 }
