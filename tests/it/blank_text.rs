@@ -1,8 +1,9 @@
-//! Whitespace an answer sampled before its tool call. Claude Code leaves a whitespace-only
-//! text block out of the history it sends back, so the proxy puts it back before rendering:
-//! otherwise the re-rendered answer would differ from its sampled tokens right after the
-//! assistant header, and the next call would encode the whole answer again as input instead
-//! of extending it.
+//! What an answer sampled before its tool call and a harness leaves out when it sends the
+//! answer back: whitespace (Claude Code drops a whitespace-only text block) and reasoning
+//! (Chat Completions clients send `content` and `tool_calls` only, never `reasoning_content`).
+//! The proxy puts both back before rendering: otherwise the re-rendered answer would differ
+//! from its sampled tokens right after the assistant header, and the next call would encode
+//! the whole answer again as input instead of extending it.
 
 use std::sync::Arc;
 
@@ -146,6 +147,107 @@ fn blank_text_scenario(restart: bool) {
     let calls = replayed(&re_encoded, "re-encoded.log");
     assert_eq!(calls["answers_not_reused_whole"], 1, "{calls}");
     assert_eq!(calls["answer_tokens_re_encoded"], answer, "{calls}");
+}
+
+#[test]
+fn a_dropped_reasoning_content_before_a_tool_call_is_restored() {
+    dropped_reasoning_scenario(false);
+}
+
+/// The same, with the proxy restarted between the two calls: the session rebuilt from the
+/// records knows the reasoning the answer began with.
+#[test]
+fn a_dropped_reasoning_content_is_restored_after_a_restart() {
+    dropped_reasoning_scenario(true);
+}
+
+fn dropped_reasoning_scenario(restart: bool) {
+    let runtime = crate::support::runtime();
+    let script = Script::parse(
+        concat!(
+            r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "The tool knows."}, "#,
+            r#"{"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}]}"#,
+            "\n",
+            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Sunny."}]}"#,
+        ),
+        None,
+    )
+    .expect("script");
+    let engine: Arc<dyn TokenEngine> = Arc::new(
+        ScriptedEngine::new(
+            &script,
+            &model(),
+            &OutputFormat::test_model(),
+            ScriptedOptions::default(),
+        )
+        .expect("engine"),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServerConfig {
+        credentials: Some(dir.path().join("credentials")),
+        ..ServerConfig::default()
+    };
+    let mut proxy = proxy_with(&runtime, engine.clone(), config.clone());
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let ask = json!({"role": "user", "content": "Weather in Paris?"});
+    let (status, first) = proxy.post(
+        "/v1/chat/completions",
+        &json!({"model": "m", "tools": tools, "messages": [ask]}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let message = &first["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "The tool knows.", "{first}");
+    let call = message["tool_calls"][0].clone();
+    assert_eq!(call["function"]["name"], "get_weather", "{first}");
+
+    let mut records = proxy.sink.records();
+    if restart {
+        let history: Vec<gyre_event::Event> = records
+            .iter()
+            .map(|record| {
+                gyre_event::Event::new(
+                    record.requested_at,
+                    gyre_event::EventBody::ModelCall(Box::new(record.clone())),
+                )
+            })
+            .collect();
+        let token = proxy.token.clone();
+        drop(proxy);
+        proxy = restarted(&runtime, engine, config, history, token);
+    }
+
+    // As the OpenAI SDK's clients send it back: no `reasoning_content`, no content.
+    let history = json!([
+        ask,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "sunny in Paris"},
+    ]);
+    let (status, second) = proxy.post(
+        "/v1/chat/completions",
+        &json!({"model": "m", "tools": tools, "messages": history}),
+    );
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(
+        second["choices"][0]["message"]["content"], "Sunny.",
+        "{second}"
+    );
+
+    if restart {
+        records.extend(proxy.sink.records());
+    } else {
+        records = proxy.sink.records();
+    }
+    assert_eq!(records.len(), 2);
+    let (c0, c1) = (&records[0], &records[1]);
+    assert_eq!(c1.parent_call, Some(c0.call));
+    assert_eq!(
+        c1.reused_prefix_tokens_count,
+        (c0.input_ids.len() + c0.output_ids.len()) as u64,
+        "the second call extends the first's prompt and its whole sampled answer, reasoning \
+         included"
+    );
 }
 
 /// A second proxy on `config`'s credential file that rebuilt its sessions from `history`

@@ -1264,3 +1264,81 @@ fn openai_agents_sdk_runs_the_shell_and_apply_patch_tools() {
     assert_eq!(run.records[0].parent_call, None);
     assert_each_turn_extends_the_whole_previous(&run.records);
 }
+
+/// The Agents SDK on its Chat Completions model (`OpenAIChatCompletionsModel`) and the OpenAI
+/// SDK's own Chat streaming helper, through `/v1/chat/completions` (driver
+/// `tests/it/data/openai_agents_chat.py`): a streamed run whose answer calls two function
+/// tools in parallel after reasoning, a run with a structured `output_type`, and
+/// `client.chat.completions.stream` with a strict tool whose arguments it parses. Every
+/// client finishes with what the script answered; the SDK sends the tool-calling answer back
+/// without its `reasoning_content`, and the proxy still extends it: the second call reuses the
+/// first's whole context, the two other conversations are roots of their own.
+#[test]
+fn openai_agents_sdk_runs_over_chat_completions() {
+    let Some(python) = harness_bin("GYRE_AGENTS_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = run_agents_driver(
+        &python,
+        dir.path(),
+        "openai_agents_chat.py",
+        &[
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "thinking", "thinking": "Both tools know."},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "t2", "name": "get_time", "input": {"city": "Paris"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "text", "text": "Sunny, and it is noon."}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "text", "text": "{\"city\": \"Rome\", \"sunny\": true}"}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "id": "t3", "name": "lookup", "input": {"city": "Oslo"}}]}),
+        ],
+        &[],
+    );
+    for line in [
+        "TOOL: get_weather Paris",
+        "TOOL: get_time Paris",
+        "STREAMED TEXT: Sunny, and it is noon.",
+        "STREAMED FINAL: Sunny, and it is noon.",
+        "STRUCTURED: Forecast city=Rome sunny=True",
+        "HELPER: finish=tool_calls call=lookup parsed=Lookup(Oslo)",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {}", run.stdout);
+    }
+    assert_eq!(run.captured.len(), 4, "four model calls");
+    let bodies: Vec<serde_json::Value> = run.captured.iter().map(captured_body).collect();
+    assert_eq!(bodies[0]["stream"], true, "{}", bodies[0]);
+    assert_eq!(
+        bodies[2]["response_format"]["type"], "json_schema",
+        "{}",
+        bodies[2]
+    );
+    // The tool-calling answer as the SDK sends it back: both calls, no reasoning.
+    let answer = &bodies[1]["messages"][2];
+    assert_eq!(answer["role"], "assistant", "{answer}");
+    assert_eq!(
+        answer["tool_calls"].as_array().map(Vec::len),
+        Some(2),
+        "{answer}"
+    );
+    assert!(answer.get("reasoning_content").is_none(), "{answer}");
+    assert_eq!(run.records.len(), 4, "four model calls");
+    let (c0, c1) = (&run.records[0], &run.records[1]);
+    assert_eq!(c0.parent_call, None);
+    assert_eq!(c1.parent_call, Some(c0.call));
+    assert_eq!(
+        c1.reused_prefix_tokens_count,
+        (c0.input_ids.len() + c0.output_ids.len()) as u64,
+        "the second call extends the first's whole context, its reasoning included"
+    );
+    assert_eq!(
+        run.records[2].parent_call, None,
+        "a conversation of its own"
+    );
+    assert_eq!(
+        run.records[3].parent_call, None,
+        "a conversation of its own"
+    );
+}

@@ -285,8 +285,8 @@ struct Answer<'m> {
     stop: StopStrings,
     parser: OutputParser,
     reasoning_text: String,
-    /// The answer's text before its first tool call.
-    text_before_calls: String,
+    /// The answer's text, and its reasoning handles, before its first tool call.
+    before_calls: BeforeCalls,
     reasoning_tokens: u64,
     tool_calls: usize,
     /// The answer calls a tool that starts a sub-agent (see [`is_spawn_tool`]).
@@ -314,7 +314,7 @@ impl<'m> Answer<'m> {
             stop: StopStrings::new(stops),
             parser: OutputParser::new(format),
             reasoning_text: String::new(),
-            text_before_calls: String::new(),
+            before_calls: BeforeCalls::default(),
             reasoning_tokens: 0,
             tool_calls: 0,
             spawns_agent: false,
@@ -405,7 +405,7 @@ impl<'m> Answer<'m> {
             builder,
             events,
             &mut self.reasoning_text,
-            &mut self.text_before_calls,
+            &mut self.before_calls,
             &mut self.tool_calls,
             &mut self.spawns_agent,
             &mut self.output_ids,
@@ -1125,6 +1125,14 @@ fn is_spawn_tool(name: &str) -> bool {
             == Some("spawn_agent")
 }
 
+/// What an answer sampled before its first tool call: the session keys both by that call's id
+/// (see `Session::restore`).
+#[derive(Default)]
+struct BeforeCalls {
+    text: String,
+    reasoning_handles: Vec<String>,
+}
+
 /// Parser events → builder items (minting ids and handles, filling the caches) → SSE frames.
 #[allow(clippy::too_many_arguments)]
 fn emit(
@@ -1134,7 +1142,7 @@ fn emit(
     builder: &mut Builder,
     events: Vec<OutputEvent>,
     reasoning_text: &mut String,
-    text_before_calls: &mut String,
+    before_calls: &mut BeforeCalls,
     tool_calls: &mut usize,
     spawns_agent: &mut bool,
     output_ids: &mut OutputIds,
@@ -1152,10 +1160,13 @@ fn emit(
                 execution.lock().remember_reasoning(&handle, reasoning_text);
                 reasoning_text.clear();
                 frames.extend(builder.push(StreamItem::ReasoningEnd { handle: &handle }));
+                if *tool_calls == 0 {
+                    before_calls.reasoning_handles.push(handle);
+                }
             }
             OutputEvent::TextDelta(text) => {
                 if *tool_calls == 0 {
-                    text_before_calls.push_str(&text);
+                    before_calls.text.push_str(&text);
                 }
                 frames.extend(builder.push(StreamItem::TextDelta(&text)));
             }
@@ -1163,10 +1174,18 @@ fn emit(
                 let id = output_ids.next_tool_call(api, sampled_so_far);
                 let mut session = execution.lock();
                 session.remember_tool_call(&id, &arguments);
-                if *tool_calls == 0 && text_before_calls.trim().is_empty() {
-                    // Claude Code drops a whitespace-only text block from the history it
-                    // sends back; the session puts it back before rendering.
-                    session.remember_blank_text_before(&id, text_before_calls);
+                if *tool_calls == 0 {
+                    if before_calls.text.trim().is_empty() {
+                        // Claude Code drops a whitespace-only text block from the history it
+                        // sends back; the session puts it back before rendering.
+                        session.remember_blank_text_before(&id, &before_calls.text);
+                    }
+                    // Chat Completions clients send an answer back without its
+                    // `reasoning_content`; the session puts it back before rendering.
+                    session.remember_reasoning_before(
+                        &id,
+                        std::mem::take(&mut before_calls.reasoning_handles),
+                    );
                 }
                 drop(session);
                 *tool_calls += 1;

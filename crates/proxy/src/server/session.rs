@@ -249,6 +249,12 @@ pub struct Session {
     /// it, the answer would no longer match its sampled tokens and the next call would encode
     /// it again instead of extending it.
     blank_text_before: HashMap<String, String>,
+    /// The reasoning handles of what an answer sampled before its first tool call, by that
+    /// call's id. Chat Completions clients (the OpenAI SDK's, LiteLLM's, the Agents SDK's)
+    /// send an answer back as its text and `tool_calls` only, without `reasoning_content`:
+    /// rendered without it, the answer would no longer match its sampled tokens and the next
+    /// call would encode it again instead of extending it.
+    reasoning_before: HashMap<String, Vec<String>>,
     reasoning: HashMap<String, String>,
     special: HashSet<u32>,
     next_call: u64,
@@ -321,6 +327,7 @@ impl Session {
             side: BTreeMap::new(),
             tool_calls: HashMap::new(),
             blank_text_before: HashMap::new(),
+            reasoning_before: HashMap::new(),
             reasoning: HashMap::new(),
             special,
             next_call: 0,
@@ -348,6 +355,14 @@ impl Session {
         }
     }
 
+    /// Remembers the handles of the reasoning an answer sampled before its first tool call
+    /// `id` (none: nothing to restore).
+    pub fn remember_reasoning_before(&mut self, id: &str, handles: Vec<String>) {
+        if !handles.is_empty() {
+            self.reasoning_before.insert(id.to_string(), handles);
+        }
+    }
+
     pub fn remember_reasoning(&mut self, handle: &str, text: &str) {
         self.reasoning.insert(handle.to_string(), text.to_string());
     }
@@ -368,6 +383,24 @@ impl Session {
                 {
                     message.content = blank.clone();
                     restored += 1;
+                }
+            }
+            if message.reasoning.is_empty() {
+                // An answer sent back without its reasoning: the reasoning it sampled before
+                // its first call, as if the harness had sent it (each piece with its handle).
+                let handles = message
+                    .tool_calls
+                    .first()
+                    .and_then(|call| self.reasoning_before.get(&call.id));
+                for handle in handles.into_iter().flatten() {
+                    if let Some(text) = self.reasoning.get(handle) {
+                        message.reasoning.push(crate::messages::Reasoning {
+                            text: text.clone(),
+                            handle: Some(handle.clone()),
+                            redacted: false,
+                        });
+                        restored += 1;
+                    }
                 }
             }
             for call in &mut message.tool_calls {
@@ -1041,6 +1074,7 @@ impl Session {
         let mut parser = OutputParser::new(format.clone());
         let mut reasoning = String::new();
         let (mut text_before_calls, mut calls) = (String::new(), 0usize);
+        let mut reasoning_before_calls = Vec::new();
         let output = &record.output_ids;
         for at in 0..=output.len() {
             let events = if at < output.len() {
@@ -1067,6 +1101,9 @@ impl Session {
                     OutputEvent::ReasoningDelta(delta) => reasoning.push_str(&delta),
                     OutputEvent::ReasoningEnd => {
                         let handle = ids.next_reasoning(so_far);
+                        if calls == 0 {
+                            reasoning_before_calls.push(handle.clone());
+                        }
                         self.reasoning
                             .insert(handle, std::mem::take(&mut reasoning));
                     }
@@ -1080,8 +1117,11 @@ impl Session {
                         let suffix = ids.next_tool_call_suffix(so_far);
                         for api in [Api::Anthropic, Api::OpenAiChat] {
                             let id = format!("{}{suffix}", tool_call_prefix(api));
-                            if calls == 0 && text_before_calls.trim().is_empty() {
-                                self.remember_blank_text_before(&id, &text_before_calls);
+                            if calls == 0 {
+                                if text_before_calls.trim().is_empty() {
+                                    self.remember_blank_text_before(&id, &text_before_calls);
+                                }
+                                self.remember_reasoning_before(&id, reasoning_before_calls.clone());
                             }
                             self.tool_calls.insert(id, arguments.clone());
                         }
