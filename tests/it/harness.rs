@@ -1342,3 +1342,95 @@ fn openai_agents_sdk_runs_over_chat_completions() {
         "a conversation of its own"
     );
 }
+
+/// LiteLLM's SDK (`litellm.completion`, pinned in `scripts/anchors.sh`), the model client of
+/// SWE-agent, mini-swe-agent and OpenHands, as a harness's client (driver
+/// `tests/it/data/litellm_client.py`): a tool loop through `/v1/chat/completions`, one through
+/// `/v1/messages` with extended thinking, and the same streamed, each sending LiteLLM's own
+/// answer message back. Each loop's second call extends its first whole (LiteLLM sends the
+/// reasoning back, as `reasoning_content` or as signed `thinking` blocks) — except where
+/// LiteLLM itself edits the answer: the streamed tool call comes back with a text block LiteLLM
+/// inserts for the empty content its chunk builder made, so that call hangs from the answer's
+/// prompt and encodes the answer again, as `gyre replay` then counts.
+#[test]
+fn litellm_sdk_drives_tool_loops_through_chat_and_messages() {
+    let Some(python) = harness_bin("GYRE_LITELLM_PYTHON") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tool_call = |city: &str| {
+        serde_json::json!({"agent": "main", "blocks": [
+            {"type": "thinking", "thinking": "The weather tool knows."},
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": city}}]})
+    };
+    let answer = |text: &str| serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
+    let run = run_agents_driver(
+        &python,
+        dir.path(),
+        "litellm_client.py",
+        &[
+            tool_call("Paris"),
+            answer("Sunny."),
+            tool_call("Oslo"),
+            answer("Rainy."),
+            tool_call("Rome"),
+            answer("Warm."),
+        ],
+        &[],
+    );
+    for line in [
+        "chat: finish=tool_calls content=None reasoning='The weather tool knows.'",
+        "chat: finish=stop content='Sunny.'",
+        "messages: finish=tool_calls content=None reasoning='The weather tool knows.'",
+        "messages: finish=stop content='Rainy.'",
+        "messages-streamed: finish=tool_calls",
+        "messages-streamed: finish=stop content='Warm.'",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {}", run.stdout);
+    }
+    assert_eq!(run.captured.len(), 6, "six model calls");
+    let bodies: Vec<serde_json::Value> = run.captured.iter().map(captured_body).collect();
+    // What LiteLLM sends back: the reasoning in each API's form.
+    assert_eq!(
+        bodies[1]["messages"][1]["reasoning_content"], "The weather tool knows.",
+        "{}",
+        bodies[1]
+    );
+    assert_eq!(
+        bodies[3]["messages"][1]["content"][0]["type"], "thinking",
+        "{}",
+        bodies[3]
+    );
+    assert_eq!(bodies[4]["stream"], true, "{}", bodies[4]);
+    let records = &run.records;
+    assert_eq!(records.len(), 6, "six model calls");
+    // A call's whole context: what it reused, its new input and its answer.
+    let whole = |record: &ModelCallRecord| {
+        record.reused_prefix_tokens_count
+            + (record.input_ids.len() + record.output_ids.len()) as u64
+    };
+    for pair in [0, 2] {
+        let (call, next) = (&records[pair], &records[pair + 1]);
+        assert_eq!(next.parent_call, Some(call.call), "call {}", pair + 1);
+        assert_eq!(
+            next.reused_prefix_tokens_count,
+            whole(call),
+            "call {} extends call {} whole",
+            pair + 1,
+            pair
+        );
+    }
+    // The streamed answer as LiteLLM sends it back: a text block of its own before the call.
+    let streamed_back = &bodies[5]["messages"][1]["content"];
+    let kinds: Vec<&str> = streamed_back
+        .as_array()
+        .expect("content blocks")
+        .iter()
+        .filter_map(|block| block["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["thinking", "text", "tool_use"], "{streamed_back}");
+    assert!(
+        records[5].reused_prefix_tokens_count < whole(&records[4]),
+        "LiteLLM's edit makes the last call encode the answer again"
+    );
+}
