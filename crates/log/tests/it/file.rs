@@ -364,3 +364,54 @@ fn a_record_reads_back_at_its_offset() {
         batches()[0]
     );
 }
+
+/// Appends land in space reserved past the end (`fallocate` keeping the size): while the
+/// writer is open the file holds more blocks than its records need, its size is still exactly
+/// the records' end (readers, and an `open_append` after a crash, see nothing else), and
+/// dropping the writer gives the reserved space back.
+#[test]
+fn space_reserved_past_the_end_keeps_the_size_and_is_given_back() {
+    use std::os::unix::fs::MetadataExt;
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let path = directory.path().join("run.log");
+    let mut writer = EventFileWriter::create(&path).expect("create");
+    for batch in batches() {
+        writer.append_batch(&batch).expect("append");
+    }
+    writer.sync().expect("sync");
+    let open = std::fs::metadata(&path).expect("metadata");
+    assert_eq!(
+        open.len(),
+        writer.len_bytes(),
+        "the size is the records' end"
+    );
+    let reserving = open.blocks() * 512 > open.len() + (1 << 20);
+    // A crash leaves the reservation behind: reopening appends right after the last record.
+    let (records, error) = read(&path);
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(records.len(), 3);
+    drop(writer);
+    let closed = std::fs::metadata(&path).expect("metadata");
+    assert_eq!(closed.len(), open.len());
+    if reserving {
+        assert!(
+            closed.blocks() * 512 < open.blocks() * 512,
+            "dropping the writer gives the reserved space back ({} → {} bytes allocated)",
+            open.blocks() * 512,
+            closed.blocks() * 512
+        );
+    } else {
+        eprintln!(
+            "this file system does not reserve space (fallocate KEEP_SIZE): nothing to give back"
+        );
+    }
+    let (mut writer, recovered) = EventFileWriter::open_append(&path).expect("reopen");
+    assert_eq!(recovered.records_count, 3);
+    assert_eq!(recovered.truncated_torn_tail_at, None);
+    writer.append_batch(&batches()[0]).expect("append");
+    writer.sync().expect("sync");
+    drop(writer);
+    let (records, error) = read(&path);
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(records.len(), 4);
+}
