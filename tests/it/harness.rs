@@ -1434,3 +1434,91 @@ fn litellm_sdk_drives_tool_loops_through_chat_and_messages() {
         "LiteLLM's edit makes the last call encode the answer again"
     );
 }
+
+/// Claude Code with Message Threads on (`CLAUDE_CODE_TETHER_LIVE=1`, its "tether"): the first
+/// request of a conversation asks the server to hold it (`thread: create`) and each later one
+/// sends only the new turn (`thread: continue`). The proxy holds no thread state and answers a
+/// continue as the API answers one whose thread it lost (404, `thread_not_found`); Claude Code
+/// then sends that turn again with the whole conversation under a new `create` (it does the
+/// same, with a warning, after a 400 it does not recognise; the 404's shape is checked in
+/// `message_threads.rs`). The run ends as scripted, every continue is followed by that
+/// whole-conversation request, and the model sees only whole conversations: each call extends
+/// the one before it whole, one root.
+#[test]
+fn claude_code_with_message_threads_sends_each_continued_turn_again_whole() {
+    let Some(claude) = harness_bin("GYRE_CLAUDE_BIN") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = script_of(
+        dir.path(),
+        &[
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "name": "Bash", "input": {"command": "echo one", "description": "First"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [
+                {"type": "tool_use", "name": "Bash", "input": {"command": "echo two", "description": "Second"}}]}),
+            serde_json::json!({"agent": "main", "blocks": [{"type": "text", "text": "Both ran."}]}),
+        ],
+    );
+    let log = dir.path().join("tito.log");
+    let capture = dir.path().join("capture.jsonl");
+    let work = dir.path().join("work");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&home).expect("home dir");
+    let proxy = start_proxy(&script, &log, &capture);
+    let mut command = claude_command(&claude, &work, &home, &proxy);
+    command.env("CLAUDE_CODE_TETHER_LIVE", "1").args([
+        "-p",
+        "Run the two commands.",
+        "--dangerously-skip-permissions",
+        "--model",
+        "gyre-test",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]);
+    let stdout = claude_stdout(command);
+    assert!(
+        stdout.contains("\"result\":\"Both ran.\""),
+        "{}",
+        &stdout[stdout.len().saturating_sub(3000)..]
+    );
+    drop(proxy);
+    let captured: Vec<serde_json::Value> = std::fs::read_to_string(&capture)
+        .expect("capture")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a capture record"))
+        .collect();
+    let main: Vec<serde_json::Value> = captured
+        .iter()
+        .map(captured_body)
+        .filter(|body| body.get("thread").is_some())
+        .collect();
+    let kinds: Vec<&str> = main
+        .iter()
+        .map(|body| body["thread"]["type"].as_str().expect("thread type"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["create", "continue", "create", "continue", "create"],
+        "each continue is answered as a lost thread and sent again whole"
+    );
+    let messages = |body: &serde_json::Value| body["messages"].as_array().map_or(0, Vec::len);
+    for pair in main.windows(2) {
+        if pair[0]["thread"]["type"] == "continue" {
+            assert!(
+                messages(&pair[1]) > messages(&pair[0]),
+                "the turn sent again holds the whole conversation"
+            );
+        }
+    }
+    let records = records(&log);
+    assert_eq!(
+        records.len(),
+        3,
+        "three model calls: a continue samples nothing"
+    );
+    assert_eq!(records[0].parent_call, None);
+    assert_each_turn_extends_the_whole_previous(&records);
+}

@@ -14,6 +14,7 @@ mod engine_output;
 mod forwarding;
 mod harness;
 mod in_process;
+mod message_threads;
 mod proxy_cluster;
 mod proxy_failover;
 mod proxy_http;

@@ -67,7 +67,8 @@ pub struct ApiError {
     /// The offending field path (`messages[3].content[1].tool_use_id`), when there is one.
     pub param: Option<String>,
     /// OpenAI's `code` when the API names this error more precisely than its kind does
-    /// (`previous_response_not_found`).
+    /// (`previous_response_not_found`); Anthropic's `error.details.error_code`
+    /// (`thread_not_found`).
     pub code: Option<&'static str>,
 }
 
@@ -210,10 +211,21 @@ impl ApiError {
     /// The response body as JSON.
     pub fn body_json(&self) -> Value {
         match self.api {
-            Api::Anthropic => json!({
-                "type": "error",
-                "error": {"type": self.type_name(), "message": self.message},
-            }),
+            Api::Anthropic => match self.code {
+                // A stable code the SDKs branch on (`thread_not_found`).
+                Some(code) => json!({
+                    "type": "error",
+                    "error": {
+                        "type": self.type_name(),
+                        "message": self.message,
+                        "details": {"error_code": code},
+                    },
+                }),
+                None => json!({
+                    "type": "error",
+                    "error": {"type": self.type_name(), "message": self.message},
+                }),
+            },
             Api::OpenAiChat | Api::OpenAiResponses => json!({
                 "error": {
                     "message": self.message,

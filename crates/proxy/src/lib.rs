@@ -28,6 +28,7 @@ pub mod fast_bpe;
 mod json_schema;
 pub mod long_runs;
 pub mod media;
+pub mod message_threads;
 pub mod messages;
 pub mod model_dir;
 pub mod openai_chat;

@@ -2238,6 +2238,11 @@ async fn serve_call(
                     (Api::OpenAiResponses, Ok(())) => {
                         expand_chained(&app, api, &execution, &bytes, (&missing, pinned.as_ref()))
                     }
+                    // A Message Threads `continue` is answered as a lost thread (see
+                    // `crate::message_threads`); a `create` is served as the whole conversation.
+                    (Api::Anthropic, Ok(())) => {
+                        crate::message_threads::check(&bytes).map(|()| None)
+                    }
                     _ => Ok(None),
                 };
                 let (bytes, mut chained, refused) = match expansion {
