@@ -129,6 +129,9 @@ impl EventFileWriter {
         if truncated_torn_tail_at.is_some() {
             file.set_len(len).map_err(io(&path, "truncate torn tail"))?;
             file.sync_all().map_err(io(&path, "sync truncation"))?;
+        } else {
+            // Space a writer that did not end cleanly reserved past the end.
+            give_back_reserved(&file, len);
         }
         file.seek(SeekFrom::Start(len))
             .map_err(io(&path, "seek to end"))?;
@@ -219,20 +222,13 @@ impl EventFileWriter {
             return;
         }
         let length = bytes + RESERVE_BYTES;
-        match rustix::fs::fallocate(
-            &self.file,
-            rustix::fs::FallocateFlags::KEEP_SIZE,
-            self.len,
-            length,
-        ) {
+        match reserve_past_end(&self.file, self.len, length) {
             Ok(()) => self.reserved_to = Some(self.len + length),
-            Err(errno)
-                if errno == rustix::io::Errno::OPNOTSUPP || errno == rustix::io::Errno::NOSYS =>
-            {
-                self.reserved_to = None
-            }
             Err(errno) => {
-                tracing::debug!(path = %self.path.display(), %errno, "could not reserve space");
+                // Not supported, or refused (no space, a quota): appends allocate as they go,
+                // and the file system is not asked again.
+                tracing::debug!(path = %self.path.display(), %errno, "not reserving space past the end");
+                self.reserved_to = None;
             }
         }
     }
@@ -275,16 +271,35 @@ impl EventFileWriter {
     }
 }
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn reserve_past_end(file: &File, offset: u64, length: u64) -> rustix::io::Result<()> {
+    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, offset, length)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn reserve_past_end(_file: &File, _offset: u64, _length: u64) -> rustix::io::Result<()> {
+    Err(rustix::io::Errno::NOSYS)
+}
+
+/// Gives back the space reserved past `len` (setting the size the file has frees the blocks
+/// beyond it), only when `len` is still the file's size: a file another writer has appended to
+/// since is left as it is.
+fn give_back_reserved(file: &File, len: u64) {
+    if file.metadata().is_ok_and(|metadata| metadata.len() == len) {
+        let _ = file.set_len(len);
+    }
+}
+
 impl Drop for EventFileWriter {
-    /// Gives back the space reserved past the end: setting the size it already has frees the
-    /// blocks beyond it. Nothing is lost if this fails (the size is unchanged either way).
+    /// Gives back the space reserved past the end. Nothing is lost if this fails or is skipped
+    /// (the size is unchanged either way; the next `open_append` gives it back).
     fn drop(&mut self) {
         if self
             .reserved_to
             .is_some_and(|reserved_to| reserved_to > self.len)
             && !self.poisoned
         {
-            let _ = self.file.set_len(self.len);
+            give_back_reserved(&self.file, self.len);
         }
     }
 }

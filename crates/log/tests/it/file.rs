@@ -415,3 +415,48 @@ fn space_reserved_past_the_end_keeps_the_size_and_is_given_back() {
     assert!(error.is_none(), "{error:?}");
     assert_eq!(records.len(), 4);
 }
+
+/// A writer dropped after another one appended to the same file leaves the other's records
+/// alone (it gives its reservation back only while the file ends where it left it), and a
+/// writer that never dropped (a crash) leaves a reservation the next `open_append` gives back.
+#[test]
+fn a_reservation_is_given_back_without_touching_anothers_records() {
+    use std::os::unix::fs::MetadataExt;
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let path = directory.path().join("run.log");
+    let mut first = EventFileWriter::create(&path).expect("create");
+    first.append_batch(&batches()[0]).expect("append");
+    first.sync().expect("sync");
+    let (mut second, _) = EventFileWriter::open_append(&path).expect("reopen");
+    second.append_batch(&batches()[1]).expect("append");
+    second.sync().expect("sync");
+    drop(first);
+    let (records, error) = read(&path);
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(
+        records.len(),
+        2,
+        "the second writer's record is still there"
+    );
+    // A crash: the writer's reservation outlives it, until the file is opened again.
+    second.append_batch(&batches()[2]).expect("append");
+    second.sync().expect("sync");
+    let end = second.len_bytes();
+    std::mem::forget(second);
+    let crashed = std::fs::metadata(&path).expect("metadata");
+    let (reopened, recovered) = EventFileWriter::open_append(&path).expect("reopen");
+    assert_eq!(recovered.records_count, 3);
+    assert_eq!(reopened.len_bytes(), end);
+    let reopened_blocks = std::fs::metadata(&path).expect("metadata").blocks();
+    assert!(
+        reopened_blocks <= crashed.blocks(),
+        "{reopened_blocks} > {}",
+        crashed.blocks()
+    );
+    if crashed.blocks() * 512 > crashed.len() + (1 << 20) {
+        assert!(
+            reopened_blocks * 512 < crashed.len() + (1 << 20),
+            "open_append gives the crashed writer's reservation back"
+        );
+    }
+}
