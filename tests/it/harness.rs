@@ -1437,15 +1437,12 @@ fn litellm_sdk_drives_tool_loops_through_chat_and_messages() {
 
 /// Claude Code with Message Threads on (`CLAUDE_CODE_TETHER_LIVE=1`, its "tether"): the first
 /// request of a conversation asks the server to hold it (`thread: create`) and each later one
-/// sends only the new turn (`thread: continue`). The proxy holds no thread state and answers a
-/// continue as the API answers one whose thread it lost (404, `thread_not_found`); Claude Code
-/// then sends that turn again with the whole conversation under a new `create` (it does the
-/// same, with a warning, after a 400 it does not recognise; the 404's shape is checked in
-/// `message_threads.rs`). The run ends as scripted, every continue is followed by that
-/// whole-conversation request, and the model sees only whole conversations: each call extends
-/// the one before it whole, one root.
+/// sends only the new turn (`thread: continue`). The proxy holds the thread and serves each
+/// continue as the whole conversation: the run ends as scripted with one request per turn
+/// (none refused and sent again), the capture keeps each continue expanded (no `thread`,
+/// naming the response it continued), and every call extends the one before it whole.
 #[test]
-fn claude_code_with_message_threads_sends_each_continued_turn_again_whole() {
+fn claude_code_with_message_threads_continues_each_turn_on_the_proxy() {
     let Some(claude) = harness_bin("GYRE_CLAUDE_BIN") else {
         return;
     };
@@ -1490,35 +1487,41 @@ fn claude_code_with_message_threads_sends_each_continued_turn_again_whole() {
         .lines()
         .map(|line| serde_json::from_str(line).expect("a capture record"))
         .collect();
-    let main: Vec<serde_json::Value> = captured
+    // The main conversation's requests (Claude Code's side calls carry no thread).
+    let main: Vec<&serde_json::Value> = captured
         .iter()
-        .map(captured_body)
-        .filter(|body| body.get("thread").is_some())
+        .filter(|record| {
+            captured_body(record).get("thread").is_some()
+                || record["headers"]["x-gyre-previous-message-id"].is_string()
+        })
         .collect();
-    let kinds: Vec<&str> = main
-        .iter()
-        .map(|body| body["thread"]["type"].as_str().expect("thread type"))
-        .collect();
+    assert_eq!(main.len(), 3, "one request per turn");
     assert_eq!(
-        kinds,
-        ["create", "continue", "create", "continue", "create"],
-        "each continue is answered as a lost thread and sent again whole"
+        captured_body(main[0])["thread"]["type"],
+        "create",
+        "{}",
+        main[0]
     );
-    let messages = |body: &serde_json::Value| body["messages"].as_array().map_or(0, Vec::len);
+    let messages = |record: &serde_json::Value| {
+        captured_body(record)["messages"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
     for pair in main.windows(2) {
-        if pair[0]["thread"]["type"] == "continue" {
-            assert!(
-                messages(&pair[1]) > messages(&pair[0]),
-                "the turn sent again holds the whole conversation"
-            );
-        }
+        assert!(
+            pair[1]["headers"]["x-gyre-previous-message-id"].is_string(),
+            "a continue, captured expanded: {}",
+            pair[1]
+        );
+        assert!(captured_body(pair[1]).get("thread").is_none());
+        assert_eq!(
+            messages(pair[1]),
+            messages(pair[0]) + 2,
+            "the whole conversation: the answer and the tool result added"
+        );
     }
     let records = records(&log);
-    assert_eq!(
-        records.len(),
-        3,
-        "three model calls: a continue samples nothing"
-    );
+    assert_eq!(records.len(), 3, "three model calls");
     assert_eq!(records[0].parent_call, None);
     assert_each_turn_extends_the_whole_previous(&records);
 }

@@ -133,8 +133,17 @@ pub struct Proxy {
 impl Proxy {
     /// POSTs `body` with the execution's credential; the status and the JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, body) = self.post_raw(path, body);
+        let value = serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("a JSON answer ({error}): {body}"));
+        (status, value)
+    }
+
+    /// POSTs `body` with the execution's credential; the status and the answer as text (a
+    /// stream's events).
+    pub fn post_raw(&self, path: &str, body: &Value) -> (u16, String) {
         let auth = format!("Bearer {}", self.token);
-        let (status, body) = http(
+        http(
             &self.address,
             "POST",
             path,
@@ -144,10 +153,7 @@ impl Proxy {
                 ("x-api-key", &self.token),
             ],
             &body.to_string(),
-        );
-        let value = serde_json::from_str(&body)
-            .unwrap_or_else(|error| panic!("a JSON answer ({error}): {body}"));
-        (status, value)
+        )
     }
 
     /// The proxy's `/metrics` text.

@@ -349,6 +349,9 @@ pub struct ChatRequest {
     /// The format the answer must take (OpenAI `response_format` / `text.format`, Anthropic
     /// `output_config.format`); `None`: plain text.
     pub answer_format: Option<crate::answer_format::AnswerFormat>,
+    /// An Anthropic request with a Message Threads `thread`: what its answer is held as when
+    /// it ends (see [`crate::message_threads`]).
+    pub thread_hold: Option<std::sync::Arc<crate::message_threads::ThreadHold>>,
 }
 
 impl ChatRequest {
@@ -376,6 +379,7 @@ impl ChatRequest {
             response_settings: None,
             logprobs: false,
             answer_format: None,
+            thread_hold: None,
         }
     }
 

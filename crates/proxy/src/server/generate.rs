@@ -181,6 +181,8 @@ struct Outlet {
     streaming: bool,
     /// A Responses answer to store for `previous_response_id` before it is handed over.
     store_on_end: Option<super::StoreOnEnd>,
+    /// An Anthropic answer to hold for a Message Threads `continue` before it is handed over.
+    thread: Option<Arc<crate::message_threads::ThreadHold>>,
 }
 
 impl Outlet {
@@ -246,6 +248,16 @@ impl Outlet {
             let kept = store(builder, Some(&body));
             (Vec::new(), Some(body), kept)
         };
+        // Held before the harness has the id, so its next request can continue from it.
+        if let (Some(thread), Builder::Anthropic(anthropic)) = (&self.thread, &*builder) {
+            let message = match &body {
+                Some(body) => body.clone(),
+                None => anthropic.message_json(stop, usage),
+            };
+            if let Some(id) = message.get("id").and_then(Value::as_str) {
+                thread.hold(id, &message["content"]);
+            }
+        }
         // A response that continues another is durable before its id is handed over, with
         // whatever of its chain the log lacks, and so is one that opens a conversation (see
         // `crate::stored_responses`).
@@ -556,6 +568,7 @@ pub async fn run(
         out,
         streaming: request.stream,
         store_on_end,
+        thread: request.thread_hold.clone(),
     };
     let prompt_tokens = prepared.context_ids.len();
     // A prompt the engines' context cannot hold with one answer token is refused before
@@ -1012,6 +1025,7 @@ async fn run_replay(
         out,
         streaming: request.stream,
         store_on_end,
+        thread: request.thread_hold.clone(),
     };
     let (mut builder, start) = builder_for(&request, &prepared, replay.prompt_tokens, wall_clock());
     if !outlet.frames(start).await {

@@ -276,6 +276,8 @@ struct Execution {
     /// Bytes of the response store this execution's stored responses hold (kept ones and the
     /// parents they share): who makes room first when the store is full.
     response_bytes: Arc<AtomicUsize>,
+    /// Anthropic Message Threads the execution holds (see [`crate::message_threads`]).
+    threads: Arc<Mutex<crate::message_threads::ThreadStore>>,
 }
 
 /// Stored responses kept per execution for `previous_response_id` (a chaining client
@@ -445,11 +447,17 @@ impl ExecutionHandle {
             bodies: Mutex::new(Vec::new()),
             responses: Mutex::new(std::collections::VecDeque::new()),
             response_bytes: Arc::new(AtomicUsize::new(0)),
+            threads: Arc::new(Mutex::new(Default::default())),
         }))
     }
 
     pub fn id(&self) -> ExecutionId {
         self.0.id
+    }
+
+    /// The Anthropic Message Threads this execution holds.
+    fn threads(&self) -> Arc<Mutex<crate::message_threads::ThreadStore>> {
+        self.0.threads.clone()
     }
 
     /// The engine this execution's next call goes to.
@@ -2059,6 +2067,61 @@ async fn restore_from_log(
     restored.ok().flatten()
 }
 
+/// An Anthropic request's `thread` (see [`crate::message_threads`]): `None` without one; a
+/// `create`'s hold; a `continue`'s hold (the thread it took) and its expanded body. A refused
+/// continue gives its thread back when the hold drops.
+fn begin_thread(
+    app: &AppState,
+    execution: &ExecutionHandle,
+    bytes: &Bytes,
+) -> Result<Option<(crate::message_threads::ThreadHold, Option<Bytes>)>, ApiError> {
+    use crate::message_threads::{expand, thread_param, ThreadHold, ThreadParam};
+    let fixed = crate::body::lone_surrogates_replaced(bytes);
+    let bytes = fixed.as_deref().unwrap_or(bytes);
+    match thread_param(bytes)? {
+        // A `create` is read from the parsed body (`read_thread_after_parse`).
+        None | Some(ThreadParam::Create) => Ok(None),
+        Some(ThreadParam::Continue {
+            previous_message_id,
+        }) => {
+            let store = execution.threads();
+            let held = lock_threads(&store).begin_continue(&previous_message_id)?;
+            let hold = ThreadHold::new(store, Some((previous_message_id, held.clone())));
+            let Ok(object) = serde_json::from_slice::<serde_json::Map<String, Value>>(bytes) else {
+                // `thread_param` read it as an object: not reached.
+                return Ok(Some((hold, None)));
+            };
+            let expanded = expand(object, &held, app.config.body_bytes_max)?;
+            Ok(Some((hold, Some(expanded))))
+        }
+    }
+}
+
+/// A `thread` read from the parsed body of a request whose raw bytes held no `continue` (see
+/// `crate::message_threads::thread_param`): a `create`'s hold.
+fn read_thread_after_parse(
+    execution: &ExecutionHandle,
+    body: &Value,
+) -> Result<Option<crate::message_threads::ThreadHold>, ApiError> {
+    use crate::message_threads::{thread_not_found, thread_of, ThreadHold, ThreadParam};
+    match thread_of(body.get("thread"))? {
+        None => Ok(None),
+        Some(ThreadParam::Create) => Ok(Some(ThreadHold::new(execution.threads(), None))),
+        // Only a body the raw read could not parse: the client sends the turn again whole.
+        Some(ThreadParam::Continue {
+            previous_message_id,
+        }) => Err(thread_not_found(&previous_message_id)),
+    }
+}
+
+fn lock_threads(
+    store: &Mutex<crate::message_threads::ThreadStore>,
+) -> MutexGuard<'_, crate::message_threads::ThreadStore> {
+    store
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A Responses request that continues a stored response (`previous_response_id`), as the
 /// body a stateless client would have sent (see [`crate::stored_responses`]), with the id,
 /// the response it continues and its own input items; `None` when it continues none.
@@ -2238,17 +2301,22 @@ async fn serve_call(
                     (Api::OpenAiResponses, Ok(())) => {
                         expand_chained(&app, api, &execution, &bytes, (&missing, pinned.as_ref()))
                     }
-                    // A Message Threads `continue` is answered as a lost thread (see
-                    // `crate::message_threads`); a `create` is served as the whole conversation.
-                    (Api::Anthropic, Ok(())) => {
-                        crate::message_threads::check(&bytes).map(|()| None)
-                    }
                     _ => Ok(None),
                 };
                 let (bytes, mut chained, refused) = match expansion {
                     Ok(Some((expanded, chained))) => (expanded, Some(chained), None),
                     Ok(None) => (bytes, None, None),
                     Err(error) => (bytes, None, Some(error)),
+                };
+                // An Anthropic Message Threads `continue` becomes the body a stateless client
+                // would have sent (see `crate::message_threads`).
+                let (bytes, thread_hold, refused) = match (api, refused) {
+                    (Api::Anthropic, None) => match begin_thread(&app, &execution, &bytes) {
+                        Ok(None) => (bytes, None, None),
+                        Ok(Some((hold, expanded))) => (expanded.unwrap_or(bytes), Some(hold), None),
+                        Err(error) => (bytes, None, Some(error)),
+                    },
+                    (_, refused) => (bytes, None, refused),
                 };
                 // Refused for now, to be prepared again once the response it continues is read
                 // back from the log: not captured yet (the retry is).
@@ -2259,9 +2327,21 @@ async fn serve_call(
                 }
                 // A chained request is captured expanded, as a stateless client sends it, so a
                 // replay does not depend on this process's stored responses.
-                if let (Some(capture), Some(mut head)) = (&app.capture, capture_head) {
+                // A refusal about a thread is not captured: the request carried nothing a model
+                // saw, and its turn comes again whole.
+                let thread_refused = refused
+                    .as_ref()
+                    .is_some_and(crate::message_threads::is_thread_error);
+                if let (Some(capture), Some(mut head), false) =
+                    (&app.capture, capture_head, thread_refused)
+                {
                     if let Some((previous, ..)) = &chained {
                         capture::Capture::note(&mut head, "x-gyre-previous-response-id", previous);
+                    }
+                    if let Some(previous) =
+                        thread_hold.as_ref().and_then(|hold| hold.continued_id())
+                    {
+                        capture::Capture::note(&mut head, "x-gyre-previous-message-id", previous);
                     }
                     let id = execution.id().get();
                     capture.write(head, api, id, agent.as_deref(), &bytes);
@@ -2283,6 +2363,14 @@ async fn serve_call(
                         }
                         None => error,
                     })?;
+                let thread_hold = match (api, thread_hold) {
+                    (Api::Anthropic, None) => read_thread_after_parse(&execution, body.value())?,
+                    (_, hold) => hold,
+                };
+                if let Some(hold) = thread_hold {
+                    hold.set_conversation(body.value());
+                    request.thread_hold = Some(Arc::new(hold));
+                }
                 if let (Some((id, ..)), Some(settings)) =
                     (&chained, request.response_settings.as_mut())
                 {
