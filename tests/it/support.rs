@@ -70,9 +70,29 @@ impl InProcessCluster {
                 options
             })
             .collect();
+        let mut options = options;
         let mut nodes = Vec::new();
-        for node in &options {
-            nodes.push(ControlNode::start(node.clone()).await.expect("node starts"));
+        for node in &mut options {
+            // The free port was released before the node binds it: another process (or a
+            // connection's ephemeral port) may take it meanwhile, so a bind failure picks again.
+            let mut attempts = 0;
+            let started = loop {
+                match ControlNode::start(node.clone()).await {
+                    Ok(started) => break started,
+                    Err(error) if attempts < 5 => {
+                        attempts += 1;
+                        eprintln!(
+                            "node {} could not start on {}: {error}; another port",
+                            node.id, node.listen
+                        );
+                        node.listen = format!("127.0.0.1:{}", free_port())
+                            .parse()
+                            .expect("address");
+                    }
+                    Err(error) => panic!("node {} starts: {error}", node.id),
+                }
+            };
+            nodes.push(started);
         }
         let addresses: Vec<String> = options.iter().map(|o| o.listen.to_string()).collect();
         let members = options
