@@ -28,9 +28,14 @@ use serde_json::{json, Map, Value};
 use crate::{Api, ApiError, ApiErrorKind};
 
 /// Threads an execution holds, not yet continued (a linear conversation holds one; each
-/// sub-agent its own); beyond, the one held longest is given up (a later `continue` of it gets
-/// `thread_not_found` and is sent again whole).
-pub const HELD_MAX: usize = 8;
+/// sub-agent its own). Beyond this, or beyond [`HELD_BYTES_MAX`], one is given up: first a
+/// thread whose agent has held a newer one since (a finished sub-agent's, a side branch), else
+/// the one held longest. A later `continue` of it gets `thread_not_found` and is sent again
+/// whole.
+pub const HELD_MAX: usize = 16;
+
+/// The JSON bytes an execution's held threads may take together.
+pub const HELD_BYTES_MAX: usize = 64 << 20;
 
 /// Continued ids an execution remembers, to answer a second `continue` of one with
 /// `thread_already_continued` rather than `thread_not_found`.
@@ -45,25 +50,29 @@ pub enum ThreadParam {
     Continue { previous_message_id: String },
 }
 
-/// The `thread` a Messages body asks for, read from the raw bytes: only a body that may hold a
-/// `continue` (it mentions `previous_message_id`; a continue's body holds only the new turn,
-/// so this parse is small) is parsed here, before the body is expanded. Everything else is
-/// read from the parsed body ([`thread_of`]), so a `create` costs no second parse of the whole
-/// conversation. `None` when it names none; a 400 naming the field when it is malformed.
-pub fn thread_param(body: &[u8]) -> Result<Option<ThreadParam>, ApiError> {
+/// A continue's id and its body, parsed.
+pub type Continue = (String, Map<String, Value>);
+
+/// A Messages body's `continue`, read from the raw bytes before the body is expanded: the id
+/// it continues and the body parsed. Only a body that mentions `previous_message_id` is parsed
+/// here (a continue's body holds only the new turn, so this parse is small); a `create` is
+/// read from the parsed body ([`thread_of`]), so it costs no second parse of the whole
+/// conversation. `None` when the body holds no continue; a 400 naming the field when its
+/// `thread` is malformed.
+pub fn read_continue(body: &[u8]) -> Result<Option<Continue>, ApiError> {
     if memchr::memmem::find(body, b"\"previous_message_id\"").is_none() {
         return Ok(None);
     }
-    #[derive(serde::Deserialize)]
-    struct Head {
-        #[serde(default)]
-        thread: Option<Value>,
-    }
     // A body that is not an object is named by the ordinary parse.
-    let Ok(Head { thread }) = serde_json::from_slice::<Head>(body) else {
+    let Ok(object) = serde_json::from_slice::<Map<String, Value>>(body) else {
         return Ok(None);
     };
-    thread_of(thread.as_ref())
+    match thread_of(object.get("thread"))? {
+        Some(ThreadParam::Continue {
+            previous_message_id,
+        }) => Ok(Some((previous_message_id, object))),
+        Some(ThreadParam::Create) | None => Ok(None),
+    }
 }
 
 /// The `thread` a parsed Messages body asks for (`body.get("thread")`).
@@ -129,21 +138,42 @@ pub fn thread_not_found(previous_message_id: &str) -> ApiError {
     )
 }
 
-/// A conversation held under a response's id: what a `continue` from it starts with.
+/// A conversation held under a response's id: what a `continue` from it starts with, as JSON
+/// text (compact: a held conversation costs its bytes once).
 #[derive(Debug, PartialEq)]
 pub struct HeldThread {
-    pub system: Option<Value>,
-    pub tools: Option<Value>,
-    /// The request's messages, then the response as an assistant message.
-    pub messages: Vec<Value>,
+    pub system: Option<String>,
+    pub tools: Option<String>,
+    /// The request's messages, then the response as an assistant message: JSON texts joined
+    /// with commas (the inside of the `messages` array).
+    pub messages: String,
+    pub messages_count: usize,
+}
+
+impl HeldThread {
+    fn bytes(&self) -> usize {
+        self.messages.len()
+            + self.system.as_ref().map_or(0, String::len)
+            + self.tools.as_ref().map_or(0, String::len)
+    }
+}
+
+#[derive(Debug)]
+struct Held {
+    thread: Arc<HeldThread>,
+    agent: String,
+    /// When it was held (the store's count).
+    order: u64,
 }
 
 /// One execution's threads.
 #[derive(Debug, Default)]
 pub struct ThreadStore {
-    held: HashMap<String, Arc<HeldThread>>,
-    /// Held ids, the one held longest first (ids no longer held are skipped).
-    order: VecDeque<String>,
+    held: HashMap<String, Held>,
+    next_order: u64,
+    /// Bytes of the held threads.
+    bytes: usize,
+    /// Ids being continued, with their agent.
     in_flight: HashSet<String>,
     continued: VecDeque<String>,
 }
@@ -153,8 +183,9 @@ impl ThreadStore {
     /// ends: [`ThreadStore::hold`] or [`ThreadStore::abandon`]); the API's error otherwise.
     pub fn begin_continue(&mut self, id: &str) -> Result<Arc<HeldThread>, ApiError> {
         if let Some(held) = self.held.remove(id) {
+            self.bytes -= held.thread.bytes();
             self.in_flight.insert(id.to_string());
-            return Ok(held);
+            return Ok(held.thread);
         }
         if self.in_flight.contains(id) {
             return Err(thread_error(
@@ -182,16 +213,17 @@ impl ThreadStore {
         Err(thread_not_found(id))
     }
 
-    /// A continue of `id` that produced no response: the thread can be continued again.
-    pub fn abandon(&mut self, id: &str, held: Arc<HeldThread>) {
+    /// A continue of `id` (by `agent`) that produced no response: the thread can be continued
+    /// again.
+    pub fn abandon(&mut self, id: &str, thread: Arc<HeldThread>, agent: &str) {
         if self.in_flight.remove(id) {
-            self.insert(id.to_string(), held);
+            self.insert(id.to_string(), thread, agent);
         }
     }
 
-    /// Holds `thread` under the response id `id`; `continued`: the id the request continued,
-    /// which can be continued no more.
-    pub fn hold(&mut self, id: String, thread: HeldThread, continued: Option<&str>) {
+    /// Holds `thread` under the response id `id`, answered to `agent`; `continued`: the id the
+    /// request continued, which can be continued no more.
+    pub fn hold(&mut self, id: String, thread: HeldThread, agent: &str, continued: Option<&str>) {
         if let Some(continued) = continued {
             self.in_flight.remove(continued);
             self.continued.push_back(continued.to_string());
@@ -199,38 +231,71 @@ impl ThreadStore {
                 self.continued.pop_front();
             }
         }
-        self.insert(id, Arc::new(thread));
+        self.insert(id, Arc::new(thread), agent);
     }
 
-    fn insert(&mut self, id: String, held: Arc<HeldThread>) {
-        self.order.push_back(id.clone());
-        self.held.insert(id, held);
-        while self.held.len() > HELD_MAX {
-            let Some(oldest) = self.order.pop_front() else {
+    fn insert(&mut self, id: String, thread: Arc<HeldThread>, agent: &str) {
+        self.bytes += thread.bytes();
+        let order = self.next_order;
+        self.next_order += 1;
+        if let Some(replaced) = self.held.insert(
+            id.clone(),
+            Held {
+                thread,
+                agent: agent.to_string(),
+                order,
+            },
+        ) {
+            self.bytes -= replaced.thread.bytes();
+        }
+        while self.held.len() > HELD_MAX || (self.bytes > HELD_BYTES_MAX && self.held.len() > 1) {
+            let Some(victim) = self.victim(&id) else {
                 break;
             };
-            self.held.remove(&oldest);
+            if let Some(given_up) = self.held.remove(&victim) {
+                self.bytes -= given_up.thread.bytes();
+            }
         }
-        // Ids given up or continued leave `order` as they come to its front.
-        while self
-            .order
-            .front()
-            .is_some_and(|front| !self.held.contains_key(front))
-        {
-            self.order.pop_front();
-        }
+    }
+
+    /// The thread to give up for room (never `keep`): the oldest of those whose agent holds a
+    /// newer one, else the oldest.
+    fn victim(&self, keep: &str) -> Option<String> {
+        let newest: HashMap<&str, u64> =
+            self.held.values().fold(HashMap::new(), |mut newest, held| {
+                let entry = newest.entry(held.agent.as_str()).or_insert(held.order);
+                *entry = (*entry).max(held.order);
+                newest
+            });
+        let candidates = self.held.iter().filter(|(id, _)| id.as_str() != keep);
+        let superseded = candidates
+            .clone()
+            .filter(|(_, held)| newest[held.agent.as_str()] > held.order)
+            .min_by_key(|(_, held)| held.order);
+        superseded
+            .or_else(|| candidates.min_by_key(|(_, held)| held.order))
+            .map(|(id, _)| id.clone())
     }
 
     /// How many threads are held (not in flight).
     pub fn held_count(&self) -> usize {
         self.held.len()
     }
+
+    /// The JSON bytes the held threads take.
+    pub fn held_bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+fn json_text(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 /// The body a stateless client would have sent for a `continue` from `held`: `object` (the
 /// request, parsed) with the held messages before its own, the held `system` and `tools` where
-/// it sends none, and no `thread`. `bytes_max`: the body limit (a longer conversation is a 413,
-/// as it would be sent whole).
+/// it sends none (absent or null), and no `thread`. `bytes_max`: the body limit (a longer
+/// conversation is a 413, as it would be sent whole).
 pub fn expand(
     mut object: Map<String, Value>,
     held: &HeldThread,
@@ -238,29 +303,76 @@ pub fn expand(
 ) -> Result<Bytes, ApiError> {
     let own = match object.remove("messages") {
         Some(Value::Array(own)) => own,
-        // The ordinary parse names what is wrong: the held messages alone go on to it.
+        // The ordinary parse names what is wrong with it, after the held messages.
         Some(other) => vec![other],
         None => Vec::new(),
     };
-    let mut messages = Vec::with_capacity(held.messages.len() + own.len());
-    messages.extend(held.messages.iter().cloned());
-    messages.extend(own);
-    object.insert("messages".into(), Value::Array(messages));
-    for (field, value) in [("system", &held.system), ("tools", &held.tools)] {
-        if let (false, Some(value)) = (object.contains_key(field), value) {
-            object.insert(field.into(), value.clone());
+    object.remove("thread");
+    let mut body = String::with_capacity(held.messages.len() + 1024);
+    body.push_str("{\"messages\":[");
+    body.push_str(&held.messages);
+    for message in &own {
+        if body.len() > "{\"messages\":[".len() {
+            body.push(',');
+        }
+        body.push_str(&json_text(message));
+    }
+    body.push(']');
+    for (field, held_value) in [("system", &held.system), ("tools", &held.tools)] {
+        if object.get(field).is_none_or(Value::is_null) {
+            object.remove(field);
+            if let Some(held_value) = held_value {
+                body.push_str(&format!(",\"{field}\":{held_value}"));
+            }
         }
     }
-    object.remove("thread");
-    let bytes = Value::Object(object).to_string();
-    if bytes.len() > bytes_max {
+    for (key, value) in &object {
+        body.push(',');
+        body.push_str(&json_text(&Value::String(key.clone())));
+        body.push(':');
+        body.push_str(&json_text(value));
+    }
+    body.push('}');
+    if body.len() > bytes_max {
         return Err(ApiError::new(
             Api::Anthropic,
             ApiErrorKind::RequestTooLarge,
             format!("the conversation continued in this thread exceeds the body limit of {bytes_max} bytes"),
         ));
     }
-    Ok(Bytes::from(bytes))
+    Ok(Bytes::from(body))
+}
+
+/// An error about a continue's expanded `messages` (the held conversation's `held_count`
+/// messages, then the request's own), said in the client's terms: `messages[i]` counts from
+/// its own first message; a held message is named as such.
+pub fn rebase_error(mut error: ApiError, held_count: usize, previous: &str) -> ApiError {
+    let Some(param) = error.param.clone() else {
+        return error;
+    };
+    let Some((index, rest)) = param
+        .strip_prefix("messages[")
+        .and_then(|tail| tail.split_once(']'))
+        .and_then(|(index, rest)| Some((index.parse::<usize>().ok()?, rest)))
+    else {
+        return error;
+    };
+    let expanded = format!("messages[{index}]");
+    let named = if index >= held_count {
+        format!("messages[{}]", index - held_count)
+    } else {
+        format!(
+            "message {index} of the conversation held as thread {}",
+            shown(previous)
+        )
+    };
+    error.message = error.message.replacen(&expanded, &named, 1);
+    error.param = Some(if index >= held_count {
+        format!("{named}{rest}")
+    } else {
+        format!("thread.messages[{index}]{rest}")
+    });
+    error
 }
 
 /// What a request with a `thread` holds when its response ends (see [`ThreadHold::hold`]);
@@ -268,6 +380,7 @@ pub fn expand(
 /// back, so the client's retry can continue it.
 pub struct ThreadHold {
     store: Arc<Mutex<ThreadStore>>,
+    agent: String,
     continued: Option<(String, Arc<HeldThread>)>,
     /// The request's whole conversation, until its answer is held.
     conversation: Mutex<Option<HeldThread>>,
@@ -280,7 +393,7 @@ impl Drop for ThreadHold {
             return;
         }
         if let Some((id, thread)) = self.continued.take() {
-            lock(&self.store).abandon(&id, thread);
+            lock(&self.store).abandon(&id, thread, &self.agent);
         }
     }
 }
@@ -294,7 +407,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl std::fmt::Debug for ThreadHold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ThreadHold")
-            .field("continued", &self.continued.as_ref().map(|(id, _)| id))
+            .field("agent", &self.agent)
+            .field("continued", &self.continued_id())
             .finish_non_exhaustive()
     }
 }
@@ -306,14 +420,16 @@ impl PartialEq for ThreadHold {
 }
 
 impl ThreadHold {
-    /// For a request with a `thread`: `continued`, the thread a `continue` took
+    /// For a request of `agent` with a `thread`: `continued`, the thread a `continue` took
     /// ([`ThreadStore::begin_continue`]).
     pub fn new(
         store: Arc<Mutex<ThreadStore>>,
+        agent: &str,
         continued: Option<(String, Arc<HeldThread>)>,
     ) -> Self {
         Self {
             store,
+            agent: agent.to_string(),
             continued,
             conversation: Mutex::new(None),
             held: std::sync::atomic::AtomicBool::new(false),
@@ -325,17 +441,32 @@ impl ThreadHold {
         self.continued.as_ref().map(|(id, _)| id.as_str())
     }
 
+    /// The continued thread's id and how many messages it held (`None` for a `create`).
+    pub fn continued_messages(&self) -> Option<(&str, usize)> {
+        self.continued
+            .as_ref()
+            .map(|(id, thread)| (id.as_str(), thread.messages_count))
+    }
+
     /// The request's whole conversation (a continue's expanded body), read from its body.
     pub fn set_conversation(&self, body: &Value) {
-        let field = |name: &str| body.get(name).filter(|value| !value.is_null()).cloned();
-        let messages = match body.get("messages") {
-            Some(Value::Array(messages)) => messages.clone(),
-            _ => Vec::new(),
+        let field = |name: &str| {
+            body.get(name)
+                .filter(|value| !value.is_null())
+                .map(json_text)
+        };
+        let (messages, messages_count) = match body.get("messages") {
+            Some(Value::Array(messages)) => (
+                messages.iter().map(json_text).collect::<Vec<_>>().join(","),
+                messages.len(),
+            ),
+            _ => (String::new(), 0),
         };
         *lock(&self.conversation) = Some(HeldThread {
             system: field("system"),
             tools: field("tools"),
             messages,
+            messages_count,
         });
     }
 
@@ -345,11 +476,15 @@ impl ThreadHold {
         let Some(mut thread) = lock(&self.conversation).take() else {
             return;
         };
-        thread
-            .messages
-            .push(json!({"role": "assistant", "content": content}));
+        if !thread.messages.is_empty() {
+            thread.messages.push(',');
+        }
+        thread.messages.push_str(&json_text(
+            &json!({"role": "assistant", "content": content}),
+        ));
+        thread.messages_count += 1;
         let continued = self.continued.as_ref().map(|(id, _)| id.as_str());
-        lock(&self.store).hold(id.to_string(), thread, continued);
+        lock(&self.store).hold(id.to_string(), thread, &self.agent, continued);
         self.held.store(true, std::sync::atomic::Ordering::Release);
     }
 }
@@ -359,33 +494,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_thread_param_is_read_only_from_the_field() {
+    fn only_a_continue_is_read_from_the_raw_body() {
         assert_eq!(
-            thread_param(br#"{"model":"m","messages":[]}"#).unwrap(),
+            read_continue(br#"{"model":"m","messages":[]}"#).unwrap(),
             None
         );
-        assert_eq!(thread_param(br#"{"thread":null}"#).unwrap(), None);
         // The word in a message is not the field.
         assert_eq!(
-            thread_param(br#"{"messages":[{"role":"user","content":"\"thread\""}]}"#).unwrap(),
+            read_continue(br#"{"messages":[{"role":"user","content":"\"previous_message_id\""}]}"#)
+                .unwrap(),
             None
         );
         // A create is read from the parsed body.
         assert_eq!(
-            thread_param(br#"{"thread":{"type":"create"},"messages":[]}"#).unwrap(),
+            read_continue(br#"{"thread":{"type":"create"},"messages":[]}"#).unwrap(),
             None
         );
+        assert_eq!(thread_of(None).unwrap(), None);
+        assert_eq!(thread_of(Some(&Value::Null)).unwrap(), None);
         assert_eq!(
             thread_of(Some(&json!({"type": "create"}))).unwrap(),
             Some(ThreadParam::Create)
         );
-        assert_eq!(
-            thread_param(br#"{"thread":{"type":"continue","previous_message_id":"msg_1"}}"#)
-                .unwrap(),
-            Some(ThreadParam::Continue {
-                previous_message_id: "msg_1".into()
-            })
-        );
+        let (id, object) =
+            read_continue(br#"{"thread":{"type":"continue","previous_message_id":"msg_1"}}"#)
+                .unwrap()
+                .unwrap();
+        assert_eq!(id, "msg_1");
+        assert!(object.contains_key("thread"));
     }
 
     #[test]
@@ -406,18 +542,22 @@ mod tests {
             assert!(error.body_json()["error"].get("details").is_none());
             assert!(!is_thread_error(&error));
         }
-        let error =
-            thread_param(br#"{"thread":{"type":"continue","previous_message_id":7}}"#).unwrap_err();
+        let error = read_continue(br#"{"thread":{"type":"continue","previous_message_id":7}}"#)
+            .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("thread.previous_message_id"));
     }
 
     fn conversation(turns: usize) -> HeldThread {
+        let messages: Vec<String> = (0..turns)
+            .map(|turn| json_text(&json!({"role": "user", "content": format!("turn {turn}")})))
+            .collect();
         HeldThread {
-            system: Some(json!("Be brief.")),
-            tools: Some(json!([{"name": "t", "input_schema": {"type": "object"}}])),
-            messages: (0..turns)
-                .map(|turn| json!({"role": "user", "content": format!("turn {turn}")}))
-                .collect(),
+            system: Some(json_text(&json!("Be brief."))),
+            tools: Some(json_text(
+                &json!([{"name": "t", "input_schema": {"type": "object"}}]),
+            )),
+            messages: messages.join(","),
+            messages_count: turns,
         }
     }
 
@@ -439,17 +579,21 @@ mod tests {
             code(&lock(&store).begin_continue("msg_0").unwrap_err()),
             (404, "thread_not_found".into())
         );
-        lock(&store).hold("msg_1".into(), conversation(1), None);
+        lock(&store).hold("msg_1".into(), conversation(1), "main", None);
         let held = lock(&store).begin_continue("msg_1").unwrap();
-        assert_eq!(held.messages.len(), 1);
+        assert_eq!(held.messages_count, 1);
         assert_eq!(
             code(&lock(&store).begin_continue("msg_1").unwrap_err()),
             (400, "thread_continue_in_flight".into())
         );
         // A continue that fails gives the thread back.
-        drop(ThreadHold::new(store.clone(), Some(("msg_1".into(), held))));
+        drop(ThreadHold::new(
+            store.clone(),
+            "main",
+            Some(("msg_1".into(), held)),
+        ));
         let held = lock(&store).begin_continue("msg_1").unwrap();
-        let hold = ThreadHold::new(store.clone(), Some(("msg_1".into(), held.clone())));
+        let hold = ThreadHold::new(store.clone(), "main", Some(("msg_1".into(), held)));
         let body = json!({"system": "Be brief.", "messages": [{"role": "user", "content": "turn 0"},
                           {"role": "user", "content": "turn 1"}]});
         hold.set_conversation(&body);
@@ -461,35 +605,85 @@ mod tests {
         );
         let next = lock(&store).begin_continue("msg_2").unwrap();
         assert_eq!(
-            next.messages.len(),
-            3,
+            next.messages_count, 3,
             "the request's messages and the answer"
         );
-        assert_eq!(next.messages[2]["role"], "assistant");
+        let messages: Value = serde_json::from_str(&format!("[{}]", next.messages)).unwrap();
+        assert_eq!(messages[2]["role"], "assistant");
+        assert_eq!(messages[2]["content"][0]["text"], "ok");
         assert_eq!(next.tools, None, "what the request sent");
+        assert_eq!(
+            lock(&store).held_bytes(),
+            0,
+            "nothing held while it is in flight"
+        );
     }
 
     #[test]
-    fn the_threads_held_longest_are_given_up_past_the_cap() {
+    fn room_is_made_from_superseded_threads_first_then_the_oldest() {
         let mut store = ThreadStore::default();
+        // The main agent's thread, then more sub-agent turns than the cap.
+        store.hold("main_1".into(), conversation(1), "main", None);
         for n in 0..HELD_MAX + 3 {
-            store.hold(format!("msg_{n}"), conversation(1), None);
+            store.hold(format!("sub_{n}"), conversation(1), "sub", None);
         }
         assert_eq!(store.held_count(), HELD_MAX);
+        assert!(
+            store.begin_continue("main_1").is_ok(),
+            "the main agent's only thread outlives the sub-agent's superseded ones"
+        );
         assert_eq!(
-            code(&store.begin_continue("msg_0").unwrap_err()).1,
+            code(&store.begin_continue("sub_0").unwrap_err()).1,
             "thread_not_found"
         );
-        assert!(store
-            .begin_continue(&format!("msg_{}", HELD_MAX + 2))
-            .is_ok());
-        assert!(store.order.len() <= HELD_MAX + 1, "{:?}", store.order);
+        // With every thread its agent's newest, the oldest goes.
+        let mut store = ThreadStore::default();
+        for n in 0..HELD_MAX + 1 {
+            store.hold(
+                format!("msg_{n}"),
+                conversation(1),
+                &format!("agent {n}"),
+                None,
+            );
+        }
+        assert_eq!(store.held_count(), HELD_MAX);
+        assert!(store.begin_continue("msg_0").is_err());
+        assert!(store.begin_continue("msg_1").is_ok());
+    }
+
+    #[test]
+    fn held_bytes_are_bounded() {
+        let mut store = ThreadStore::default();
+        let big = HeldThread {
+            system: None,
+            tools: None,
+            messages: "x".repeat(HELD_BYTES_MAX / 3),
+            messages_count: 1,
+        };
+        for n in 0..5 {
+            store.hold(
+                format!("msg_{n}"),
+                HeldThread {
+                    messages: big.messages.clone(),
+                    ..conversation(0)
+                },
+                "main",
+                None,
+            );
+        }
+        assert!(
+            store.held_bytes() <= HELD_BYTES_MAX,
+            "{}",
+            store.held_bytes()
+        );
+        assert!(store.begin_continue("msg_4").is_ok(), "the newest is kept");
+        drop(big);
     }
 
     #[test]
     fn a_continue_expands_into_the_whole_conversation_without_the_thread() {
         let held = conversation(2);
-        let object = match json!({"model": "m", "max_tokens": 9,
+        let object = match json!({"model": "m", "max_tokens": 9, "system": null,
                                    "thread": {"type": "continue", "previous_message_id": "msg_1"},
                                    "messages": [{"role": "user", "content": "new"}]})
         {
@@ -499,8 +693,12 @@ mod tests {
         let expanded: Value =
             serde_json::from_slice(&expand(object.clone(), &held, 1 << 20).unwrap()).unwrap();
         assert_eq!(expanded.get("thread"), None);
-        assert_eq!(expanded["system"], "Be brief.");
-        assert_eq!(expanded["tools"], held.tools.clone().unwrap());
+        assert_eq!(
+            expanded["system"], "Be brief.",
+            "a null system is the held one"
+        );
+        assert_eq!(expanded["tools"][0]["name"], "t");
+        assert_eq!(expanded["max_tokens"], 9);
         let contents: Vec<&str> = expanded["messages"]
             .as_array()
             .unwrap()
@@ -516,5 +714,17 @@ mod tests {
         assert_eq!(expanded["system"], "Other.");
         let error = expand(object, &held, 64).unwrap_err();
         assert_eq!(error.status(), 413);
+        // An error in the expanded body names the client's own message.
+        let error = ApiError::invalid_field(Api::Anthropic, "messages[2].content", "bad");
+        let rebased = rebase_error(error, 2, "msg_1");
+        assert_eq!(rebased.param.as_deref(), Some("messages[0].content"));
+        assert!(
+            rebased.message.starts_with("messages[0].content"),
+            "{}",
+            rebased.message
+        );
+        let error = ApiError::invalid_field(Api::Anthropic, "messages[1].content", "bad");
+        let rebased = rebase_error(error, 2, "msg_1");
+        assert_eq!(rebased.param.as_deref(), Some("thread.messages[1].content"));
     }
 }

@@ -250,9 +250,13 @@ impl Outlet {
         };
         // Held before the harness has the id, so its next request can continue from it.
         if let (Some(thread), Builder::Anthropic(anthropic)) = (&self.thread, &*builder) {
+            let streamed;
             let message = match &body {
-                Some(body) => body.clone(),
-                None => anthropic.message_json(stop, usage),
+                Some(body) => body,
+                None => {
+                    streamed = anthropic.message_json(stop, usage);
+                    &streamed
+                }
             };
             if let Some(id) = message.get("id").and_then(Value::as_str) {
                 thread.hold(id, &message["content"]);

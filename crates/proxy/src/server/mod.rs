@@ -2073,40 +2073,37 @@ async fn restore_from_log(
 fn begin_thread(
     app: &AppState,
     execution: &ExecutionHandle,
+    agent: &str,
     bytes: &Bytes,
-) -> Result<Option<(crate::message_threads::ThreadHold, Option<Bytes>)>, ApiError> {
-    use crate::message_threads::{expand, thread_param, ThreadHold, ThreadParam};
-    let fixed = crate::body::lone_surrogates_replaced(bytes);
-    let bytes = fixed.as_deref().unwrap_or(bytes);
-    match thread_param(bytes)? {
-        // A `create` is read from the parsed body (`read_thread_after_parse`).
-        None | Some(ThreadParam::Create) => Ok(None),
-        Some(ThreadParam::Continue {
-            previous_message_id,
-        }) => {
-            let store = execution.threads();
-            let held = lock_threads(&store).begin_continue(&previous_message_id)?;
-            let hold = ThreadHold::new(store, Some((previous_message_id, held.clone())));
-            let Ok(object) = serde_json::from_slice::<serde_json::Map<String, Value>>(bytes) else {
-                // `thread_param` read it as an object: not reached.
-                return Ok(Some((hold, None)));
-            };
-            let expanded = expand(object, &held, app.config.body_bytes_max)?;
-            Ok(Some((hold, Some(expanded))))
-        }
+) -> Result<Option<(crate::message_threads::ThreadHold, Bytes)>, ApiError> {
+    use crate::message_threads::{expand, read_continue, ThreadHold};
+    if memchr::memmem::find(bytes, b"\"previous_message_id\"").is_none() {
+        return Ok(None);
     }
+    let fixed = crate::body::lone_surrogates_replaced(bytes);
+    let Some((previous_message_id, object)) = read_continue(fixed.as_deref().unwrap_or(bytes))?
+    else {
+        return Ok(None);
+    };
+    let store = execution.threads();
+    let held = lock_threads(&store).begin_continue(&previous_message_id)?;
+    // From here on, a refusal gives the thread back as the hold drops.
+    let hold = ThreadHold::new(store, agent, Some((previous_message_id, held.clone())));
+    let expanded = expand(object, &held, app.config.body_bytes_max)?;
+    Ok(Some((hold, expanded)))
 }
 
 /// A `thread` read from the parsed body of a request whose raw bytes held no `continue` (see
-/// `crate::message_threads::thread_param`): a `create`'s hold.
+/// `crate::message_threads::read_continue`): a `create`'s hold.
 fn read_thread_after_parse(
     execution: &ExecutionHandle,
+    agent: &str,
     body: &Value,
 ) -> Result<Option<crate::message_threads::ThreadHold>, ApiError> {
     use crate::message_threads::{thread_not_found, thread_of, ThreadHold, ThreadParam};
     match thread_of(body.get("thread"))? {
         None => Ok(None),
-        Some(ThreadParam::Create) => Ok(Some(ThreadHold::new(execution.threads(), None))),
+        Some(ThreadParam::Create) => Ok(Some(ThreadHold::new(execution.threads(), agent, None))),
         // Only a body the raw read could not parse: the client sends the turn again whole.
         Some(ThreadParam::Continue {
             previous_message_id,
@@ -2311,11 +2308,13 @@ async fn serve_call(
                 // An Anthropic Message Threads `continue` becomes the body a stateless client
                 // would have sent (see `crate::message_threads`).
                 let (bytes, thread_hold, refused) = match (api, refused) {
-                    (Api::Anthropic, None) => match begin_thread(&app, &execution, &bytes) {
-                        Ok(None) => (bytes, None, None),
-                        Ok(Some((hold, expanded))) => (expanded.unwrap_or(bytes), Some(hold), None),
-                        Err(error) => (bytes, None, Some(error)),
-                    },
+                    (Api::Anthropic, None) => {
+                        match begin_thread(&app, &execution, agent_key, &bytes) {
+                            Ok(None) => (bytes, None, None),
+                            Ok(Some((hold, expanded))) => (expanded, Some(hold), None),
+                            Err(error) => (bytes, None, Some(error)),
+                        }
+                    }
                     (_, refused) => (bytes, None, refused),
                 };
                 // Refused for now, to be prepared again once the response it continues is read
@@ -2361,10 +2360,20 @@ async fn serve_call(
                                 .map_or(0, Vec::len);
                             rebase_input_path(error, total - items_in(own).min(total), id)
                         }
-                        None => error,
+                        None => match thread_hold
+                            .as_ref()
+                            .and_then(crate::message_threads::ThreadHold::continued_messages)
+                        {
+                            Some((id, held)) => {
+                                crate::message_threads::rebase_error(error, held, id)
+                            }
+                            None => error,
+                        },
                     })?;
                 let thread_hold = match (api, thread_hold) {
-                    (Api::Anthropic, None) => read_thread_after_parse(&execution, body.value())?,
+                    (Api::Anthropic, None) => {
+                        read_thread_after_parse(&execution, agent_key, body.value())?
+                    }
                     (_, hold) => hold,
                 };
                 if let Some(hold) = thread_hold {
