@@ -80,6 +80,7 @@ impl EventFileWriter {
             .create_new(true)
             .open(&path)
             .map_err(io(&path, "create"))?;
+        lock_for_writing(&file, &path)?;
         let header = FileHeader {
             format_version: FILE_FORMAT_VERSION,
             first_index,
@@ -106,6 +107,13 @@ impl EventFileWriter {
     /// other damage is refused with the reader's error.
     pub fn open_append(path: impl AsRef<Path>) -> Result<(Self, Recovered), FileError> {
         let path = path.as_ref().to_path_buf();
+        // Locked before the file is read: a writer that still has it (a sink being replaced)
+        // finishes first, so what is read below is where this writer goes on.
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io(&path, "open for appending"))?;
+        lock_for_writing(&file, &path)?;
         let mut reader = EventFileReader::open(&path)?;
         let mut records_count = 0u64;
         let mut truncated_torn_tail_at = None;
@@ -122,10 +130,6 @@ impl EventFileWriter {
         }
         let (len, next_index, head) = (reader.offset(), reader.next_index(), reader.head_hash());
         drop(reader);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(io(&path, "open for appending"))?;
         if truncated_torn_tail_at.is_some() {
             file.set_len(len).map_err(io(&path, "truncate torn tail"))?;
             file.sync_all().map_err(io(&path, "sync truncation"))?;
@@ -281,9 +285,54 @@ fn reserve_past_end(_file: &File, _offset: u64, _length: u64) -> rustix::io::Res
     Err(rustix::io::Errno::NOSYS)
 }
 
+/// How long a writer waits for another one to let go of the file.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes the file's exclusive lock (`flock`) for as long as `file` is open: one writer per
+/// event file, across threads and processes. Another writer's hold is waited out for
+/// [`LOCK_WAIT`] (a sink being replaced lets go within moments), then refused naming the file.
+#[cfg(unix)]
+fn lock_for_writing(file: &File, path: &Path) -> Result<(), FileError> {
+    use rustix::fs::{flock, FlockOperation};
+    let started = std::time::Instant::now();
+    loop {
+        match flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(errno) if errno == rustix::io::Errno::WOULDBLOCK => {
+                if started.elapsed() > LOCK_WAIT {
+                    return Err(FileError::Io {
+                        path: path.to_path_buf(),
+                        action: "lock for writing (another writer has the file open)",
+                        source: std::io::Error::from(errno),
+                    });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            // A file system without locks: one writer per file is then the caller's to keep.
+            Err(errno)
+                if errno == rustix::io::Errno::NOLCK || errno == rustix::io::Errno::OPNOTSUPP =>
+            {
+                return Ok(())
+            }
+            Err(errno) => {
+                return Err(FileError::Io {
+                    path: path.to_path_buf(),
+                    action: "lock for writing",
+                    source: std::io::Error::from(errno),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn lock_for_writing(_file: &File, _path: &Path) -> Result<(), FileError> {
+    Ok(())
+}
+
 /// Gives back the space reserved past `len` (setting the size the file has frees the blocks
-/// beyond it), only when `len` is still the file's size: a file another writer has appended to
-/// since is left as it is.
+/// beyond it), only when `len` is still the file's size. The writer holds the file's lock, so
+/// no other writer appends meanwhile.
 fn give_back_reserved(file: &File, len: u64) {
     if file.metadata().is_ok_and(|metadata| metadata.len() == len) {
         let _ = file.set_len(len);
