@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions, TokenEngine};
+use gyre_proxy::engine::TokenEngine;
 use gyre_proxy::output::OutputFormat;
 use gyre_proxy::server::ServerConfig;
 use serde_json::json;
@@ -28,25 +28,12 @@ fn a_dropped_blank_text_block_is_restored_after_a_restart() {
 
 fn blank_text_scenario(restart: bool) {
     let runtime = crate::support::runtime();
-    let script = Script::parse(
-        concat!(
-            r#"{"agent": "main", "blocks": [{"type": "text", "text": "\n\n"}, "#,
-            r#"{"type": "tool_use", "name": "Bash", "input": {"command": "echo a"}}]}"#,
-            "\n",
-            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}"#,
-        ),
-        None,
-    )
-    .expect("script");
-    let engine: Arc<dyn TokenEngine> = Arc::new(
-        ScriptedEngine::new(
-            &script,
-            &model(),
-            &OutputFormat::test_model(),
-            ScriptedOptions::default(),
-        )
-        .expect("engine"),
-    );
+    let engine = crate::in_process::scripted(concat!(
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "\n\n"}, "#,
+        r#"{"type": "tool_use", "name": "Bash", "input": {"command": "echo a"}}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}"#,
+    ));
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ServerConfig {
         credentials: Some(dir.path().join("credentials")),
@@ -163,25 +150,12 @@ fn a_dropped_reasoning_content_is_restored_after_a_restart() {
 
 fn dropped_reasoning_scenario(restart: bool) {
     let runtime = crate::support::runtime();
-    let script = Script::parse(
-        concat!(
-            r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "The tool knows."}, "#,
-            r#"{"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}]}"#,
-            "\n",
-            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Sunny."}]}"#,
-        ),
-        None,
-    )
-    .expect("script");
-    let engine: Arc<dyn TokenEngine> = Arc::new(
-        ScriptedEngine::new(
-            &script,
-            &model(),
-            &OutputFormat::test_model(),
-            ScriptedOptions::default(),
-        )
-        .expect("engine"),
-    );
+    let engine = crate::in_process::scripted(concat!(
+        r#"{"agent": "main", "blocks": [{"type": "thinking", "thinking": "The tool knows."}, "#,
+        r#"{"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Sunny."}]}"#,
+    ));
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ServerConfig {
         credentials: Some(dir.path().join("credentials")),

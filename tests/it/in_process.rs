@@ -180,6 +180,22 @@ pub fn model() -> Arc<gyre_proxy::ChatModel> {
     )
 }
 
+/// The scripted engine answering `script` (JSON lines, see `gyre proxy --script`) in the test
+/// model's output format.
+pub fn scripted(script: &str) -> Arc<dyn TokenEngine> {
+    use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions};
+    let script = Script::parse(script, None).expect("script");
+    Arc::new(
+        ScriptedEngine::new(
+            &script,
+            &model(),
+            &gyre_proxy::output::OutputFormat::test_model(),
+            ScriptedOptions::default(),
+        )
+        .expect("engine"),
+    )
+}
+
 /// A proxy with the default settings and one open execution, in front of `engine`.
 pub fn proxy(runtime: &tokio::runtime::Runtime, engine: Arc<dyn TokenEngine>) -> Proxy {
     proxy_with(runtime, engine, ServerConfig::default())

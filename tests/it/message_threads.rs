@@ -1,12 +1,6 @@
 //! Anthropic Message Threads through the proxy (see `gyre_proxy::message_threads`).
 
-use std::sync::Arc;
-
-use gyre_proxy::engine::{Script, ScriptedEngine, ScriptedOptions, TokenEngine};
-use gyre_proxy::output::OutputFormat;
 use serde_json::json;
-
-use crate::in_process::model;
 
 /// Anthropic Message Threads: a `create` is served and its answer held; a `continue` sends
 /// only the new turn and is answered as the whole conversation would be (the call extends the
@@ -16,26 +10,13 @@ use crate::in_process::model;
 #[test]
 fn a_continue_is_served_as_the_whole_conversation_and_continued_once() {
     let runtime = crate::support::runtime();
-    let script = Script::parse(
-        concat!(
-            r#"{"agent": "main", "blocks": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo a"}}]}"#,
-            "\n",
-            r#"{"agent": "main", "blocks": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo b"}}]}"#,
-            "\n",
-            r#"{"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}"#,
-        ),
-        None,
-    )
-    .expect("script");
-    let engine: Arc<dyn TokenEngine> = Arc::new(
-        ScriptedEngine::new(
-            &script,
-            &model(),
-            &OutputFormat::test_model(),
-            ScriptedOptions::default(),
-        )
-        .expect("engine"),
-    );
+    let engine = crate::in_process::scripted(concat!(
+        r#"{"agent": "main", "blocks": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo a"}}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "tool_use", "name": "Bash", "input": {"command": "echo b"}}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Done."}]}"#,
+    ));
     let proxy = crate::in_process::proxy(&runtime, engine);
     let tools = json!([{"name": "Bash", "description": "Runs a command.",
                         "input_schema": {"type": "object",

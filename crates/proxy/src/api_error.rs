@@ -208,6 +208,43 @@ impl ApiError {
         }
     }
 
+    /// This error about a body whose array `field` the proxy expanded (the `held` elements it
+    /// kept, then the request's own), said in the client's terms: `field[i]` of its own
+    /// elements counts from its own first; a held element is named `held_name(i)` in the
+    /// message and `{held_param}[i]` as the param.
+    pub fn rebased(
+        mut self,
+        field: &str,
+        held: usize,
+        held_param: &str,
+        held_name: impl Fn(usize) -> String,
+    ) -> Self {
+        let Some(param) = self.param.clone() else {
+            return self;
+        };
+        let Some((index, rest)) = param
+            .strip_prefix(field)
+            .and_then(|tail| tail.strip_prefix('['))
+            .and_then(|tail| tail.split_once(']'))
+            .and_then(|(index, rest)| Some((index.parse::<usize>().ok()?, rest)))
+        else {
+            return self;
+        };
+        let expanded = format!("{field}[{index}]");
+        let named = if index >= held {
+            format!("{field}[{}]", index - held)
+        } else {
+            held_name(index)
+        };
+        self.message = self.message.replacen(&expanded, &named, 1);
+        self.param = Some(if index >= held {
+            format!("{named}{rest}")
+        } else {
+            format!("{held_param}[{index}]{rest}")
+        });
+        self
+    }
+
     /// The response body as JSON.
     pub fn body_json(&self) -> Value {
         match self.api {

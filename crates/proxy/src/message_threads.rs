@@ -346,33 +346,13 @@ pub fn expand(
 /// An error about a continue's expanded `messages` (the held conversation's `held_count`
 /// messages, then the request's own), said in the client's terms: `messages[i]` counts from
 /// its own first message; a held message is named as such.
-pub fn rebase_error(mut error: ApiError, held_count: usize, previous: &str) -> ApiError {
-    let Some(param) = error.param.clone() else {
-        return error;
-    };
-    let Some((index, rest)) = param
-        .strip_prefix("messages[")
-        .and_then(|tail| tail.split_once(']'))
-        .and_then(|(index, rest)| Some((index.parse::<usize>().ok()?, rest)))
-    else {
-        return error;
-    };
-    let expanded = format!("messages[{index}]");
-    let named = if index >= held_count {
-        format!("messages[{}]", index - held_count)
-    } else {
+pub fn rebase_error(error: ApiError, held_count: usize, previous: &str) -> ApiError {
+    error.rebased("messages", held_count, "thread.messages", |index| {
         format!(
             "message {index} of the conversation held as thread {}",
             shown(previous)
         )
-    };
-    error.message = error.message.replacen(&expanded, &named, 1);
-    error.param = Some(if index >= held_count {
-        format!("{named}{rest}")
-    } else {
-        format!("thread.messages[{index}]{rest}")
-    });
-    error
+    })
 }
 
 /// What a request with a `thread` holds when its response ends (see [`ThreadHold::hold`]);

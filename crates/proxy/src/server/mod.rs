@@ -2175,30 +2175,10 @@ fn items_in(items: &[u8]) -> usize {
 /// An error about a chained request's expanded `input` (the stored conversation's `offset`
 /// items, then the request's own), said in the client's terms: `input[i]` of its own items
 /// counts from its own first item; an item of the stored conversation is named as such.
-fn rebase_input_path(mut error: ApiError, offset: usize, previous: &str) -> ApiError {
-    let Some(param) = error.param.clone() else {
-        return error;
-    };
-    let Some((index, rest)) = param
-        .strip_prefix("input[")
-        .and_then(|tail| tail.split_once(']'))
-        .and_then(|(index, rest)| Some((index.parse::<usize>().ok()?, rest)))
-    else {
-        return error;
-    };
-    let expanded = format!("input[{index}]");
-    let named = if index >= offset {
-        format!("input[{}]", index - offset)
-    } else {
+fn rebase_input_path(error: ApiError, offset: usize, previous: &str) -> ApiError {
+    error.rebased("input", offset, "previous_response_id.input", |index| {
         format!("item {index} of the conversation stored as {previous}")
-    };
-    error.message = error.message.replacen(&expanded, &named, 1);
-    error.param = Some(if index >= offset {
-        format!("{named}{rest}")
-    } else {
-        format!("previous_response_id.input[{index}]{rest}")
-    });
-    error
+    })
 }
 
 /// One model call over HTTP: a Responses answer is kept for chaining unless `store` is false.
