@@ -56,18 +56,7 @@ fn blank_text_scenario(restart: bool) {
 
     let mut records = proxy.sink.records();
     if restart {
-        let history: Vec<gyre_event::Event> = records
-            .iter()
-            .map(|record| {
-                gyre_event::Event::new(
-                    record.requested_at,
-                    gyre_event::EventBody::ModelCall(Box::new(record.clone())),
-                )
-            })
-            .collect();
-        let token = proxy.token.clone();
-        drop(proxy);
-        proxy = restarted(&runtime, engine, config, history, token);
+        proxy = restarted(&runtime, engine, config, proxy, &records);
     }
 
     // As Claude Code re-sends it: the tool call without the blank text before it.
@@ -103,11 +92,7 @@ fn blank_text_scenario(restart: bool) {
     let replayed = |records: &[gyre_event::ModelCallRecord], name: &str| {
         let path = dir.path().join(name);
         let mut writer = gyre_log::EventFileWriter::create(&path).expect("event file");
-        for record in records {
-            let event = gyre_event::Event::new(
-                record.requested_at,
-                gyre_event::EventBody::ModelCall(Box::new(record.clone())),
-            );
+        for event in as_events(records) {
             writer.append_batch(&[event]).expect("appended");
         }
         writer.sync().expect("synced");
@@ -178,18 +163,7 @@ fn dropped_reasoning_scenario(restart: bool) {
 
     let mut records = proxy.sink.records();
     if restart {
-        let history: Vec<gyre_event::Event> = records
-            .iter()
-            .map(|record| {
-                gyre_event::Event::new(
-                    record.requested_at,
-                    gyre_event::EventBody::ModelCall(Box::new(record.clone())),
-                )
-            })
-            .collect();
-        let token = proxy.token.clone();
-        drop(proxy);
-        proxy = restarted(&runtime, engine, config, history, token);
+        proxy = restarted(&runtime, engine, config, proxy, &records);
     }
 
     // As the OpenAI SDK's clients send it back: no `reasoning_content`, no content.
@@ -224,15 +198,31 @@ fn dropped_reasoning_scenario(restart: bool) {
     );
 }
 
+/// `records` as the log holds them: one `ModelCall` event each.
+fn as_events(records: &[gyre_event::ModelCallRecord]) -> Vec<gyre_event::Event> {
+    records
+        .iter()
+        .map(|record| {
+            gyre_event::Event::new(
+                record.requested_at,
+                gyre_event::EventBody::ModelCall(Box::new(record.clone())),
+            )
+        })
+        .collect()
+}
+
 /// A second proxy on `config`'s credential file that rebuilt its sessions from `history`
 /// (what the first one recorded), serving `token`'s execution.
 fn restarted(
     runtime: &tokio::runtime::Runtime,
     engine: Arc<dyn TokenEngine>,
     config: ServerConfig,
-    history: Vec<gyre_event::Event>,
-    token: String,
+    before: Proxy,
+    records: &[gyre_event::ModelCallRecord],
 ) -> Proxy {
+    let token = before.token.clone();
+    drop(before);
+    let history = as_events(records);
     let sink = Arc::new(crate::support::MemorySink::default());
     let state = gyre_proxy::server::AppState::new(
         config,
