@@ -63,8 +63,11 @@ pub fn read_continue(body: &[u8]) -> Result<Option<Continue>, ApiError> {
     if memchr::memmem::find(body, b"\"previous_message_id\"").is_none() {
         return Ok(None);
     }
+    // A JS harness may send lone surrogate escapes; the ordinary parse reads them this way.
+    let fixed = crate::body::lone_surrogates_replaced(body);
     // A body that is not an object is named by the ordinary parse.
-    let Ok(object) = serde_json::from_slice::<Map<String, Value>>(body) else {
+    let Ok(object) = serde_json::from_slice::<Map<String, Value>>(fixed.as_deref().unwrap_or(body))
+    else {
         return Ok(None);
     };
     match thread_of(object.get("thread"))? {
@@ -294,13 +297,14 @@ fn json_text(value: &Value) -> String {
 
 /// The body a stateless client would have sent for a `continue` from `held`: `object` (the
 /// request, parsed) with the held messages before its own, the held `system` and `tools` where
-/// it sends none (absent or null), and no `thread`. `bytes_max`: the body limit (a longer
-/// conversation is a 413, as it would be sent whole).
+/// it sends none (absent or null), and no `thread`; with it, the conversation it makes, which
+/// its answer is held with. `bytes_max`: the body limit (a longer conversation is a 413, as it
+/// would be sent whole).
 pub fn expand(
     mut object: Map<String, Value>,
     held: &HeldThread,
     bytes_max: usize,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, HeldThread), ApiError> {
     let own = match object.remove("messages") {
         Some(Value::Array(own)) => own,
         // The ordinary parse names what is wrong with it, after the held messages.
@@ -308,21 +312,30 @@ pub fn expand(
         None => Vec::new(),
     };
     object.remove("thread");
-    let mut body = String::with_capacity(held.messages.len() + 1024);
-    body.push_str("{\"messages\":[");
-    body.push_str(&held.messages);
+    let mut messages = held.messages.clone();
     for message in &own {
-        if body.len() > "{\"messages\":[".len() {
-            body.push(',');
+        if !messages.is_empty() {
+            messages.push(',');
         }
-        body.push_str(&json_text(message));
+        messages.push_str(&json_text(message));
     }
+    let mut body = String::with_capacity(messages.len() + 1024);
+    body.push_str("{\"messages\":[");
+    body.push_str(&messages);
     body.push(']');
-    for (field, held_value) in [("system", &held.system), ("tools", &held.tools)] {
-        if object.get(field).is_none_or(Value::is_null) {
-            object.remove(field);
-            if let Some(held_value) = held_value {
-                body.push_str(&format!(",\"{field}\":{held_value}"));
+    let mut kept = [None, None];
+    for ((field, held_value), kept) in [("system", &held.system), ("tools", &held.tools)]
+        .into_iter()
+        .zip(&mut kept)
+    {
+        match object.get(field).filter(|value| !value.is_null()) {
+            Some(own) => *kept = Some(json_text(own)),
+            None => {
+                object.remove(field);
+                if let Some(held_value) = held_value {
+                    body.push_str(&format!(",\"{field}\":{held_value}"));
+                }
+                kept.clone_from(held_value);
             }
         }
     }
@@ -340,7 +353,14 @@ pub fn expand(
             format!("the conversation continued in this thread exceeds the body limit of {bytes_max} bytes"),
         ));
     }
-    Ok(Bytes::from(body))
+    let [system, tools] = kept;
+    let conversation = HeldThread {
+        system,
+        tools,
+        messages,
+        messages_count: held.messages_count + own.len(),
+    };
+    Ok((Bytes::from(body), conversation))
 }
 
 /// An error about a continue's expanded `messages` (the held conversation's `held_count`
@@ -378,7 +398,7 @@ impl Drop for ThreadHold {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -428,8 +448,13 @@ impl ThreadHold {
             .map(|(id, thread)| (id.as_str(), thread.messages_count))
     }
 
-    /// The request's whole conversation (a continue's expanded body), read from its body.
-    pub fn set_conversation(&self, body: &Value) {
+    /// The request's whole conversation: a continue's, as [`expand`] made it.
+    pub fn set_conversation(&self, conversation: HeldThread) {
+        *lock(&self.conversation) = Some(conversation);
+    }
+
+    /// The request's whole conversation, read from a `create`'s parsed body.
+    pub fn read_conversation(&self, body: &Value) {
         let field = |name: &str| {
             body.get(name)
                 .filter(|value| !value.is_null())
@@ -576,7 +601,7 @@ mod tests {
         let hold = ThreadHold::new(store.clone(), "main", Some(("msg_1".into(), held)));
         let body = json!({"system": "Be brief.", "messages": [{"role": "user", "content": "turn 0"},
                           {"role": "user", "content": "turn 1"}]});
-        hold.set_conversation(&body);
+        hold.read_conversation(&body);
         hold.hold("msg_2", &json!([{"type": "text", "text": "ok"}]));
         drop(hold);
         assert_eq!(
@@ -670,9 +695,16 @@ mod tests {
             Value::Object(object) => object,
             _ => unreachable!(),
         };
-        let expanded: Value =
-            serde_json::from_slice(&expand(object.clone(), &held, 1 << 20).unwrap()).unwrap();
+        let (bytes, conversation) = expand(object.clone(), &held, 1 << 20).unwrap();
+        let expanded: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(expanded.get("thread"), None);
+        // The conversation its answer is held with is the expanded body's.
+        assert_eq!(conversation.messages_count, 3);
+        let messages: Value =
+            serde_json::from_str(&format!("[{}]", conversation.messages)).unwrap();
+        assert_eq!(messages, expanded["messages"]);
+        assert_eq!(conversation.system.as_deref(), Some("\"Be brief.\""));
+        assert_eq!(conversation.tools, held.tools);
         assert_eq!(
             expanded["system"], "Be brief.",
             "a null system is the held one"
@@ -689,9 +721,10 @@ mod tests {
         // The request's own system is kept.
         let mut own = object.clone();
         own.insert("system".into(), json!("Other."));
-        let expanded: Value =
-            serde_json::from_slice(&expand(own, &held, 1 << 20).unwrap()).unwrap();
+        let (bytes, conversation) = expand(own, &held, 1 << 20).unwrap();
+        let expanded: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(expanded["system"], "Other.");
+        assert_eq!(conversation.system.as_deref(), Some("\"Other.\""));
         let error = expand(object, &held, 64).unwrap_err();
         assert_eq!(error.status(), 413);
         // An error in the expanded body names the client's own message.

@@ -2077,19 +2077,15 @@ fn begin_thread(
     bytes: &Bytes,
 ) -> Result<Option<(crate::message_threads::ThreadHold, Bytes)>, ApiError> {
     use crate::message_threads::{expand, read_continue, ThreadHold};
-    if memchr::memmem::find(bytes, b"\"previous_message_id\"").is_none() {
-        return Ok(None);
-    }
-    let fixed = crate::body::lone_surrogates_replaced(bytes);
-    let Some((previous_message_id, object)) = read_continue(fixed.as_deref().unwrap_or(bytes))?
-    else {
+    let Some((previous_message_id, object)) = read_continue(bytes)? else {
         return Ok(None);
     };
     let store = execution.threads();
-    let held = lock_threads(&store).begin_continue(&previous_message_id)?;
+    let held = crate::message_threads::lock(&store).begin_continue(&previous_message_id)?;
     // From here on, a refusal gives the thread back as the hold drops.
     let hold = ThreadHold::new(store, agent, Some((previous_message_id, held.clone())));
-    let expanded = expand(object, &held, app.config.body_bytes_max)?;
+    let (expanded, conversation) = expand(object, &held, app.config.body_bytes_max)?;
+    hold.set_conversation(conversation);
     Ok(Some((hold, expanded)))
 }
 
@@ -2103,20 +2099,16 @@ fn read_thread_after_parse(
     use crate::message_threads::{thread_not_found, thread_of, ThreadHold, ThreadParam};
     match thread_of(body.get("thread"))? {
         None => Ok(None),
-        Some(ThreadParam::Create) => Ok(Some(ThreadHold::new(execution.threads(), agent, None))),
+        Some(ThreadParam::Create) => {
+            let hold = ThreadHold::new(execution.threads(), agent, None);
+            hold.read_conversation(body);
+            Ok(Some(hold))
+        }
         // Only a body the raw read could not parse: the client sends the turn again whole.
         Some(ThreadParam::Continue {
             previous_message_id,
         }) => Err(thread_not_found(&previous_message_id)),
     }
-}
-
-fn lock_threads(
-    store: &Mutex<crate::message_threads::ThreadStore>,
-) -> MutexGuard<'_, crate::message_threads::ThreadStore> {
-    store
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A Responses request that continues a stored response (`previous_response_id`), as the
@@ -2356,10 +2348,7 @@ async fn serve_call(
                     }
                     (_, hold) => hold,
                 };
-                if let Some(hold) = thread_hold {
-                    hold.set_conversation(body.value());
-                    request.thread_hold = Some(Arc::new(hold));
-                }
+                request.thread_hold = thread_hold.map(Arc::new);
                 if let (Some((id, ..)), Some(settings)) =
                     (&chained, request.response_settings.as_mut())
                 {
