@@ -387,7 +387,8 @@ impl Session {
             }
             if message.reasoning.is_empty() {
                 // An answer sent back without its reasoning: the reasoning it sampled before
-                // its first call, as if the harness had sent it (each piece with its handle).
+                // its first call, as if the harness had sent it (each piece with its handle,
+                // counted as restored by the handle loop below).
                 let handles = message
                     .tool_calls
                     .first()
@@ -399,7 +400,6 @@ impl Session {
                             handle: Some(handle.clone()),
                             redacted: false,
                         });
-                        restored += 1;
                     }
                 }
             }
