@@ -156,6 +156,26 @@ impl Proxy {
         )
     }
 
+    /// POSTs `body` with another execution's credential `token`; the status and the JSON
+    /// answer.
+    pub fn post_as(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        let auth = format!("Bearer {token}");
+        let (status, body) = http(
+            &self.address,
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &auth),
+                ("x-api-key", token),
+            ],
+            &body.to_string(),
+        );
+        let value = serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("a JSON answer ({error}): {body}"));
+        (status, value)
+    }
+
     /// The proxy's `/metrics` text.
     pub fn metrics(&self) -> String {
         http(&self.address, "GET", "/metrics", &[], "").1

@@ -91,3 +91,91 @@ fn a_continue_is_served_as_the_whole_conversation_and_continued_once() {
         );
     }
 }
+
+/// The threads held over all executions fit `thread_store_bytes_max`: when a new thread does not
+/// fit, the execution holding the most gives up its oldest (a later continue of it is
+/// `thread_not_found`, and the client sends the turn again whole); a continue's new thread is
+/// charged in place of the one it continued, so a conversation over half the store still goes
+/// on; a thread larger than the whole store is answered but not held. The gauge and the
+/// given-up counter say so.
+#[test]
+fn held_threads_fit_the_store_over_all_executions() {
+    let runtime = crate::support::runtime();
+    let answer = r#"{"agent": "main", "blocks": [{"type": "text", "text": "ok"}]}"#;
+    let engine = crate::in_process::scripted(&[answer; 8].join("\n"));
+    let store_max = 15_000;
+    let sink = std::sync::Arc::new(crate::support::MemorySink::default());
+    let state = gyre_proxy::server::AppState::new(
+        gyre_proxy::server::ServerConfig {
+            thread_store_bytes_max: store_max,
+            ..Default::default()
+        },
+        crate::in_process::model(),
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let (_, first_token) = state.open_execution(None, None).expect("open");
+    let (_, second_token) = state.open_execution(None, None).expect("open");
+    let proxy = crate::in_process::serve_state(&runtime, state, first_token.clone(), sink);
+    // ~10 KB of conversation: one thread fits the store, two do not.
+    let system = "x".repeat(10_000);
+    let create = |system: &str| {
+        json!({"model": "m", "max_tokens": 64, "system": system,
+               "messages": [{"role": "user", "content": "hi"}], "thread": {"type": "create"}})
+    };
+    let continue_from = |answer: &serde_json::Value| {
+        json!({"model": "m", "max_tokens": 64,
+               "messages": [{"role": "user", "content": "more"}],
+               "thread": {"type": "continue", "previous_message_id": answer["id"]}})
+    };
+    let gauge = |name: &str| -> usize {
+        let text = proxy.metrics();
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    let (status, first) = proxy.post_as(&first_token, "/v1/messages", &create(&system));
+    assert_eq!(status, 200, "{first}");
+    let held_one = gauge("gyre_proxy_thread_store_bytes");
+    assert!(held_one > 10_000 && held_one <= store_max, "{held_one}");
+    // The second execution's thread makes room: the first's is given up.
+    let (status, second) = proxy.post_as(&second_token, "/v1/messages", &create(&system));
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(gauge("gyre_proxy_threads_given_up_total"), 1);
+    assert!(gauge("gyre_proxy_thread_store_bytes") <= store_max);
+    let (status, lost) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&first));
+    assert_eq!(status, 404, "{lost}");
+    assert_eq!(
+        lost["error"]["details"]["error_code"], "thread_not_found",
+        "{lost}"
+    );
+    // The second goes on twice: each new thread replaces the one it continued in the store.
+    let (status, third) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&second));
+    assert_eq!(status, 200, "{third}");
+    let (status, fourth) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&third));
+    assert_eq!(status, 200, "{fourth}");
+    let held_now = gauge("gyre_proxy_thread_store_bytes");
+    assert!(
+        held_now > held_one && held_now <= store_max,
+        "one longer thread held: {held_now}"
+    );
+    assert_eq!(gauge("gyre_proxy_threads_given_up_total"), 1);
+    // Larger than the whole store: answered, not held, nothing else given up.
+    let (status, huge) = proxy.post_as(
+        &first_token,
+        "/v1/messages",
+        &create(&"y".repeat(store_max)),
+    );
+    assert_eq!(status, 200, "{huge}");
+    let (status, lost) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&huge));
+    assert_eq!(status, 404, "{lost}");
+    assert_eq!(gauge("gyre_proxy_thread_store_bytes"), held_now);
+    assert_eq!(gauge("gyre_proxy_threads_given_up_total"), 1);
+    let (status, fifth) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&fourth));
+    assert_eq!(status, 200, "{fifth}");
+}

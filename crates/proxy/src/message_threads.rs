@@ -19,7 +19,7 @@
 //!
 //! Pure but for the store's lock: request bytes and held threads in, bodies and verdicts out.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -36,6 +36,15 @@ pub const HELD_MAX: usize = 16;
 
 /// The JSON bytes an execution's held threads may take together.
 pub const HELD_BYTES_MAX: usize = 64 << 20;
+
+/// A held thread's share of the proxy's memory for threads over all executions, given back
+/// when the thread is dropped (continued, given up for room, or its execution gone).
+pub type Charge = Box<dyn std::any::Any + Send + Sync>;
+
+/// Charges a thread's JSON bytes against the proxy's budget over all executions, making room
+/// if it can (see the server's `--thread-store-mib`); `None` when it cannot, and the thread is
+/// not held (a later `continue` of it gets `thread_not_found` and is sent again whole).
+pub type Charger = Arc<dyn Fn(usize) -> Option<Charge> + Send + Sync>;
 
 /// Continued ids an execution remembers, to answer a second `continue` of one with
 /// `thread_already_continued` rather than `thread_not_found`.
@@ -134,8 +143,8 @@ pub fn thread_not_found(previous_message_id: &str) -> ApiError {
         "thread_not_found",
         format!(
             "No usable Thread state was found for previous_message_id `{}` in this execution \
-             (this proxy holds the last {HELD_MAX} threads of each execution in memory, not \
-             across a restart). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
+             (this proxy holds each execution's latest threads in memory, within its budget, \
+             not across a restart). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
             shown(previous_message_id)
         ),
     )
@@ -154,19 +163,32 @@ pub struct HeldThread {
 }
 
 impl HeldThread {
-    fn bytes(&self) -> usize {
+    /// The JSON bytes it holds (what it is charged).
+    pub fn bytes(&self) -> usize {
         self.messages.len()
             + self.system.as_ref().map_or(0, String::len)
             + self.tools.as_ref().map_or(0, String::len)
     }
 }
 
-#[derive(Debug)]
 struct Held {
     thread: Arc<HeldThread>,
     agent: String,
     /// When it was held (the store's count).
     order: u64,
+    /// Its share of the proxy's budget (`None`: not charged, as in a store without one).
+    charge: Option<Charge>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("bytes", &self.thread.bytes())
+            .field("agent", &self.agent)
+            .field("order", &self.order)
+            .field("charged", &self.charge.is_some())
+            .finish()
+    }
 }
 
 /// One execution's threads.
@@ -176,8 +198,9 @@ pub struct ThreadStore {
     next_order: u64,
     /// Bytes of the held threads.
     bytes: usize,
-    /// Ids being continued, with their agent.
-    in_flight: HashSet<String>,
+    /// Ids being continued, with the charge of the thread each took (held until the continue
+    /// ends: the thread is still in memory).
+    in_flight: HashMap<String, Option<Charge>>,
     continued: VecDeque<String>,
 }
 
@@ -187,10 +210,10 @@ impl ThreadStore {
     pub fn begin_continue(&mut self, id: &str) -> Result<Arc<HeldThread>, ApiError> {
         if let Some(held) = self.held.remove(id) {
             self.bytes -= held.thread.bytes();
-            self.in_flight.insert(id.to_string());
+            self.in_flight.insert(id.to_string(), held.charge);
             return Ok(held.thread);
         }
-        if self.in_flight.contains(id) {
+        if self.in_flight.contains_key(id) {
             return Err(thread_error(
                 ApiErrorKind::InvalidRequest,
                 "thread_continue_in_flight",
@@ -219,14 +242,34 @@ impl ThreadStore {
     /// A continue of `id` (by `agent`) that produced no response: the thread can be continued
     /// again.
     pub fn abandon(&mut self, id: &str, thread: Arc<HeldThread>, agent: &str) {
-        if self.in_flight.remove(id) {
-            self.insert(id.to_string(), thread, agent);
+        if let Some(charge) = self.in_flight.remove(id) {
+            self.insert(id.to_string(), thread, agent, charge);
         }
     }
 
-    /// Holds `thread` under the response id `id`, answered to `agent`; `continued`: the id the
-    /// request continued, which can be continued no more.
+    /// Holds `thread` under the response id `id`, answered to `agent`, uncharged; `continued`:
+    /// the id the request continued, which can be continued no more.
     pub fn hold(&mut self, id: String, thread: HeldThread, agent: &str, continued: Option<&str>) {
+        self.settle(continued);
+        self.insert(id, Arc::new(thread), agent, None);
+    }
+
+    /// [`ThreadStore::hold`] with the thread's share of the proxy's budget.
+    pub fn hold_charged(
+        &mut self,
+        id: String,
+        thread: HeldThread,
+        charge: Charge,
+        agent: &str,
+        continued: Option<&str>,
+    ) {
+        self.settle(continued);
+        self.insert(id, Arc::new(thread), agent, Some(charge));
+    }
+
+    /// The continue of `continued` ended with a response (held or not): that id can be
+    /// continued no more, and the thread it took is let go.
+    pub fn settle(&mut self, continued: Option<&str>) {
         if let Some(continued) = continued {
             self.in_flight.remove(continued);
             self.continued.push_back(continued.to_string());
@@ -234,10 +277,15 @@ impl ThreadStore {
                 self.continued.pop_front();
             }
         }
-        self.insert(id, Arc::new(thread), agent);
     }
 
-    fn insert(&mut self, id: String, thread: Arc<HeldThread>, agent: &str) {
+    /// Gives back the charge of the thread a continue of `id` took, before the continue's own
+    /// (longer) conversation is charged: the new conversation holds the old one.
+    pub fn release_in_flight_charge(&mut self, id: &str) -> Option<Charge> {
+        self.in_flight.get_mut(id).and_then(Option::take)
+    }
+
+    fn insert(&mut self, id: String, thread: Arc<HeldThread>, agent: &str, charge: Option<Charge>) {
         self.bytes += thread.bytes();
         let order = self.next_order;
         self.next_order += 1;
@@ -247,12 +295,13 @@ impl ThreadStore {
                 thread,
                 agent: agent.to_string(),
                 order,
+                charge,
             },
         ) {
             self.bytes -= replaced.thread.bytes();
         }
         while self.held.len() > HELD_MAX || (self.bytes > HELD_BYTES_MAX && self.held.len() > 1) {
-            let Some(victim) = self.victim(&id) else {
+            let Some(victim) = self.victim(Some(&id)) else {
                 break;
             };
             if let Some(given_up) = self.held.remove(&victim) {
@@ -261,16 +310,34 @@ impl ThreadStore {
         }
     }
 
+    /// Gives up one held thread to make room in the proxy's budget (the one [`insert`] would
+    /// give up first); false when none is held. A later `continue` of it gets
+    /// `thread_not_found` and is sent again whole.
+    ///
+    /// [`insert`]: ThreadStore::hold
+    pub fn give_up_one(&mut self) -> bool {
+        let Some(victim) = self.victim(None) else {
+            return false;
+        };
+        match self.held.remove(&victim) {
+            Some(given_up) => {
+                self.bytes -= given_up.thread.bytes();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The thread to give up for room (never `keep`): the oldest of those whose agent holds a
     /// newer one, else the oldest.
-    fn victim(&self, keep: &str) -> Option<String> {
+    fn victim(&self, keep: Option<&str>) -> Option<String> {
         let newest: HashMap<&str, u64> =
             self.held.values().fold(HashMap::new(), |mut newest, held| {
                 let entry = newest.entry(held.agent.as_str()).or_insert(held.order);
                 *entry = (*entry).max(held.order);
                 newest
             });
-        let candidates = self.held.iter().filter(|(id, _)| id.as_str() != keep);
+        let candidates = self.held.iter().filter(|(id, _)| Some(id.as_str()) != keep);
         let superseded = candidates
             .clone()
             .filter(|(_, held)| newest[held.agent.as_str()] > held.order)
@@ -385,6 +452,8 @@ pub struct ThreadHold {
     /// The request's whole conversation, until its answer is held.
     conversation: Mutex<Option<HeldThread>>,
     held: std::sync::atomic::AtomicBool,
+    /// Charges the answer's thread against the proxy's budget (`None`: uncharged).
+    charger: Option<Charger>,
 }
 
 impl Drop for ThreadHold {
@@ -433,7 +502,15 @@ impl ThreadHold {
             continued,
             conversation: Mutex::new(None),
             held: std::sync::atomic::AtomicBool::new(false),
+            charger: None,
         }
+    }
+
+    /// The thread the answer makes is charged with `charger` before it is held, and not held
+    /// when that finds no room.
+    pub fn charged_by(mut self, charger: Charger) -> Self {
+        self.charger = Some(charger);
+        self
     }
 
     /// The id of the response the request continues (`None` for a `create`).
@@ -489,7 +566,35 @@ impl ThreadHold {
         ));
         thread.messages_count += 1;
         let continued = self.continued.as_ref().map(|(id, _)| id.as_str());
-        lock(&self.store).hold(id.to_string(), thread, &self.agent, continued);
+        match &self.charger {
+            None => lock(&self.store).hold(id.to_string(), thread, &self.agent, continued),
+            Some(charger) => {
+                // The new conversation holds the continued one: charged for it alone. The
+                // charger may make room in any execution's store, this one's too, so no store
+                // is locked while it runs.
+                if let Some(continued) = continued {
+                    drop(lock(&self.store).release_in_flight_charge(continued));
+                }
+                match charger(thread.bytes()) {
+                    Some(charge) => lock(&self.store).hold_charged(
+                        id.to_string(),
+                        thread,
+                        charge,
+                        &self.agent,
+                        continued,
+                    ),
+                    None => {
+                        tracing::warn!(
+                            id,
+                            bytes = thread.bytes(),
+                            "the thread store is full (--thread-store-mib); this response's \
+                             thread is not held, a continue of it is answered thread_not_found"
+                        );
+                        lock(&self.store).settle(continued);
+                    }
+                }
+            }
+        }
         self.held.store(true, std::sync::atomic::Ordering::Release);
     }
 }
@@ -621,6 +726,92 @@ mod tests {
             lock(&store).held_bytes(),
             0,
             "nothing held while it is in flight"
+        );
+    }
+
+    /// A charged store: each held thread keeps its charge until it is given up or continued;
+    /// a continue's thread keeps its charge while in flight, lets it go before the new one is
+    /// charged, and a continue whose answer finds no room still uses its thread up.
+    #[test]
+    fn charges_live_as_long_as_their_threads() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Counted(Arc<AtomicUsize>, usize);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_sub(self.1, Ordering::SeqCst);
+            }
+        }
+        let used = Arc::new(AtomicUsize::new(0));
+        let room = Arc::new(AtomicUsize::new(usize::MAX));
+        let charger: Charger = {
+            let (used, room) = (used.clone(), room.clone());
+            Arc::new(move |bytes| {
+                (used.load(Ordering::SeqCst) + bytes <= room.load(Ordering::SeqCst)).then(|| {
+                    used.fetch_add(bytes, Ordering::SeqCst);
+                    Box::new(Counted(used.clone(), bytes)) as Charge
+                })
+            })
+        };
+        let store = Arc::new(Mutex::new(ThreadStore::default()));
+        let create = |id: &str, agent: &str| {
+            let hold = ThreadHold::new(store.clone(), agent, None).charged_by(charger.clone());
+            hold.read_conversation(&json!({"messages": [{"role": "user", "content": "hi"}]}));
+            hold.hold(id, &json!([{"type": "text", "text": "ok"}]));
+        };
+        create("msg_1", "main");
+        create("msg_2", "sub");
+        let two = used.load(Ordering::SeqCst);
+        assert_eq!(two, lock(&store).held_bytes());
+        // In flight: still charged (the thread is in memory), no longer held.
+        let held = lock(&store).begin_continue("msg_1").unwrap();
+        assert_eq!(used.load(Ordering::SeqCst), two);
+        // The new conversation is charged in place of the old: room for exactly it suffices.
+        let hold = ThreadHold::new(store.clone(), "main", Some(("msg_1".into(), held.clone())))
+            .charged_by(charger.clone());
+        let conversation = HeldThread {
+            messages: format!(
+                "{},{}",
+                held.messages, r#"{"role":"user","content":"more"}"#
+            ),
+            messages_count: held.messages_count + 1,
+            system: None,
+            tools: None,
+        };
+        let after = lock(&store).held_bytes()
+            + conversation.bytes()
+            + json_text(&json!({"role": "assistant", "content": [{"type": "text", "text": "ok"}]}))
+                .len()
+            + 1;
+        room.store(after, Ordering::SeqCst);
+        hold.set_conversation(conversation);
+        hold.hold("msg_3", &json!([{"type": "text", "text": "ok"}]));
+        drop(hold);
+        assert_eq!(used.load(Ordering::SeqCst), after);
+        assert_eq!(lock(&store).held_count(), 2);
+        // Given up for room: its charge goes with it.
+        assert!(lock(&store).give_up_one());
+        assert_eq!(used.load(Ordering::SeqCst), lock(&store).held_bytes());
+        assert!(lock(&store).give_up_one());
+        assert!(!lock(&store).give_up_one());
+        assert_eq!(used.load(Ordering::SeqCst), 0);
+        // No room: answered, not held, and the continued thread is used up all the same.
+        room.store(usize::MAX, Ordering::SeqCst);
+        create("msg_4", "main");
+        let held = lock(&store).begin_continue("msg_4").unwrap();
+        room.store(0, Ordering::SeqCst);
+        let hold = ThreadHold::new(store.clone(), "main", Some(("msg_4".into(), held)))
+            .charged_by(charger.clone());
+        hold.read_conversation(&json!({"messages": [{"role": "user", "content": "again"}]}));
+        hold.hold("msg_5", &json!([{"type": "text", "text": "ok"}]));
+        drop(hold);
+        assert_eq!(used.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            code(&lock(&store).begin_continue("msg_4").unwrap_err()).1,
+            "thread_already_continued"
+        );
+        assert_eq!(
+            code(&lock(&store).begin_continue("msg_5").unwrap_err()).1,
+            "thread_not_found"
         );
     }
 

@@ -164,6 +164,16 @@ pub struct ProxyArgs {
     /// a client can chain from are committed before they are handed over).
     #[arg(long, default_value_t = 256)]
     response_store_mib: usize,
+    /// Memory, MiB over all executions, for Anthropic Message Threads (beta
+    /// `message-threads-2026-08-12`: Claude Code with `CLAUDE_CODE_TETHER_LIVE`, the Anthropic
+    /// SDKs' tool runners) held so that a later request can `continue` one sending only its new
+    /// turn. Each thread is charged its conversation's JSON bytes; each execution also holds at
+    /// most 16 threads and 64 MiB. When it is spent, the execution holding the most gives up
+    /// its oldest thread: a later continue of it is answered `thread_not_found`, on which
+    /// clients send the turn again whole. Threads are held in memory only, not across a
+    /// restart.
+    #[arg(long, default_value_t = 256)]
+    thread_store_mib: usize,
     /// Cap on new tokens per call: a request's own limit (`max_tokens`,
     /// `max_output_tokens`) is clipped to it, and a request without one (Codex sends none)
     /// gets it. Claude Code asks for 32000 (Sonnet) to 128000 (Opus); an answer cut by this
@@ -351,6 +361,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 "max_connections": max_connections(args.max_connections),
                 "body_cache_mib": args.body_cache_mib,
                 "response_store_mib": args.response_store_mib,
+                "thread_store_mib": args.thread_store_mib,
                 "max_new_tokens": args.max_new_tokens,
                 "context_tokens_max": context_tokens_max,
                 "media": format!("{:?}", args.media).to_lowercase(),
@@ -396,6 +407,7 @@ async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         auto_open: args.auto_open,
         body_cache_bytes_max: args.body_cache_mib.saturating_mul(1 << 20),
         response_store_bytes_max: args.response_store_mib.saturating_mul(1 << 20),
+        thread_store_bytes_max: args.thread_store_mib.saturating_mul(1 << 20),
         capture: args.capture.clone(),
         credentials: credentials.clone(),
         numbering,

@@ -92,6 +92,7 @@ pub struct Metrics {
     sampling_overridden: AtomicU64,
     context_too_long: AtomicU64,
     responses_given_up: AtomicU64,
+    threads_given_up: AtomicU64,
     responses_read_back: AtomicU64,
     replayed: AtomicU64,
     stream_errors: AtomicU64,
@@ -267,6 +268,11 @@ impl Metrics {
             .fetch_add(count as u64, Ordering::Relaxed);
     }
 
+    /// A held Message Thread given up to make room in the thread store.
+    pub fn threads_given_up(&self) {
+        self.threads_given_up.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A stored response a client named, read back from the log (it was no longer in memory).
     pub fn response_read_back(&self) {
         self.responses_read_back.fetch_add(1, Ordering::Relaxed);
@@ -369,6 +375,13 @@ impl Metrics {
                 "Stored Responses answers dropped from memory to make room in the response store \
                  (`--response-store-mib`); those the log holds are read back when named.",
                 &self.responses_given_up,
+            ),
+            (
+                "gyre_proxy_threads_given_up_total",
+                "Anthropic Message Threads given up to make room in the thread store \
+                 (`--thread-store-mib`); a later continue of one is answered thread_not_found \
+                 and the client sends its turn again whole.",
+                &self.threads_given_up,
             ),
             (
                 "gyre_proxy_responses_read_back_total",

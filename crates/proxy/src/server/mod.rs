@@ -91,6 +91,11 @@ pub struct ServerConfig {
     /// holds itself, for as long as a later response in its chain shares them). Beyond it, a
     /// response is not stored and continuing it is the API's 400 "not found".
     pub response_store_bytes_max: usize,
+    /// Memory, over all executions, for the Anthropic Message Threads the proxy holds (each
+    /// thread charged its conversation's JSON bytes; see [`crate::message_threads`]). When it
+    /// is spent, the execution holding the most gives up its oldest thread (a later `continue`
+    /// of it is the API's `thread_not_found`, on which clients send the turn again whole).
+    pub thread_store_bytes_max: usize,
     /// Append every authenticated model-API request (exact body, secrets redacted) to this
     /// JSON-lines file (`capture.rs`).
     pub capture: Option<std::path::PathBuf>,
@@ -208,6 +213,7 @@ impl Default for ServerConfig {
             auto_open: false,
             body_cache_bytes_max: 256 << 20,
             response_store_bytes_max: 256 << 20,
+            thread_store_bytes_max: 256 << 20,
             capture: None,
             credentials: None,
             numbering: ExecutionNumbering::default(),
@@ -763,6 +769,8 @@ pub struct AppState {
     preparing: tokio::sync::Semaphore,
     bodies: Arc<BodyBudget>,
     responses: Arc<BodyBudget>,
+    /// The Anthropic Message Threads held over all executions.
+    threads: Arc<BodyBudget>,
     capture: Option<capture::Capture>,
     credentials: Option<credentials::CredentialFile>,
     /// Credentials issued before this process started, and the sessions rebuilt for them.
@@ -1016,6 +1024,10 @@ impl AppState {
             used: AtomicUsize::new(0),
             max: config.response_store_bytes_max,
         });
+        let threads = Arc::new(BodyBudget {
+            used: AtomicUsize::new(0),
+            max: config.thread_store_bytes_max,
+        });
         let capture = config
             .capture
             .as_deref()
@@ -1035,6 +1047,7 @@ impl AppState {
         Ok(Arc::new(AppState {
             bodies,
             responses,
+            threads,
             capture,
             credentials,
             issued: Mutex::new(Issued {
@@ -1105,6 +1118,47 @@ impl AppState {
                 return Some(Charge::force(&self.responses, bytes, owner));
             }
         }
+    }
+
+    /// Charges a Message Thread of `bytes` against the thread store, making room: while it is
+    /// full, the execution holding the most held threads gives up its oldest (see
+    /// `ThreadStore::give_up_one`). `None` when the thread is larger than the store, or no
+    /// held thread is left to give up (the rest are being continued).
+    fn charge_thread(&self, bytes: usize) -> Option<Charge> {
+        if bytes > self.threads.max {
+            return None;
+        }
+        loop {
+            if let Some(charge) = Charge::take(&self.threads, bytes) {
+                return Some(charge);
+            }
+            // One store locked at a time: the caller holds none.
+            let largest = self
+                .execution_handles()
+                .into_iter()
+                .map(|(_, handle)| {
+                    let held = crate::message_threads::lock(&handle.0.threads).held_bytes();
+                    (held, handle)
+                })
+                .filter(|(held, _)| *held > 0)
+                .max_by_key(|(held, _)| *held);
+            let (_, victim) = largest?;
+            if !crate::message_threads::lock(&victim.0.threads).give_up_one() {
+                // Continued meanwhile: look again.
+                continue;
+            }
+            self.metrics.threads_given_up();
+        }
+    }
+
+    /// What a request's thread hold charges its answer's thread with.
+    fn thread_charger(self: &Arc<Self>) -> crate::message_threads::Charger {
+        let app = Arc::downgrade(self);
+        Arc::new(move |bytes| {
+            let app = app.upgrade()?;
+            let charge = app.charge_thread(bytes)?;
+            Some(Box::new(charge) as crate::message_threads::Charge)
+        })
     }
 
     /// Makes room in the response store. The execution holding the most of it, other than
@@ -2071,7 +2125,7 @@ async fn restore_from_log(
 /// `create`'s hold; a `continue`'s hold (the thread it took) and its expanded body. A refused
 /// continue gives its thread back when the hold drops.
 fn begin_thread(
-    app: &AppState,
+    app: &Arc<AppState>,
     execution: &ExecutionHandle,
     agent: &str,
     bytes: &Bytes,
@@ -2083,7 +2137,8 @@ fn begin_thread(
     let store = execution.threads();
     let held = crate::message_threads::lock(&store).begin_continue(&previous_message_id)?;
     // From here on, a refusal gives the thread back as the hold drops.
-    let hold = ThreadHold::new(store, agent, Some((previous_message_id, held.clone())));
+    let hold = ThreadHold::new(store, agent, Some((previous_message_id, held.clone())))
+        .charged_by(app.thread_charger());
     let (expanded, conversation) = expand(object, &held, app.config.body_bytes_max)?;
     hold.set_conversation(conversation);
     Ok(Some((hold, expanded)))
@@ -2092,6 +2147,7 @@ fn begin_thread(
 /// A `thread` read from the parsed body of a request whose raw bytes held no `continue` (see
 /// `crate::message_threads::read_continue`): a `create`'s hold.
 fn read_thread_after_parse(
+    app: &Arc<AppState>,
     execution: &ExecutionHandle,
     agent: &str,
     body: &Value,
@@ -2100,7 +2156,8 @@ fn read_thread_after_parse(
     match thread_of(body.get("thread"))? {
         None => Ok(None),
         Some(ThreadParam::Create) => {
-            let hold = ThreadHold::new(execution.threads(), agent, None);
+            let hold =
+                ThreadHold::new(execution.threads(), agent, None).charged_by(app.thread_charger());
             hold.read_conversation(body);
             Ok(Some(hold))
         }
@@ -2344,7 +2401,7 @@ async fn serve_call(
                     })?;
                 let thread_hold = match (api, thread_hold) {
                     (Api::Anthropic, None) => {
-                        read_thread_after_parse(&execution, agent_key, body.value())?
+                        read_thread_after_parse(&app, &execution, agent_key, body.value())?
                     }
                     (_, hold) => hold,
                 };
@@ -2811,6 +2868,15 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
          gyre_proxy_response_store_bytes_max {}\n",
         app.responses.used.load(Ordering::Acquire),
         app.responses.max,
+    ));
+    text.push_str(&format!(
+        "# HELP gyre_proxy_thread_store_bytes Memory charged to the Anthropic Message Threads \
+         held for a later continue (each thread its conversation's JSON bytes), and its bound \
+         (--thread-store-mib).\n# TYPE gyre_proxy_thread_store_bytes gauge\n\
+         gyre_proxy_thread_store_bytes {}\n# TYPE gyre_proxy_thread_store_bytes_max gauge\n\
+         gyre_proxy_thread_store_bytes_max {}\n",
+        app.threads.used.load(Ordering::Acquire),
+        app.threads.max,
     ));
     let mut response = text.into_response();
     response.headers_mut().insert(
