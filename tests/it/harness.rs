@@ -14,7 +14,8 @@
 //! installs them and sets `GYRE_HARNESS_REQUIRED=1`, under which a missing CLI fails the test
 //! instead of passing by. The OpenAI Agents SDK (PyPI `openai-agents`), a Responses client
 //! that chains with `previous_response_id`, runs from the Python `GYRE_AGENTS_PYTHON` names
-//! (a venv `.ci/run` installs it into).
+//! (a venv `.ci/run` installs it into). opencode (`opencode-ai`, `GYRE_OPENCODE_BIN`) runs a
+//! sub-agent and parallel tools over Messages and over Responses.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -1524,4 +1525,144 @@ fn claude_code_with_message_threads_continues_each_turn_on_the_proxy() {
     assert_eq!(records.len(), 3, "three model calls");
     assert_eq!(records[0].parent_call, None);
     assert_each_turn_extends_the_whole_previous(&records);
+}
+
+/// opencode (`opencode-ai`, pinned in `.ci/run`), an open-source coding agent built on the
+/// Vercel AI SDK, through the proxy twice: with its Anthropic provider (`/v1/messages`,
+/// extended thinking) and with its OpenAI provider (`/v1/responses`, `store: false` with
+/// encrypted reasoning). Each run delegates to a sub-agent (its `task` tool), which writes a
+/// file with `bash`; the main agent then calls two tools in parallel and ends. The run exits 0
+/// having done the work, the sub-agent's calls are their own agent (opencode marks them with
+/// `x-parent-session-id`) and their own root, and each agent's every call extends its previous
+/// one whole (nothing of a turn encoded again).
+#[test]
+fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
+    let Some(opencode) = harness_bin("GYRE_OPENCODE_BIN") else {
+        return;
+    };
+    for provider in ["anthropic", "openai"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (work, home) = (dir.path().join("work"), dir.path().join("home"));
+        std::fs::create_dir_all(&work).expect("work dir");
+        std::fs::create_dir_all(&home).expect("home dir");
+        // opencode's project is the git work tree it runs in; outside one, every path asks
+        // for a permission `opencode run` refuses.
+        let git = Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&work)
+            .status()
+            .expect("git runs");
+        assert!(git.success(), "git init");
+        let config = work.join("opencode.json");
+        let line = |agent: &str, blocks: serde_json::Value| serde_json::json!({"agent": agent, "blocks": blocks});
+        let script = script_of(
+            dir.path(),
+            &[
+                line(
+                    "main",
+                    serde_json::json!([
+                        {"type": "thinking", "thinking": "A sub-agent can write it."},
+                        {"type": "tool_use", "name": "task", "input": {
+                            "description": "Write the file",
+                            "prompt": "Write hello.txt with bash.",
+                            "subagent_type": "general"}}]),
+                ),
+                line(
+                    "sub",
+                    serde_json::json!([{"type": "tool_use", "name": "bash", "input": {
+                        "command": "echo hello > hello.txt", "description": "Write hello.txt"}}]),
+                ),
+                line(
+                    "sub",
+                    serde_json::json!([{"type": "text", "text": "Wrote hello.txt."}]),
+                ),
+                line(
+                    "main",
+                    serde_json::json!([
+                        {"type": "text", "text": "Checking it."},
+                        {"type": "tool_use", "name": "bash", "input": {
+                            "command": "cat hello.txt", "description": "Show hello.txt"}},
+                        {"type": "tool_use", "name": "read", "input": {
+                            "filePath": utf8(&config)}}]),
+                ),
+                line(
+                    "main",
+                    serde_json::json!([{"type": "text", "text": "All done here."}]),
+                ),
+            ],
+        );
+        let log = dir.path().join("tito.log");
+        let capture = dir.path().join("capture.jsonl");
+        let mut proxy = start_proxy(&script, &log, &capture);
+        let (base_url, model) = match provider {
+            "anthropic" => (
+                format!("{}/v1", proxy.anthropic_base_url),
+                "anthropic/claude-sonnet-4-5",
+            ),
+            _ => (proxy.openai_base_url.clone(), "openai/gpt-5"),
+        };
+        let settings = serde_json::json!({
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {provider: {"options": {"baseURL": base_url, "apiKey": proxy.token}}},
+            "model": model,
+            "small_model": model,
+            "autoupdate": false,
+            "share": "disabled",
+        });
+        std::fs::write(&config, settings.to_string()).expect("opencode.json");
+        // A title given: opencode asks no model for one, so the script's order is the run's.
+        let mut command = Command::new(&opencode);
+        command
+            .current_dir(&work)
+            // opencode takes its project directory from `PWD`, which a child inherits
+            // unchanged from this process.
+            .env("PWD", &work)
+            .env("HOME", &home)
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("XDG_STATE_HOME")
+            .env("OPENCODE_CONFIG", &config)
+            .args(["run", "--title", "gyre harness test", "Write hello.txt."]);
+        let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        proxy.process.kill();
+        assert!(
+            output.status.success() && stdout.contains("All done here."),
+            "{provider}: opencode exited {:?}\nstdout: {stdout}\nstderr: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.join("hello.txt"))
+                .ok()
+                .as_deref(),
+            Some("hello\n"),
+            "{provider}: the sub-agent's bash call ran"
+        );
+        let records = records(&log);
+        let agents: Vec<&str> = records.iter().map(|r| r.agent.as_str()).collect();
+        assert_eq!(agents.len(), 5, "{provider}: {agents:?}");
+        let sub = agents[1];
+        assert!(sub.starts_with("sub:ses_"), "{provider}: {agents:?}");
+        assert_eq!(
+            agents,
+            ["main", sub, sub, "main", "main"],
+            "{provider}: the sub-agent's calls are its own"
+        );
+        let of = |agent: &str| -> Vec<ModelCallRecord> {
+            records
+                .iter()
+                .filter(|r| r.agent == agent)
+                .cloned()
+                .collect()
+        };
+        for calls in [of("main"), of(sub)] {
+            assert_eq!(
+                calls[0].parent_call, None,
+                "{provider}: each agent its own root"
+            );
+            assert_each_turn_extends_the_whole_previous(&calls);
+        }
+    }
 }

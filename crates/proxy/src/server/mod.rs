@@ -2045,11 +2045,18 @@ async fn read_body_bytes(app: &AppState, api: Api, body: Body) -> Result<Bytes, 
 /// `x-codex-parent-thread-id` and the sub-agent's own thread id (`thread-id`, also the part of
 /// `x-codex-window-id` before `:`); its `x-codex-turn-metadata` still says `agent_name: "/root"`.
 /// That is agent `sub:<thread>`; another `x-openai-subagent` kind (a side thread the harness
-/// starts itself, not the model) is `side:<kind>:<thread>`. Anything else is the main agent.
+/// starts itself, not the model) is `side:<kind>:<thread>`. opencode (1.18) sends every call
+/// with its session's `x-session-id`, and a sub-agent's (its `task` tool) with the spawning
+/// session's `x-parent-session-id` too: agent `sub:<session>`. Anything else is the main agent.
 fn agent_of(headers: &HeaderMap) -> Option<String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(agent) = header("x-claude-code-agent-id") {
         return Some(format!("sub:{agent}"));
+    }
+    if header("x-parent-session-id").is_some_and(|parent| !parent.is_empty()) {
+        if let Some(session) = header("x-session-id").filter(|session| !session.is_empty()) {
+            return Some(format!("sub:{session}"));
+        }
     }
     let kind = header("x-openai-subagent");
     if kind.is_none() && header("x-codex-parent-thread-id").is_none() {
@@ -3302,6 +3309,15 @@ mod tests {
         // A sub-agent header without any thread id names no agent rather than one shared name.
         assert_eq!(
             agent_of(&headers(&[("x-openai-subagent", "collab_spawn")])),
+            None
+        );
+        // opencode: every call names its session; a sub-agent's its parent's too.
+        let opencode_main = headers(&[("x-session-id", "ses_a"), ("x-session-affinity", "ses_a")]);
+        assert_eq!(agent_of(&opencode_main), None);
+        let opencode_sub = headers(&[("x-session-id", "ses_b"), ("x-parent-session-id", "ses_a")]);
+        assert_eq!(agent_of(&opencode_sub).as_deref(), Some("sub:ses_b"));
+        assert_eq!(
+            agent_of(&headers(&[("x-parent-session-id", "ses_a")])),
             None
         );
     }
