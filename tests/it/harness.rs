@@ -1623,6 +1623,12 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
             .env_remove("XDG_CACHE_HOME")
             .env_remove("XDG_STATE_HOME")
             .env("OPENCODE_CONFIG", &config)
+            // Nothing but the model calls: no model list, plugins or language servers fetched.
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            .env("OPENCODE_DISABLE_CLAUDE_CODE", "1")
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
             .args(["run", "--title", "gyre harness test", "Write hello.txt."]);
         let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -1664,5 +1670,24 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
             );
             assert_each_turn_extends_the_whole_previous(&calls);
         }
+        // The last call answers both parallel tool calls.
+        let last = std::fs::read_to_string(&capture)
+            .expect("capture")
+            .lines()
+            .last()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("JSON line"))
+            .expect("captured calls");
+        let body: serde_json::Value =
+            serde_json::from_str(last["body"].as_str().expect("body")).expect("JSON body");
+        let text = body.to_string();
+        let results = text.matches(match provider {
+            "anthropic" => "\"tool_result\"",
+            _ => "\"function_call_output\"",
+        });
+        assert_eq!(
+            results.count(),
+            3,
+            "{provider}: the task's result and both parallel ones: {body}"
+        );
     }
 }

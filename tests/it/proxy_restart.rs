@@ -857,3 +857,152 @@ async fn purge_committed(cluster: &crate::support::InProcessCluster) {
         .expect("a node answers");
     cluster.purge_past(commit).await;
 }
+
+/// An Anthropic Message Threads client (Claude Code with `CLAUDE_CODE_TETHER_LIVE`, the SDKs'
+/// tool runners) continues its thread after the proxy was killed: each thread turn was
+/// committed before its id was handed over (only what it adds to the thread), the restarted
+/// proxy holds the thread again, and the continue is served as the whole conversation — every
+/// token before it reused. A response continued before the restart stays continued.
+#[test]
+fn a_message_threads_client_continues_after_a_restart_from_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("proxy.log");
+    thread_restart_scenario(
+        dir.path(),
+        &["--log".to_string(), log.display().to_string()],
+        || {},
+    );
+    let stored: Vec<(String, Option<String>)> = gyre_log::EventFileReader::open(&log)
+        .expect("open")
+        .flat_map(|record| {
+            record
+                .expect("record")
+                .decode_events_in(&log)
+                .expect("events")
+        })
+        .filter_map(|event| match event.body {
+            gyre_event::EventBody::ResponseStored(record) => {
+                Some((record.response_id, record.previous_response_id))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 3, "a create and two continues: {stored:?}");
+    assert!(
+        stored.iter().all(|(id, _)| id.starts_with("msg_")),
+        "{stored:?}"
+    );
+    assert_eq!(stored[0].1, None, "{stored:?}");
+    assert_eq!(stored[1].1.as_ref(), Some(&stored[0].0), "{stored:?}");
+    assert_eq!(stored[2].1.as_ref(), Some(&stored[1].0), "{stored:?}");
+}
+
+#[test]
+fn a_message_threads_client_continues_after_a_restart_from_a_quorum() {
+    let runtime = crate::support::runtime();
+    let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
+        options.snapshot_every_entries = 4;
+        options.entries_kept_behind_snapshot = 0;
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = dir.path().join("proxy.credentials");
+    let purge = || runtime.block_on(purge_committed(&cluster));
+    thread_restart_scenario(
+        dir.path(),
+        &[
+            "--cluster".to_string(),
+            cluster.addresses.join(","),
+            "--credentials".to_string(),
+            credentials.display().to_string(),
+        ],
+        purge,
+    );
+    runtime.block_on(cluster.shutdown());
+}
+
+fn thread_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
+    let before = dir.join("before.jsonl");
+    let after = dir.join("after.jsonl");
+    let text = |text: &str| json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
+    std::fs::write(
+        &before,
+        [
+            json!({"agent": "main", "blocks": [
+                {"type": "thinking", "thinking": "List first."},
+                {"type": "tool_use", "name": "ls", "input": {"path": "."}}]}),
+            text("Two files."),
+        ]
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect::<String>(),
+    )
+    .expect("script");
+    std::fs::write(&after, format!("{}\n", text("You are welcome."))).expect("script");
+    let tools = json!([{"name": "ls", "description": "Lists files.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
+    let continue_from = |answer: &Value, messages: Value| {
+        json!({"model": "m", "max_tokens": 256, "messages": messages,
+               "thread": {"type": "continue", "previous_message_id": answer["id"]}})
+    };
+
+    let mut proxy = Proxy::start(sink, &before, 1);
+    let token = proxy.next()["token"].as_str().expect("token").to_string();
+    let (status, first) = proxy.post(
+        "/v1/messages",
+        &token,
+        &json!({"model": "m", "max_tokens": 256, "system": "Be brief.", "tools": tools,
+                "messages": [{"role": "user", "content": "What is here?"}],
+                "thread": {"type": "create"}}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let tool_use = first["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .find(|block| block["type"] == "tool_use")
+        .expect("a tool call")
+        .clone();
+    let result = json!([{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": tool_use["id"], "content": "a.txt b.txt"}]}]);
+    let (status, second) = proxy.post("/v1/messages", &token, &continue_from(&first, result));
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["content"][0]["text"], "Two files.", "{second}");
+    let usage = &second["usage"];
+    let context = ["input_tokens", "cache_read_input_tokens", "output_tokens"]
+        .iter()
+        .map(|field| usage[field].as_u64().expect("usage"))
+        .sum::<u64>();
+    proxy.kill();
+    between();
+
+    let mut proxy = Proxy::start(sink, &after, 0);
+    let recovered = proxy.next();
+    assert_eq!(recovered["recovered"]["calls_recovered"], 2, "{recovered}");
+    let thanks = json!([{"role": "user", "content": "Thanks."}]);
+    // Continued before the restart: still continued.
+    let (status, again) = proxy.post(
+        "/v1/messages",
+        &token,
+        &continue_from(&first, thanks.clone()),
+    );
+    assert_eq!(status, 400, "{again}");
+    assert_eq!(
+        again["error"]["details"]["error_code"], "thread_already_continued",
+        "{again}"
+    );
+    let (status, third) = proxy.post("/v1/messages", &token, &continue_from(&second, thanks));
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["content"][0]["text"], "You are welcome.", "{third}");
+    let cached = third["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached >= context,
+        "the continue after the restart reuses the whole conversation before it ({context} \
+         tokens): {cached} cached: {third}"
+    );
+    let (status, closing) = proxy.post(&format!("/admin/executions/{token}/close"), "", &json!({}));
+    assert_eq!(status, 200, "{closing}");
+    assert_eq!(closing["sampled_divergences"], 0, "{closing}");
+    proxy.kill();
+}

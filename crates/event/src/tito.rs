@@ -307,7 +307,8 @@ impl ModelCallRecord {
 
 /// A stored OpenAI Responses answer (`previous_response_id`): what this response adds to the
 /// conversation of the one it continues. The proxy commits it before the client can name the
-/// id, so a restarted proxy still resolves it.
+/// id, so a restarted proxy still resolves it. An Anthropic Message Thread's turn is kept the
+/// same way under its `msg_…` id (see `gyre_proxy::message_threads::ThreadTurn`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponseRecord {
     pub execution: ExecutionId,

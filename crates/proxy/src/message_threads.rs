@@ -4,7 +4,9 @@
 //! messages. Claude Code does so when `CLAUDE_CODE_TETHER_LIVE` is set, and the Anthropic
 //! SDKs' tool runners by default.
 //!
-//! The proxy holds each execution's threads in memory ([`ThreadStore`], per execution): a
+//! The proxy holds each execution's threads in memory ([`ThreadStore`], per execution, within a
+//! budget over all executions) and on the log (each response's [`ThreadTurn`], committed before
+//! its id is handed over, from which a restarted proxy holds them again): a
 //! response to a request with a `thread` is held under its id as the whole conversation that
 //! produced it (`system`, `tools`, `messages` and the answer as an assistant message), and a
 //! `continue` becomes the body a stateless client would have sent: the held conversation, then
@@ -13,7 +15,7 @@
 //! keeps whole conversations, exactly as from a client that re-sends everything. As the API
 //! does, a response is continued once (`thread_already_continued`, 400), not while another
 //! request continues it (`thread_continue_in_flight`, 400), and one the proxy does not hold
-//! (never made, given up for room, or held by a proxy that restarted) is `thread_not_found`
+//! (never made, or given up for room) is `thread_not_found`
 //! (404). On each of those errors (`error.details.error_code`) the SDKs and Claude Code send
 //! the turn again with the whole conversation under a new `create`.
 //!
@@ -143,8 +145,7 @@ pub fn thread_not_found(previous_message_id: &str) -> ApiError {
         "thread_not_found",
         format!(
             "No usable Thread state was found for previous_message_id `{}` in this execution \
-             (this proxy holds each execution's latest threads in memory, within its budget, \
-             not across a restart). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
+             (this proxy holds each execution's latest threads, within its memory budget). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
             shown(previous_message_id)
         ),
     )
@@ -553,17 +554,17 @@ impl ThreadHold {
     }
 
     /// The response `id` ended with `content` (its blocks as the API returned them): held
-    /// under `id`, the thread it continued used up. Once; later calls do nothing.
-    pub fn hold(&self, id: &str, content: &Value) {
-        let Some(mut thread) = lock(&self.conversation).take() else {
-            return;
-        };
+    /// under `id`, the thread it continued used up. Returns what the response adds to the
+    /// conversation it continues, for the log (see [`ThreadTurn`]). Once; later calls do
+    /// nothing and return `None`.
+    pub fn hold(&self, id: &str, content: &Value) -> Option<ThreadTurn> {
+        let mut thread = lock(&self.conversation).take()?;
+        let answer = json_text(&json!({"role": "assistant", "content": content}));
+        let turn = self.turn(&thread, &answer);
         if !thread.messages.is_empty() {
             thread.messages.push(',');
         }
-        thread.messages.push_str(&json_text(
-            &json!({"role": "assistant", "content": content}),
-        ));
+        thread.messages.push_str(&answer);
         thread.messages_count += 1;
         let continued = self.continued.as_ref().map(|(id, _)| id.as_str());
         match &self.charger {
@@ -596,6 +597,206 @@ impl ThreadHold {
             }
         }
         self.held.store(true, std::sync::atomic::Ordering::Release);
+        Some(turn)
+    }
+
+    /// What the answer `answer` (JSON text) to `conversation` adds to the thread this request
+    /// continued (all of it for a `create`).
+    fn turn(&self, conversation: &HeldThread, answer: &str) -> ThreadTurn {
+        let (previous, before) = match &self.continued {
+            Some((id, held)) => (Some(id.clone()), Some(held.as_ref())),
+            None => (None, None),
+        };
+        let mut items = String::from("{");
+        for (name, own, held) in [
+            (
+                "system",
+                &conversation.system,
+                before.and_then(|b| b.system.as_ref()),
+            ),
+            (
+                "tools",
+                &conversation.tools,
+                before.and_then(|b| b.tools.as_ref()),
+            ),
+        ] {
+            if let Some(own) = own.as_ref().filter(|own| Some(*own) != held) {
+                if items.len() > 1 {
+                    items.push(',');
+                }
+                items.push_str(&format!("\"{name}\":{own}"));
+            }
+        }
+        items.push('}');
+        let held_len = before.map_or(0, |before| before.messages.len());
+        let own = conversation
+            .messages
+            .get(held_len..)
+            .unwrap_or_default()
+            .trim_start_matches(',');
+        for piece in [own, answer] {
+            if !piece.is_empty() {
+                items.push(',');
+                items.push_str(piece);
+            }
+        }
+        ThreadTurn {
+            previous,
+            items: items.into_bytes(),
+        }
+    }
+}
+
+/// What one response of a thread adds to the conversation it continues, as the log keeps it
+/// (a `ResponseStored` event under the response's `msg_…` id, naming the response it
+/// continues): a settings object (`system` / `tools` where this turn set them, else `{}`),
+/// then the turn's own messages and the answer as an assistant message — JSON values joined
+/// with commas. A thread of n turns is on the log once, and a restarted proxy rebuilds its
+/// threads from these ([`ThreadStore::restore`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadTurn {
+    pub previous: Option<String>,
+    pub items: Vec<u8>,
+}
+
+/// Whether a stored response record is a Message Thread's (its id is an Anthropic message id)
+/// rather than an OpenAI Responses answer.
+pub fn is_thread_record(response_id: &str) -> bool {
+    response_id.starts_with("msg_")
+}
+
+/// A thread turn's items split: its settings and its messages (JSON texts joined with commas)
+/// with how many there are. `None` when they are not what [`ThreadHold::turn`] writes.
+fn read_turn(items: &[u8]) -> Option<(Option<String>, Option<String>, String, usize)> {
+    #[derive(serde::Deserialize)]
+    struct Settings<'a> {
+        #[serde(borrow)]
+        system: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow)]
+        tools: Option<&'a serde_json::value::RawValue>,
+    }
+    let mut list = Vec::with_capacity(items.len() + 2);
+    list.push(b'[');
+    list.extend_from_slice(items);
+    list.push(b']');
+    let values: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&list).ok()?;
+    let (settings, messages) = values.split_first()?;
+    let settings: Settings<'_> = serde_json::from_str(settings.get()).ok()?;
+    let text = messages
+        .iter()
+        .map(|message| message.get())
+        .collect::<Vec<_>>()
+        .join(",");
+    Some((
+        settings.system.map(|raw| raw.get().to_string()),
+        settings.tools.map(|raw| raw.get().to_string()),
+        text,
+        messages.len(),
+    ))
+}
+
+impl ThreadStore {
+    /// Rebuilds the threads a restarted proxy held, from this execution's thread records in
+    /// commit order (`(id, previous, items)`, see [`ThreadTurn`]): every response no later
+    /// record continues is held again as its whole conversation (the newest [`HELD_MAX`]),
+    /// each charged by `charge` (not held when it finds no room), and the continued ones are
+    /// remembered as such. A record whose chain is not all there is skipped. Returns how many
+    /// threads are held.
+    pub fn restore(
+        &mut self,
+        records: Vec<(String, Option<String>, Vec<u8>)>,
+        agent: &str,
+        mut charge: impl FnMut(usize) -> Option<Charge>,
+    ) -> usize {
+        let mut by_id: HashMap<String, (Option<String>, Vec<u8>)> = HashMap::new();
+        let mut order = Vec::new();
+        let mut continued: Vec<String> = Vec::new();
+        for (id, previous, items) in records {
+            if by_id.contains_key(&id) {
+                continue;
+            }
+            if let Some(previous) = &previous {
+                continued.push(previous.clone());
+            }
+            order.push(id.clone());
+            by_id.insert(id, (previous, items));
+        }
+        let continued_set: std::collections::HashSet<&str> =
+            continued.iter().map(String::as_str).collect();
+        let heads: Vec<&String> = order
+            .iter()
+            .filter(|id| !continued_set.contains(id.as_str()))
+            .collect();
+        let heads = &heads[heads.len().saturating_sub(HELD_MAX)..];
+        let mut rebuilt = Vec::new();
+        'heads: for head in heads {
+            // From the head back to its `create`, then forward.
+            let mut chain = Vec::new();
+            let mut at = Some(head.to_string());
+            while let Some(id) = at.take() {
+                let Some((previous, items)) = by_id.get(&id) else {
+                    tracing::warn!(
+                        id = head.as_str(),
+                        missing = id,
+                        "a thread's chain is not in the log; not held"
+                    );
+                    continue 'heads;
+                };
+                chain.push(items);
+                at.clone_from(previous);
+                if chain.len() > by_id.len() {
+                    continue 'heads;
+                }
+            }
+            let mut thread = HeldThread {
+                system: None,
+                tools: None,
+                messages: String::new(),
+                messages_count: 0,
+            };
+            for items in chain.into_iter().rev() {
+                let Some((system, tools, messages, count)) = read_turn(items) else {
+                    tracing::warn!(
+                        id = head.as_str(),
+                        "a thread record does not read back; not held"
+                    );
+                    continue 'heads;
+                };
+                if system.is_some() {
+                    thread.system = system;
+                }
+                if tools.is_some() {
+                    thread.tools = tools;
+                }
+                if !messages.is_empty() {
+                    if !thread.messages.is_empty() {
+                        thread.messages.push(',');
+                    }
+                    thread.messages.push_str(&messages);
+                }
+                thread.messages_count += count;
+            }
+            rebuilt.push((head.to_string(), thread));
+        }
+        for id in continued
+            .iter()
+            .skip(continued.len().saturating_sub(CONTINUED_REMEMBERED))
+        {
+            if !self.continued.contains(id) {
+                self.continued.push_back(id.clone());
+            }
+        }
+        while self.continued.len() > CONTINUED_REMEMBERED {
+            self.continued.pop_front();
+        }
+        for (id, thread) in rebuilt {
+            let Some(granted) = charge(thread.bytes()) else {
+                tracing::warn!(id, "the thread store is full (--thread-store-mib); a thread read back from the log is not held");
+                continue;
+            };
+            self.insert(id, Arc::new(thread), agent, Some(granted));
+        }
+        self.held.len()
     }
 }
 
@@ -812,6 +1013,73 @@ mod tests {
         assert_eq!(
             code(&lock(&store).begin_continue("msg_5").unwrap_err()).1,
             "thread_not_found"
+        );
+    }
+
+    /// What each turn commits rebuilds the thread whole: a fresh store restored from the turns
+    /// holds the same conversation (the continue's own `tools` replacing the held ones, the
+    /// held `system` kept), and the continued response stays continued.
+    #[test]
+    fn committed_turns_rebuild_the_thread_after_a_restart() {
+        let store = Arc::new(Mutex::new(ThreadStore::default()));
+        let create = ThreadHold::new(store.clone(), "main", None);
+        create.read_conversation(&json!({"system": "Be brief.",
+            "tools": [{"name": "a", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "hi"}]}));
+        let first = create
+            .hold("msg_1", &json!([{"type": "text", "text": "one"}]))
+            .unwrap();
+        assert_eq!(first.previous, None);
+        assert_eq!(create.hold("msg_1", &json!([])), None, "once");
+        let held = lock(&store).begin_continue("msg_1").unwrap();
+        let next = ThreadHold::new(store.clone(), "main", Some(("msg_1".into(), held.clone())));
+        let own = json!({"tools": [{"name": "b", "input_schema": {"type": "object"}}],
+                         "messages": [{"role": "user", "content": "more"}]});
+        let (_, conversation) = expand(own.as_object().unwrap().clone(), &held, 1 << 20).unwrap();
+        next.set_conversation(conversation);
+        let second = next
+            .hold("msg_2", &json!([{"type": "text", "text": "two"}]))
+            .unwrap();
+        assert_eq!(second.previous.as_deref(), Some("msg_1"));
+        let second_items = String::from_utf8(second.items.clone()).unwrap();
+        assert!(
+            second_items.starts_with(r#"{"tools":[{"name":"b""#)
+                && !second_items.contains("Be brief")
+                && !second_items.contains("\"hi\""),
+            "only what the turn adds: {second_items}"
+        );
+        let original = lock(&store).begin_continue("msg_2").unwrap();
+        let mut restored = ThreadStore::default();
+        let records = vec![
+            ("msg_1".to_string(), None, first.items),
+            ("msg_2".to_string(), Some("msg_1".to_string()), second.items),
+        ];
+        assert_eq!(
+            restored.restore(records, "", |_| Some(Box::new(()) as Charge)),
+            1
+        );
+        assert_eq!(
+            code(&restored.begin_continue("msg_1").unwrap_err()).1,
+            "thread_already_continued"
+        );
+        let rebuilt = restored.begin_continue("msg_2").unwrap();
+        assert_eq!(*rebuilt, *original);
+        assert_eq!(rebuilt.messages_count, 4);
+        // A chain with a turn missing, or a turn that does not read back, is not held.
+        let mut partial = ThreadStore::default();
+        let orphan = vec![(
+            "msg_3".to_string(),
+            Some("msg_0".to_string()),
+            b"{}".to_vec(),
+        )];
+        assert_eq!(
+            partial.restore(orphan, "", |_| Some(Box::new(()) as Charge)),
+            0
+        );
+        let garbled = vec![("msg_4".to_string(), None, b"not json".to_vec())];
+        assert_eq!(
+            partial.restore(garbled, "", |_| Some(Box::new(()) as Charge)),
+            0
         );
     }
 

@@ -170,8 +170,9 @@ pub struct ProxyArgs {
     /// turn. Each thread is charged its conversation's JSON bytes; each execution also holds at
     /// most 16 threads and 64 MiB. When it is spent, the execution holding the most gives up
     /// its oldest thread: a later continue of it is answered `thread_not_found`, on which
-    /// clients send the turn again whole. Threads are held in memory only, not across a
-    /// restart.
+    /// clients send the turn again whole. Each thread's turns are committed to the log before
+    /// the answer is handed over (only what each turn adds), and a restarted proxy holds the
+    /// threads again from there.
     #[arg(long, default_value_t = 256)]
     thread_store_mib: usize,
     /// Cap on new tokens per call: a request's own limit (`max_tokens`,

@@ -183,6 +183,8 @@ struct Outlet {
     store_on_end: Option<super::StoreOnEnd>,
     /// An Anthropic answer to hold for a Message Threads `continue` before it is handed over.
     thread: Option<Arc<crate::message_threads::ThreadHold>>,
+    /// Where a thread's turn is committed before it is handed over.
+    sink: Arc<dyn super::RecordSink>,
 }
 
 impl Outlet {
@@ -249,6 +251,7 @@ impl Outlet {
             (Vec::new(), Some(body), kept)
         };
         // Held before the harness has the id, so its next request can continue from it.
+        let mut thread_turn = None;
         if let (Some(thread), Builder::Anthropic(anthropic)) = (&self.thread, &*builder) {
             let streamed;
             let message = match &body {
@@ -259,7 +262,31 @@ impl Outlet {
                 }
             };
             if let Some(id) = message.get("id").and_then(Value::as_str) {
-                thread.hold(id, &message["content"]);
+                if let Some(turn) = thread.hold(id, &message["content"]) {
+                    thread_turn = Some((id.to_string(), turn));
+                }
+            }
+        }
+        // A thread's turn is durable before its id is handed over, so a restarted proxy
+        // still serves a `continue` from it (see `crate::message_threads::ThreadTurn`).
+        if let Some((id, turn)) = thread_turn {
+            let record = gyre_event::StoredResponseRecord {
+                execution: execution.id(),
+                response_id: id,
+                previous_response_id: turn.previous,
+                items: turn.items,
+            };
+            let event = gyre_event::Event::new(
+                wall_clock(),
+                gyre_event::EventBody::ResponseStored(Box::new(record)),
+            );
+            if let Err(error) = self.sink.commit(event).await {
+                tracing::error!(%error, "a thread's turn was not committed; the call fails");
+                execution.lock().mark_delivered(agent, call, false);
+                let message = format!("the thread's turn could not be committed: {error}");
+                self.failed(Api::Anthropic, ApiErrorKind::Overloaded, message, builder)
+                    .await;
+                return;
             }
         }
         // A response that continues another is durable before its id is handed over, with
@@ -573,6 +600,7 @@ pub async fn run(
         streaming: request.stream,
         store_on_end,
         thread: request.thread_hold.clone(),
+        sink: app.sink.clone(),
     };
     let prompt_tokens = prepared.context_ids.len();
     // A prompt the engines' context cannot hold with one answer token is refused before
@@ -1030,6 +1058,7 @@ async fn run_replay(
         streaming: request.stream,
         store_on_end,
         thread: request.thread_hold.clone(),
+        sink: app.sink.clone(),
     };
     let (mut builder, start) = builder_for(&request, &prepared, replay.prompt_tokens, wall_clock());
     if !outlet.frames(start).await {

@@ -536,7 +536,11 @@ impl ExecutionHandle {
         id: &str,
     ) -> Option<Arc<StoredResponse>> {
         let mut by_id: HashMap<String, gyre_event::StoredResponseRecord> = HashMap::new();
-        for record in records {
+        // A Message Thread's turn is not a Responses answer, whatever id a client names.
+        for record in records
+            .into_iter()
+            .filter(|record| !crate::message_threads::is_thread_record(&record.response_id))
+        {
             by_id.entry(record.response_id.clone()).or_insert(record);
         }
         // Every response in memory (kept ones and their earlier turns), each visited once.
@@ -1133,7 +1137,7 @@ impl AppState {
                 return Some(charge);
             }
             // One store locked at a time: the caller holds none.
-            let largest = self
+            let holders: Vec<(usize, ExecutionHandle)> = self
                 .execution_handles()
                 .into_iter()
                 .map(|(_, handle)| {
@@ -1141,8 +1145,15 @@ impl AppState {
                     (held, handle)
                 })
                 .filter(|(held, _)| *held > 0)
-                .max_by_key(|(held, _)| *held);
-            let (_, victim) = largest?;
+                .collect();
+            // Threads being continued keep their charge and cannot be given up: when giving
+            // up every held one would still not make room, none is given up.
+            let givable: usize = holders.iter().map(|(held, _)| held).sum();
+            let used = self.threads.used.load(Ordering::Acquire);
+            if used.saturating_sub(givable) + bytes > self.threads.max {
+                return None;
+            }
+            let (_, victim) = holders.into_iter().max_by_key(|(held, _)| *held)?;
             if !crate::message_threads::lock(&victim.0.threads).give_up_one() {
                 // Continued meanwhile: look again.
                 continue;
@@ -1451,7 +1462,35 @@ impl AppState {
                         .unwrap_or_else(|| Session::new(execution, &self.model));
                     let handle = ExecutionHandle::new(session, entry.engine % self.engines.len());
                     if let Some(records) = issued.responses.remove(&entry.execution) {
-                        handle.restore_responses(records, &self.responses);
+                        let (threads, responses): (Vec<_>, Vec<_>) =
+                            records.into_iter().partition(|record| {
+                                crate::message_threads::is_thread_record(&record.response_id)
+                            });
+                        handle.restore_responses(responses, &self.responses);
+                        if !threads.is_empty() {
+                            let threads = threads
+                                .into_iter()
+                                .map(|record| {
+                                    (
+                                        record.response_id,
+                                        record.previous_response_id,
+                                        record.items,
+                                    )
+                                })
+                                .collect();
+                            // The plain budget, no room made: other stores are not locked
+                            // while the credentials are.
+                            let budget = self.threads.clone();
+                            crate::message_threads::lock(&handle.0.threads).restore(
+                                threads,
+                                "",
+                                |bytes| {
+                                    Charge::take(&budget, bytes).map(|charge| {
+                                        Box::new(charge) as crate::message_threads::Charge
+                                    })
+                                },
+                            );
+                        }
                     }
                     issued.handles.insert(entry.execution, handle.clone());
                     handle
