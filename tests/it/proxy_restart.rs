@@ -592,21 +592,7 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_file() {
     );
     // The file holds the root (committed before it was handed over: it opened the
     // conversation), its continuation, the call after the restart and the branch.
-    let stored: Vec<(String, Option<String>)> = gyre_log::EventFileReader::open(&log)
-        .expect("open")
-        .flat_map(|record| {
-            record
-                .expect("record")
-                .decode_events_in(&log)
-                .expect("events")
-        })
-        .filter_map(|event| match event.body {
-            gyre_event::EventBody::ResponseStored(record) => {
-                Some((record.response_id, record.previous_response_id))
-            }
-            _ => None,
-        })
-        .collect();
+    let stored = stored_links(&log);
     assert_eq!(stored.len(), 4, "{stored:?}");
     assert_eq!(stored[0].1, None, "the root first: {stored:?}");
     assert_eq!(stored[1].1.as_ref(), Some(&stored[0].0), "{stored:?}");
@@ -620,6 +606,32 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_file() {
 
 #[test]
 fn a_chaining_responses_client_continues_after_a_restart_from_a_quorum() {
+    on_a_purged_quorum(|dir, sink, purge| chained_restart_scenario(dir, sink, purge));
+}
+
+/// The `(id, previous id)` of each `ResponseStored` event in the event file `log`, in order.
+fn stored_links(log: &std::path::Path) -> Vec<(String, Option<String>)> {
+    gyre_log::EventFileReader::open(log)
+        .expect("open")
+        .flat_map(|record| {
+            record
+                .expect("record")
+                .decode_events_in(log)
+                .expect("events")
+        })
+        .filter_map(|event| match event.body {
+            gyre_event::EventBody::ResponseStored(record) => {
+                Some((record.response_id, record.previous_response_id))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs a restart `scenario` (its directory, the proxy's sink flags, what to do between the
+/// two proxies) against an in-process quorum that snapshots every 4 entries, its committed log
+/// purged behind the snapshot between the two proxies.
+fn on_a_purged_quorum(scenario: impl FnOnce(&std::path::Path, &[String], &dyn Fn())) {
     let runtime = crate::support::runtime();
     let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
         options.snapshot_every_entries = 4;
@@ -628,7 +640,7 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_quorum() {
     let dir = tempfile::tempdir().expect("tempdir");
     let credentials = dir.path().join("proxy.credentials");
     let purge = || runtime.block_on(purge_committed(&cluster));
-    chained_restart_scenario(
+    scenario(
         dir.path(),
         &[
             "--cluster".to_string(),
@@ -636,7 +648,7 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_quorum() {
             "--credentials".to_string(),
             credentials.display().to_string(),
         ],
-        purge,
+        &purge,
     );
     runtime.block_on(cluster.shutdown());
 }
@@ -872,21 +884,7 @@ fn a_message_threads_client_continues_after_a_restart_from_a_file() {
         &["--log".to_string(), log.display().to_string()],
         || {},
     );
-    let stored: Vec<(String, Option<String>)> = gyre_log::EventFileReader::open(&log)
-        .expect("open")
-        .flat_map(|record| {
-            record
-                .expect("record")
-                .decode_events_in(&log)
-                .expect("events")
-        })
-        .filter_map(|event| match event.body {
-            gyre_event::EventBody::ResponseStored(record) => {
-                Some((record.response_id, record.previous_response_id))
-            }
-            _ => None,
-        })
-        .collect();
+    let stored = stored_links(&log);
     assert_eq!(stored.len(), 3, "a create and two continues: {stored:?}");
     assert!(
         stored.iter().all(|(id, _)| id.starts_with("msg_")),
@@ -899,25 +897,7 @@ fn a_message_threads_client_continues_after_a_restart_from_a_file() {
 
 #[test]
 fn a_message_threads_client_continues_after_a_restart_from_a_quorum() {
-    let runtime = crate::support::runtime();
-    let cluster = runtime.block_on(crate::support::InProcessCluster::start_with(|options| {
-        options.snapshot_every_entries = 4;
-        options.entries_kept_behind_snapshot = 0;
-    }));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let credentials = dir.path().join("proxy.credentials");
-    let purge = || runtime.block_on(purge_committed(&cluster));
-    thread_restart_scenario(
-        dir.path(),
-        &[
-            "--cluster".to_string(),
-            cluster.addresses.join(","),
-            "--credentials".to_string(),
-            credentials.display().to_string(),
-        ],
-        purge,
-    );
-    runtime.block_on(cluster.shutdown());
+    on_a_purged_quorum(|dir, sink, purge| thread_restart_scenario(dir, sink, purge));
 }
 
 fn thread_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
