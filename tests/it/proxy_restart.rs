@@ -653,28 +653,41 @@ fn on_a_purged_quorum(scenario: impl FnOnce(&std::path::Path, &[String], &dyn Fn
     runtime.block_on(cluster.shutdown());
 }
 
-fn chained_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
-    let before = dir.join("before.jsonl");
-    let after = dir.join("after.jsonl");
+/// The scripts of a restart scenario's two proxies, in `dir`: before the restart a thinking
+/// `ls` call then "Two files."; after it, a text answer of each of `after`.
+fn restart_scripts(
+    dir: &std::path::Path,
+    after: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let text = |text: &str| json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
+    let lines = |lines: Vec<Value>| {
+        lines
+            .iter()
+            .map(|line| format!("{line}\n"))
+            .collect::<String>()
+    };
+    let before = dir.join("before.jsonl");
     std::fs::write(
         &before,
-        [
+        lines(vec![
             json!({"agent": "main", "blocks": [
                 {"type": "thinking", "thinking": "List first."},
                 {"type": "tool_use", "name": "ls", "input": {"path": "."}}]}),
             text("Two files."),
-        ]
-        .iter()
-        .map(|line| format!("{line}\n"))
-        .collect::<String>(),
+        ]),
     )
     .expect("script");
+    let after_path = dir.join("after.jsonl");
     std::fs::write(
-        &after,
-        format!("{}\n{}\n", text("You are welcome."), text("Nothing there.")),
+        &after_path,
+        lines(after.iter().map(|answer| text(answer)).collect()),
     )
     .expect("script");
+    (before, after_path)
+}
+
+fn chained_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
+    let (before, after) = restart_scripts(dir, &["You are welcome.", "Nothing there."]);
     let tools = json!([{"type": "function", "name": "ls", "description": "Lists files.",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
 
@@ -901,23 +914,7 @@ fn a_message_threads_client_continues_after_a_restart_from_a_quorum() {
 }
 
 fn thread_restart_scenario(dir: &std::path::Path, sink: &[String], between: impl FnOnce()) {
-    let before = dir.join("before.jsonl");
-    let after = dir.join("after.jsonl");
-    let text = |text: &str| json!({"agent": "main", "blocks": [{"type": "text", "text": text}]});
-    std::fs::write(
-        &before,
-        [
-            json!({"agent": "main", "blocks": [
-                {"type": "thinking", "thinking": "List first."},
-                {"type": "tool_use", "name": "ls", "input": {"path": "."}}]}),
-            text("Two files."),
-        ]
-        .iter()
-        .map(|line| format!("{line}\n"))
-        .collect::<String>(),
-    )
-    .expect("script");
-    std::fs::write(&after, format!("{}\n", text("You are welcome."))).expect("script");
+    let (before, after) = restart_scripts(dir, &["You are welcome."]);
     let tools = json!([{"name": "ls", "description": "Lists files.",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]);
     let continue_from = |answer: &Value, messages: Value| {
