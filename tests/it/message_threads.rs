@@ -179,3 +179,60 @@ fn held_threads_fit_the_store_over_all_executions() {
     let (status, fifth) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&fourth));
     assert_eq!(status, 200, "{fifth}");
 }
+
+/// A continue whose call the log could not take (its record and its turn go in one batch)
+/// fails as overloaded and holds nothing: the continued response is given back, so the
+/// client's retry of the same continue is served, and the log has each turn once.
+#[test]
+fn a_continue_whose_commit_failed_is_served_on_its_retry() {
+    let runtime = crate::support::runtime();
+    let engine = crate::in_process::scripted(concat!(
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "One."}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Two."}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Two."}]}"#,
+    ));
+    let proxy = crate::in_process::proxy(&runtime, engine);
+    let (status, first) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 256,
+                "messages": [{"role": "user", "content": "Count."}],
+                "thread": {"type": "create"}}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let next = json!({"model": "m", "max_tokens": 256,
+                      "messages": [{"role": "user", "content": "Again."}],
+                      "thread": {"type": "continue", "previous_message_id": first["id"]}});
+    proxy
+        .sink
+        .fail_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, failed) = proxy.post("/v1/messages", &next);
+    assert_eq!(status, 529, "{failed}");
+    assert_eq!(failed["error"]["type"], "overloaded_error", "{failed}");
+    let (status, second) = proxy.post("/v1/messages", &next);
+    assert_eq!(status, 200, "the retry continues the thread: {second}");
+    assert_eq!(second["content"][0]["text"], "Two.", "{second}");
+    let events = proxy.sink.events.lock().expect("sink lock");
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|event| match &event.body {
+            gyre_event::EventBody::ModelCall(_) => "call",
+            gyre_event::EventBody::ResponseStored(_) => "turn",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["call", "turn", "call", "turn"],
+        "nothing of the failed batch"
+    );
+    let gyre_event::EventBody::ResponseStored(turn) = &events[3].body else {
+        panic!("a turn");
+    };
+    assert_eq!(
+        turn.previous_response_id.as_ref(),
+        first["id"].as_str().map(str::to_string).as_ref()
+    );
+}

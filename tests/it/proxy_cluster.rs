@@ -250,10 +250,10 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
             sampling: gyre_event::SamplingSettings::POLICY,
         };
         let event = |record: &ModelCallRecord| {
-            Event::new(
+            vec![Event::new(
                 Timestamp::ZERO,
                 EventBody::ModelCall(Box::new(record.clone())),
-            )
+            )]
         };
         sink.commit(event(&record)).await.expect("first commit");
         sink.commit(event(&record))

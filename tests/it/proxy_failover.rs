@@ -25,8 +25,11 @@ struct MemorySink {
 }
 
 impl RecordSink for MemorySink {
-    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        self.events.lock().expect("sink lock").push(event);
+    fn commit(
+        &self,
+        events: Vec<Event>,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        self.events.lock().expect("sink lock").extend(events);
         Box::pin(async { Ok(()) })
     }
 
@@ -673,8 +676,11 @@ struct Gate {
 }
 
 impl RecordSink for GatedSink {
-    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        self.memory.events.lock().expect("sink lock").push(event);
+    fn commit(
+        &self,
+        events: Vec<Event>,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        self.memory.events.lock().expect("sink lock").extend(events);
         let held = self.gate.hold.load(std::sync::atomic::Ordering::SeqCst);
         let gate = self.gate.clone();
         Box::pin(async move {
@@ -1264,12 +1270,12 @@ fn a_re_sent_call_whose_record_failed_to_commit_is_sampled_anew() {
     impl RecordSink for FailsOnce {
         fn commit(
             &self,
-            event: Event,
+            events: Vec<Event>,
         ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
             if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 return Box::pin(async { Err("the disk is full".to_string()) });
             }
-            self.events.lock().expect("sink lock").push(event);
+            self.events.lock().expect("sink lock").extend(events);
             Box::pin(async { Ok(()) })
         }
 

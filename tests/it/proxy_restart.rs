@@ -602,6 +602,11 @@ fn a_chaining_responses_client_continues_after_a_restart_from_a_file() {
         Some(&stored[0].0),
         "the branch: {stored:?}"
     );
+    assert_eq!(
+        stored_with_their_call(&log),
+        [true; 4],
+        "each stored response is committed in its call's batch"
+    );
 }
 
 #[test]
@@ -624,6 +629,25 @@ fn stored_links(log: &std::path::Path) -> Vec<(String, Option<String>)> {
                 Some((record.response_id, record.previous_response_id))
             }
             _ => None,
+        })
+        .collect()
+}
+
+/// For each record (one batch, one `fdatasync`) of the event file `log` that holds stored
+/// turns: whether it holds a call's record too, i.e. the turn cost no sync of its own.
+fn stored_with_their_call(log: &std::path::Path) -> Vec<bool> {
+    gyre_log::EventFileReader::open(log)
+        .expect("open")
+        .filter_map(|record| {
+            let events = record
+                .expect("record")
+                .decode_events_in(log)
+                .expect("events");
+            let is = |want: fn(&gyre_event::EventBody) -> bool| {
+                events.iter().any(|event| want(&event.body))
+            };
+            is(|body| matches!(body, gyre_event::EventBody::ResponseStored(_)))
+                .then(|| is(|body| matches!(body, gyre_event::EventBody::ModelCall(_))))
         })
         .collect()
 }
@@ -906,6 +930,11 @@ fn a_message_threads_client_continues_after_a_restart_from_a_file() {
     assert_eq!(stored[0].1, None, "{stored:?}");
     assert_eq!(stored[1].1.as_ref(), Some(&stored[0].0), "{stored:?}");
     assert_eq!(stored[2].1.as_ref(), Some(&stored[1].0), "{stored:?}");
+    assert_eq!(
+        stored_with_their_call(&log),
+        [true; 3],
+        "each turn is committed in its call's batch"
+    );
 }
 
 #[test]

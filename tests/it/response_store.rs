@@ -214,7 +214,7 @@ fn a_response_from_before_a_restart_is_read_back_from_the_file() {
     };
     let commit = |sink: &FileSink, id: &str, previous: Option<&str>| {
         let event = record(id, previous, r#"{"role":"user","content":"hi"}"#);
-        let committed = sink.commit(event);
+        let committed = sink.commit(vec![event]);
         async move { committed.await.expect("committed") }
     };
     runtime.block_on(async {

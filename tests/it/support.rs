@@ -392,6 +392,8 @@ pub fn output_within(command: &mut Command, limit: std::time::Duration) -> std::
 #[derive(Default)]
 pub struct MemorySink {
     pub events: std::sync::Mutex<Vec<gyre_event::Event>>,
+    /// The next commit fails (as a full disk would), keeping nothing of its batch.
+    pub fail_next: std::sync::atomic::AtomicBool,
 }
 
 impl MemorySink {
@@ -412,9 +414,15 @@ impl MemorySink {
 impl gyre_proxy::server::RecordSink for MemorySink {
     fn commit(
         &self,
-        event: gyre_event::Event,
+        events: Vec<gyre_event::Event>,
     ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        self.events.lock().expect("sink lock").push(event);
+        if self
+            .fail_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Box::pin(async { Err("the disk is full".to_string()) });
+        }
+        self.events.lock().expect("sink lock").extend(events);
         Box::pin(async { Ok(()) })
     }
 

@@ -558,9 +558,28 @@ impl ThreadHold {
     /// conversation it continues, for the log (see [`ThreadTurn`]). Once; later calls do
     /// nothing and return `None`.
     pub fn hold(&self, id: &str, content: &Value) -> Option<ThreadTurn> {
-        let mut thread = lock(&self.conversation).take()?;
+        let (turn, answer) = self.answer(content)?;
+        self.hold_answered(id, answer);
+        Some(turn)
+    }
+
+    /// What the response ending with `content` adds to the thread, before it is held: the
+    /// caller commits the turn together with the call's record, then holds the answer with
+    /// [`ThreadHold::hold_answered`] (a failed commit holds nothing, and the continued thread
+    /// goes back to its store when this drops). `None` once the answer was held.
+    pub fn answer(&self, content: &Value) -> Option<(ThreadTurn, HeldAnswer)> {
+        let conversation = lock(&self.conversation);
+        let thread = conversation.as_ref()?;
         let answer = json_text(&json!({"role": "assistant", "content": content}));
-        let turn = self.turn(&thread, &answer);
+        let turn = self.turn(thread, &answer);
+        Some((turn, HeldAnswer(answer)))
+    }
+
+    /// Holds the response `id`, whose turn is durable, as [`ThreadHold::hold`].
+    pub fn hold_answered(&self, id: &str, HeldAnswer(answer): HeldAnswer) {
+        let Some(mut thread) = lock(&self.conversation).take() else {
+            return;
+        };
         if !thread.messages.is_empty() {
             thread.messages.push(',');
         }
@@ -597,7 +616,6 @@ impl ThreadHold {
             }
         }
         self.held.store(true, std::sync::atomic::Ordering::Release);
-        Some(turn)
     }
 
     /// What the answer `answer` (JSON text) to `conversation` adds to the thread this request
@@ -646,6 +664,11 @@ impl ThreadHold {
         }
     }
 }
+
+/// A response's answer as an assistant message (JSON text), made before it is held
+/// ([`ThreadHold::answer`]).
+#[derive(Debug)]
+pub struct HeldAnswer(String);
 
 /// What one response of a thread adds to the conversation it continues, as the log keeps it
 /// (a `ResponseStored` event under the response's `msg_…` id, naming the response it

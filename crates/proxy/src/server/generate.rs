@@ -200,33 +200,32 @@ impl Outlet {
 
     /// Sends the call's failure; on a stream, numbered after `builder`'s events.
     async fn failed(&self, api: Api, kind: ApiErrorKind, message: String, builder: &Builder) {
-        let failure = ApiError::new(api, kind, message);
-        let _ = self
-            .out
-            .send(Piece::Failed(failure, builder.sequence_number()))
+        self.failed_at(api, kind, message, builder.sequence_number())
             .await;
     }
 
-    /// The end of the answer: the closing frames, or the whole body. The call counts as
-    /// delivered ([`super::session::Session::mark_delivered`]) from just before the hand-over,
-    /// since the harness may have the answer and re-ask before this task runs again; a failed
-    /// hand-over (the harness went away) clears it.
-    async fn end(
+    /// [`Outlet::failed`] numbered `sequence` (the events sent before an unsent end).
+    async fn failed_at(&self, api: Api, kind: ApiErrorKind, message: String, sequence: u64) {
+        let failure = ApiError::new(api, kind, message);
+        let _ = self.out.send(Piece::Failed(failure, sequence)).await;
+    }
+
+    /// Builds the end of the answer (the closing frames, or the whole body) and what it hands
+    /// over that must be durable first: a chained Responses answer with whatever of its chain
+    /// the log lacks, a Message Threads turn. The caller commits [`Ending::events`] in the same
+    /// batch as the call's record (one `fdatasync`, and neither durable without the other),
+    /// then [`Outlet::hand_over`]. `None` when the harness went away: the answer is never handed
+    /// over, so nothing of it is stored or held, and a re-send is answered from the record.
+    fn ending(
         &self,
         builder: &mut Builder,
         stop: &StopReason,
         usage: &Usage,
         execution: &ExecutionHandle,
-        (agent, call): (&str, CallId),
-    ) {
+    ) -> Option<Ending> {
         if self.out.is_closed() {
-            // The harness went away before the end: never handed over, so a re-send of the
-            // call is answered from its record. Marked delivered only while a hand-over can
-            // still succeed: a re-send racing this task must not see a delivery that the
-            // failed hand-over below would take back.
-            return;
+            return None;
         }
-        execution.lock().mark_delivered(agent, call, true);
         if let Builder::Responses(responses) = builder {
             responses.set_completed_at(wall_clock().nanos() / 1_000_000_000);
         }
@@ -250,9 +249,24 @@ impl Outlet {
             let kept = store(builder, Some(&body));
             (Vec::new(), Some(body), kept)
         };
-        // Held before the harness has the id, so its next request can continue from it.
-        let mut thread_turn = None;
-        if let (Some(thread), Builder::Anthropic(anthropic)) = (&self.thread, &*builder) {
+        // A response that continues another is durable before its id is handed over, with
+        // whatever of its chain the log lacks, and so is one that opens a conversation (see
+        // `crate::stored_responses`).
+        let mut stored = match (&self.store_on_end, kept) {
+            (Some(store), Some(kept)) if store.durable_before_handover(&kept) => {
+                Some(super::UnpersistedTurns::of(execution.id(), &kept))
+            }
+            _ => None,
+        };
+        let mut events = stored
+            .as_mut()
+            .map(|stored| std::mem::take(&mut stored.events))
+            .unwrap_or_default();
+        // A thread's turn is durable before its id is handed over, so a restarted proxy
+        // still serves a `continue` from it (see `crate::message_threads::ThreadTurn`); it
+        // is held once durable.
+        let mut thread = None;
+        if let (Some(hold), Builder::Anthropic(anthropic)) = (&self.thread, &*builder) {
             let streamed;
             let message = match &body {
                 Some(body) => body,
@@ -262,62 +276,100 @@ impl Outlet {
                 }
             };
             if let Some(id) = message.get("id").and_then(Value::as_str) {
-                if let Some(turn) = thread.hold(id, &message["content"]) {
-                    thread_turn = Some((id.to_string(), turn));
+                if let Some((turn, answer)) = hold.answer(&message["content"]) {
+                    let record = gyre_event::StoredResponseRecord {
+                        execution: execution.id(),
+                        response_id: id.to_string(),
+                        previous_response_id: turn.previous,
+                        items: turn.items,
+                    };
+                    events.push(gyre_event::Event::new(
+                        wall_clock(),
+                        gyre_event::EventBody::ResponseStored(Box::new(record)),
+                    ));
+                    thread = Some((id.to_string(), answer));
                 }
             }
         }
-        // A thread's turn is durable before its id is handed over, so a restarted proxy
-        // still serves a `continue` from it (see `crate::message_threads::ThreadTurn`).
-        if let Some((id, turn)) = thread_turn {
-            let record = gyre_event::StoredResponseRecord {
-                execution: execution.id(),
-                response_id: id,
-                previous_response_id: turn.previous,
-                items: turn.items,
-            };
-            let event = gyre_event::Event::new(
-                wall_clock(),
-                gyre_event::EventBody::ResponseStored(Box::new(record)),
-            );
-            if let Err(error) = self.sink.commit(event).await {
-                tracing::error!(%error, "a thread's turn was not committed; the call fails");
-                execution.lock().mark_delivered(agent, call, false);
-                let message = format!("the thread's turn could not be committed: {error}");
-                self.failed(Api::Anthropic, ApiErrorKind::Overloaded, message, builder)
-                    .await;
-                return;
-            }
+        Some(Ending {
+            frames,
+            body,
+            events,
+            stored,
+            thread,
+        })
+    }
+
+    /// Hands `ending` over once its events are durable: the stored turns are marked so, the
+    /// thread is held, and the answer's end is sent. The call counts as delivered
+    /// ([`super::session::Session::mark_delivered`]) from just before the hand-over, since the
+    /// harness may have the answer and re-ask before this task runs again; a failed hand-over
+    /// (the harness went away) clears it.
+    async fn hand_over(
+        &self,
+        ending: Ending,
+        execution: &ExecutionHandle,
+        (agent, call): (&str, CallId),
+    ) {
+        if let Some(stored) = ending.stored {
+            stored.committed();
         }
-        // A response that continues another is durable before its id is handed over, with
-        // whatever of its chain the log lacks, and so is one that opens a conversation (see
-        // `crate::stored_responses`).
-        if let (Some(store), Some(kept)) = (&self.store_on_end, kept) {
-            if store.durable_before_handover(&kept) {
-                let id = execution.id();
-                if let Err(error) = store.persist(id, &kept).await {
-                    tracing::error!(%error, "a stored response was not committed; the call fails");
-                    execution.lock().mark_delivered(agent, call, false);
-                    let message = format!("the stored response could not be committed: {error}");
-                    self.failed(
-                        Api::OpenAiResponses,
-                        ApiErrorKind::Overloaded,
-                        message,
-                        builder,
-                    )
-                    .await;
-                    return;
-                }
-            }
+        if let (Some(hold), Some((id, answer))) = (&self.thread, ending.thread) {
+            hold.hold_answered(&id, answer);
         }
-        let handed = match body {
-            None => self.frames(frames).await,
+        if self.out.is_closed() {
+            // Never handed over, so a re-send of the call is answered from its record. Marked
+            // delivered only while a hand-over can still succeed: a re-send racing this task
+            // must not see a delivery that the failed hand-over below would take back.
+            return;
+        }
+        execution.lock().mark_delivered(agent, call, true);
+        let handed = match ending.body {
+            None => self.frames(ending.frames).await,
             Some(body) => self.out.send(Piece::Body(body)).await.is_ok(),
         };
         if !handed {
             execution.lock().mark_delivered(agent, call, false);
         }
     }
+
+    /// The end of an answer with no record to commit (a re-sent call answered from its
+    /// record): what it hands over is committed alone, then handed over.
+    async fn end(
+        &self,
+        api: Api,
+        builder: &mut Builder,
+        stop: &StopReason,
+        usage: &Usage,
+        execution: &ExecutionHandle,
+        (agent, call): (&str, CallId),
+    ) {
+        let sequence = builder.sequence_number();
+        let Some(mut ending) = self.ending(builder, stop, usage, execution) else {
+            return;
+        };
+        let events = std::mem::take(&mut ending.events);
+        if let Err(error) = self.sink.commit(events).await {
+            tracing::error!(%error, "an answer's stored turn was not committed; the call fails");
+            let message = format!("the answer's stored turn could not be committed: {error}");
+            self.failed_at(api, ApiErrorKind::Overloaded, message, sequence)
+                .await;
+            return;
+        }
+        self.hand_over(ending, execution, (agent, call)).await;
+    }
+}
+
+/// The end of an answer, built before anything of it is durable ([`Outlet::ending`]).
+struct Ending {
+    frames: Vec<SseEvent>,
+    body: Option<Value>,
+    /// `ResponseStored` events to commit before the hand-over: the stored response's chain,
+    /// the thread's turn.
+    events: Vec<Event>,
+    stored: Option<super::UnpersistedTurns>,
+    /// The thread's answer under its response id, held once its turn is durable.
+    thread: Option<(String, crate::message_threads::HeldAnswer)>,
 }
 
 /// Sampled tokens → the API's stream: detokenized, parsed, tool-call ids and reasoning handles
@@ -849,7 +901,7 @@ pub async fn run(
                 Ok(record) => {
                     let event =
                         Event::new(wall_clock(), EventBody::ModelCall(Box::new(record.clone())));
-                    let result = app.sink.commit(event).await;
+                    let result = app.sink.commit(vec![event]).await;
                     if result.is_ok() {
                         execution.lock().record_committed(&record);
                     }
@@ -947,21 +999,26 @@ pub async fn run(
             return;
         }
     };
+    // The answer's end is built now and sent only once the record, and whatever stored turns
+    // it hands over, are durable: all in one batch.
+    let sequence = builder.sequence_number();
+    let mut ending = outlet.ending(&mut builder, &stop, &usage, &execution);
+    let mut events = vec![Event::new(
+        wall_clock(),
+        EventBody::ModelCall(Box::new(record.clone())),
+    )];
+    if let Some(ending) = &mut ending {
+        events.append(&mut ending.events);
+    }
     let commit_started = Instant::now();
-    let committed = app
-        .sink
-        .commit(Event::new(
-            wall_clock(),
-            EventBody::ModelCall(Box::new(record.clone())),
-        ))
-        .await;
+    let committed = app.sink.commit(events).await;
     app.metrics
         .commit_seconds(commit_started.elapsed().as_secs_f64());
     if let Err(error) = committed {
         tracing::error!(%error, "a TITO record was not committed; the call fails");
         let message = format!("the call's record could not be committed: {error}");
         outlet
-            .failed(api, ApiErrorKind::Overloaded, message, &builder)
+            .failed_at(api, ApiErrorKind::Overloaded, message, sequence)
             .await;
         return;
     }
@@ -970,15 +1027,11 @@ pub async fn run(
     execution.lock().record_committed(&record);
     app.metrics
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
-    outlet
-        .end(
-            &mut builder,
-            &stop,
-            &usage,
-            &execution,
-            (&record.agent, record.call),
-        )
-        .await;
+    if let Some(ending) = ending {
+        outlet
+            .hand_over(ending, &execution, (&record.agent, record.call))
+            .await;
+    }
 }
 
 /// Stops request `rid` after the output reached a stop sequence, and reads its stream to the
@@ -1151,6 +1204,7 @@ async fn run_replay(
     app.metrics.replayed();
     outlet
         .end(
+            api,
             &mut builder,
             &stop,
             &usage,

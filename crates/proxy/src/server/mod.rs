@@ -354,21 +354,47 @@ impl StoreOnEnd {
     }
 
     /// Commits `response` and whatever of its chain the log lacks, oldest first, as
-    /// `ResponseStored` events: after this a restarted proxy still resolves its id.
+    /// `ResponseStored` events in one batch: after this a restarted proxy still resolves its
+    /// id. (A call's answer goes with its record instead: [`UnpersistedTurns::of`].)
     pub(crate) async fn persist(
         &self,
         execution: ExecutionId,
         response: &Arc<StoredResponse>,
     ) -> Result<(), String> {
-        for turn in response.unpersisted_chain() {
-            let event = gyre_event::Event::new(
-                wall_clock(),
-                gyre_event::EventBody::ResponseStored(Box::new(turn.record(execution))),
-            );
-            self.sink.commit(event).await?;
+        let mut turns = UnpersistedTurns::of(execution, response);
+        self.sink.commit(std::mem::take(&mut turns.events)).await?;
+        turns.committed();
+        Ok(())
+    }
+}
+
+/// A stored response and whatever of its chain the log lacks, as `ResponseStored` events
+/// (oldest first) to commit in the same batch as the call's record.
+pub(crate) struct UnpersistedTurns {
+    pub(crate) events: Vec<gyre_event::Event>,
+    responses: Vec<Arc<StoredResponse>>,
+}
+
+impl UnpersistedTurns {
+    pub(crate) fn of(execution: ExecutionId, response: &Arc<StoredResponse>) -> Self {
+        let responses = response.unpersisted_chain();
+        let events = responses
+            .iter()
+            .map(|turn| {
+                gyre_event::Event::new(
+                    wall_clock(),
+                    gyre_event::EventBody::ResponseStored(Box::new(turn.record(execution))),
+                )
+            })
+            .collect();
+        UnpersistedTurns { events, responses }
+    }
+
+    /// The events are durable: the log holds these responses now.
+    pub(crate) fn committed(self) {
+        for turn in self.responses {
             turn.set_persisted();
         }
-        Ok(())
     }
 }
 

@@ -20,8 +20,10 @@ use tokio::sync::oneshot;
 
 /// Commits events durably.
 pub trait RecordSink: Send + Sync + 'static {
-    /// Resolves once `event` is durable (committed on a quorum, or fsynced to the file).
-    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>>;
+    /// Resolves once `events` are durable together (committed on a quorum in one entry, or
+    /// fsynced to the file in one batch): a call's record and the stored turns its answer
+    /// hands over cost one commit, and none of them is durable without the others.
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>>;
     /// Where records go, for `/health` and logs.
     fn describe(&self) -> String;
 
@@ -133,26 +135,37 @@ impl ControlSink {
 }
 
 impl RecordSink for ControlSink {
-    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>> {
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>> {
+        if events.is_empty() {
+            return Box::pin(async { Ok(()) });
+        }
         let producer = self.producer.clone();
         let client = self.client.clone();
         Box::pin(async move {
-            let record = match &event.body {
-                gyre_event::EventBody::ModelCall(record) => Some(record.clone()),
-                _ => None,
-            };
+            let records: Vec<Option<Box<gyre_event::ModelCallRecord>>> = events
+                .iter()
+                .map(|event| match &event.body {
+                    gyre_event::EventBody::ModelCall(record) => Some(record.clone()),
+                    _ => None,
+                })
+                .collect();
             let (_, refused) = producer
-                .append(vec![event])
+                .append(events)
                 .await
                 .map_err(|error| format!("control log: {error}"))?;
-            let Some(reason) = refused.into_iter().find(|reason| !reason.is_empty()) else {
-                return Ok(());
-            };
-            if let Some(record) =
-                record.filter(|_| gyre_trajectory::is_duplicate_call_refusal(&reason))
-            {
-                match ControlSink::already_in_log(client, &record).await {
-                    Ok(true) => return Ok(()),
+            // Each event is folded (or refused) on its own: a record the log already holds (a
+            // retried commit that had landed) is no failure, any other refusal is.
+            for (reason, record) in refused.into_iter().zip(records) {
+                if reason.is_empty() {
+                    continue;
+                }
+                let Some(record) =
+                    record.filter(|_| gyre_trajectory::is_duplicate_call_refusal(&reason))
+                else {
+                    return Err(format!("control log refused the record: {reason}"));
+                };
+                match ControlSink::already_in_log(client.clone(), &record).await {
+                    Ok(true) => {}
                     Ok(false) => {
                         return Err(format!(
                             "control log refused the record: {reason} (a different record)"
@@ -165,7 +178,7 @@ impl RecordSink for ControlSink {
                     }
                 }
             }
-            Err(format!("control log refused the record: {reason}"))
+            Ok(())
         })
     }
 
@@ -204,7 +217,7 @@ impl RecordSink for ControlSink {
 }
 
 struct FileJob {
-    event: Event,
+    events: Vec<Event>,
     reply: oneshot::Sender<Result<(), String>>,
 }
 
@@ -311,7 +324,7 @@ impl FileSink {
                     for job in
                         std::iter::once(first).chain(std::iter::from_fn(|| queue.try_recv().ok()))
                     {
-                        events.push(job.event);
+                        events.extend(job.events);
                         replies.push(job.reply);
                     }
                     let result = writer
@@ -337,9 +350,12 @@ impl FileSink {
 }
 
 impl RecordSink for FileSink {
-    fn commit(&self, event: Event) -> BoxFuture<'static, Result<(), String>> {
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>> {
+        if events.is_empty() {
+            return Box::pin(async { Ok(()) });
+        }
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send(FileJob { event, reply });
+        let sent = self.jobs.send(FileJob { events, reply });
         Box::pin(async move {
             sent.map_err(|_| "the log writer stopped".to_string())?;
             answer
@@ -416,10 +432,10 @@ mod tests {
                 previous_response_id: None,
                 items: b"{\"role\":\"user\",\"content\":\"hi\"}".to_vec(),
             };
-            sink.commit(Event::new(
+            sink.commit(vec![Event::new(
                 Timestamp::ZERO,
                 EventBody::ResponseStored(Box::new(record)),
-            ))
+            )])
             .await
             .expect("committed");
         }

@@ -186,9 +186,14 @@ fn a_template_that_cannot_continue_the_prefill_refuses_it() {
 struct Records(Mutex<Vec<ModelCallRecord>>);
 
 impl RecordSink for Records {
-    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        if let EventBody::ModelCall(record) = event.body {
-            self.0.lock().expect("not poisoned").push(*record);
+    fn commit(
+        &self,
+        events: Vec<Event>,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        for event in events {
+            if let EventBody::ModelCall(record) = event.body {
+                self.0.lock().expect("not poisoned").push(*record);
+            }
         }
         Box::pin(async { Ok(()) })
     }

@@ -32,9 +32,14 @@ struct GatedSink {
 }
 
 impl RecordSink for GatedSink {
-    fn commit(&self, event: Event) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
-        if matches!(event.body, gyre_event::EventBody::ModelCall(_)) {
-            self.records.fetch_add(1, Ordering::SeqCst);
+    fn commit(
+        &self,
+        events: Vec<Event>,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        for event in &events {
+            if matches!(event.body, gyre_event::EventBody::ModelCall(_)) {
+                self.records.fetch_add(1, Ordering::SeqCst);
+            }
         }
         let held = self.hold.load(Ordering::SeqCst);
         if held {

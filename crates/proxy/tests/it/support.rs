@@ -46,7 +46,7 @@ pub struct NoSink;
 impl gyre_proxy::server::RecordSink for NoSink {
     fn commit(
         &self,
-        _event: gyre_event::Event,
+        _events: Vec<gyre_event::Event>,
     ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Ok(()) })
     }
