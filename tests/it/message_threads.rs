@@ -93,8 +93,9 @@ fn a_continue_is_served_as_the_whole_conversation_and_continued_once() {
 }
 
 /// The threads held over all executions fit `thread_store_bytes_max`: when a new thread does not
-/// fit, the execution holding the most gives up its oldest (a later continue of it is
-/// `thread_not_found`, and the client sends the turn again whole); a continue's new thread is
+/// fit, the execution holding the most gives up its oldest (with a sink that cannot read it
+/// back, a later continue of it is `thread_not_found`, and the client sends the turn again
+/// whole; see the next test for one that can); a continue's new thread is
 /// charged in place of the one it continued, so a conversation over half the store still goes
 /// on; a thread larger than the whole store is answered but not held. The gauge and the
 /// given-up counter say so.
@@ -235,4 +236,105 @@ fn a_continue_whose_commit_failed_is_served_on_its_retry() {
         turn.previous_response_id.as_ref(),
         first["id"].as_str().map(str::to_string).as_ref()
     );
+}
+
+/// A thread given up for room is still on the log (each turn is committed with its call): a
+/// continue of it reads it back, holds it again (making room in turn) and is served as the
+/// whole conversation, extending its execution's tree; the read-back is counted, and the
+/// response it continued is continued once, as any other. A thread larger than the whole store
+/// cannot be held again: still `thread_not_found`.
+#[test]
+fn a_thread_given_up_for_room_is_read_back_from_the_log() {
+    let runtime = crate::support::runtime();
+    let answer = r#"{"agent": "main", "blocks": [{"type": "text", "text": "ok"}]}"#;
+    let engine = crate::in_process::scripted(&[answer; 8].join("\n"));
+    let store_max = 15_000;
+    let sink = std::sync::Arc::new(crate::support::MemorySink::default());
+    sink.reads_back
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let state = gyre_proxy::server::AppState::new(
+        gyre_proxy::server::ServerConfig {
+            thread_store_bytes_max: store_max,
+            ..Default::default()
+        },
+        crate::in_process::model(),
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let (first_execution, first_token) = state.open_execution(None, None).expect("open");
+    let (_, second_token) = state.open_execution(None, None).expect("open");
+    let proxy = crate::in_process::serve_state(&runtime, state, first_token.clone(), sink.clone());
+    let system = "x".repeat(10_000);
+    let create = |system: &str| {
+        json!({"model": "m", "max_tokens": 64, "system": system,
+               "messages": [{"role": "user", "content": "hi"}], "thread": {"type": "create"}})
+    };
+    let continue_from = |answer: &serde_json::Value| {
+        json!({"model": "m", "max_tokens": 64,
+               "messages": [{"role": "user", "content": "more"}],
+               "thread": {"type": "continue", "previous_message_id": answer["id"]}})
+    };
+    let counter = |name: &str| -> usize {
+        let text = proxy.metrics();
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    let (status, first) = proxy.post_as(&first_token, "/v1/messages", &create(&system));
+    assert_eq!(status, 200, "{first}");
+    let (status, second) = proxy.post_as(&second_token, "/v1/messages", &create(&system));
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(counter("gyre_proxy_threads_given_up_total"), 1);
+    // The first's thread left memory; its continue reads it back (the second's makes room).
+    let (status, resumed) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&first));
+    assert_eq!(status, 200, "read back: {resumed}");
+    assert_eq!(counter("gyre_proxy_threads_read_back_total"), 1);
+    assert_eq!(counter("gyre_proxy_threads_given_up_total"), 2);
+    assert!(counter("gyre_proxy_thread_store_bytes") <= store_max);
+    let first_calls: Vec<_> = sink
+        .records()
+        .into_iter()
+        .filter(|record| record.execution.get() == first_execution)
+        .collect();
+    assert_eq!(first_calls.len(), 2, "{first_calls:?}");
+    assert_eq!(
+        first_calls[1].parent_call,
+        Some(first_calls[0].call),
+        "the continue extends the first call: the whole conversation was rebuilt"
+    );
+    assert!(
+        first_calls[1].reused_prefix_tokens_count > 2_000,
+        "{:?}",
+        first_calls[1]
+    );
+    // Continued once, read back or not.
+    let (status, again) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&first));
+    assert_eq!(status, 400, "{again}");
+    assert_eq!(
+        again["error"]["details"]["error_code"], "thread_already_continued",
+        "{again}"
+    );
+    // The second's thread, given up for the read-back, is read back in turn.
+    let (status, third) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&second));
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(counter("gyre_proxy_threads_read_back_total"), 2);
+    // Larger than the whole store: answered, never held, and not held when read back either.
+    let (status, huge) = proxy.post_as(
+        &first_token,
+        "/v1/messages",
+        &create(&"y".repeat(store_max)),
+    );
+    assert_eq!(status, 200, "{huge}");
+    let (status, lost) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&huge));
+    assert_eq!(status, 404, "{lost}");
+    assert_eq!(
+        lost["error"]["details"]["error_code"], "thread_not_found",
+        "{lost}"
+    );
+    assert_eq!(counter("gyre_proxy_threads_read_back_total"), 2);
 }

@@ -394,6 +394,9 @@ pub struct MemorySink {
     pub events: std::sync::Mutex<Vec<gyre_event::Event>>,
     /// The next commit fails (as a full disk would), keeping nothing of its batch.
     pub fail_next: std::sync::atomic::AtomicBool,
+    /// Stored responses and thread turns are read back from it, as from an event file (off:
+    /// a sink that cannot read back).
+    pub reads_back: std::sync::atomic::AtomicBool,
 }
 
 impl MemorySink {
@@ -428,5 +431,33 @@ impl gyre_proxy::server::RecordSink for MemorySink {
 
     fn describe(&self) -> String {
         "memory".into()
+    }
+
+    fn stored_responses(
+        &self,
+        execution: u64,
+        _holding: &str,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<Vec<gyre_event::StoredResponseRecord>, String>,
+    > {
+        let records = if self.reads_back.load(std::sync::atomic::Ordering::SeqCst) {
+            self.events
+                .lock()
+                .expect("sink lock")
+                .iter()
+                .filter_map(|event| match &event.body {
+                    gyre_event::EventBody::ResponseStored(record)
+                        if record.execution.get() == execution =>
+                    {
+                        Some((**record).clone())
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Box::pin(async move { Ok(records) })
     }
 }

@@ -122,6 +122,11 @@ pub fn is_thread_error(error: &ApiError) -> bool {
     error.code.is_some_and(|code| code.starts_with("thread_"))
 }
 
+/// Whether `error` is [`thread_not_found`] (the log may still hold the thread).
+pub fn is_thread_not_found(error: &ApiError) -> bool {
+    error.code == Some("thread_not_found")
+}
+
 fn invalid(problem: &str) -> ApiError {
     ApiError::invalid_field(Api::Anthropic, "thread", problem)
 }
@@ -145,7 +150,7 @@ pub fn thread_not_found(previous_message_id: &str) -> ApiError {
         "thread_not_found",
         format!(
             "No usable Thread state was found for previous_message_id `{}` in this execution \
-             (this proxy holds each execution's latest threads, within its memory budget). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
+             (neither this proxy's memory nor its log holds it). Replay the full conversation with `thread: {{\"type\": \"create\"}}`.",
             shown(previous_message_id)
         ),
     )
@@ -718,7 +723,114 @@ fn read_turn(items: &[u8]) -> Option<(Option<String>, Option<String>, String, us
     ))
 }
 
+/// The whole conversation of the thread `head` from its records (by id: the id it continues
+/// and what it adds), back to its `create` and then forward; `None` (logged) when the chain
+/// is not all there or a record does not read back.
+fn rebuild(by_id: &HashMap<String, (Option<String>, Vec<u8>)>, head: &str) -> Option<HeldThread> {
+    let mut chain = Vec::new();
+    let mut at = Some(head.to_string());
+    while let Some(id) = at.take() {
+        let Some((previous, items)) = by_id.get(&id) else {
+            tracing::warn!(
+                id = head,
+                missing = id,
+                "a thread's chain is not in the log; not held"
+            );
+            return None;
+        };
+        chain.push(items);
+        at.clone_from(previous);
+        if chain.len() > by_id.len() {
+            return None;
+        }
+    }
+    let mut thread = HeldThread {
+        system: None,
+        tools: None,
+        messages: String::new(),
+        messages_count: 0,
+    };
+    for items in chain.into_iter().rev() {
+        let Some((system, tools, messages, count)) = read_turn(items) else {
+            tracing::warn!(id = head, "a thread record does not read back; not held");
+            return None;
+        };
+        if system.is_some() {
+            thread.system = system;
+        }
+        if tools.is_some() {
+            thread.tools = tools;
+        }
+        if !messages.is_empty() {
+            if !thread.messages.is_empty() {
+                thread.messages.push(',');
+            }
+            thread.messages.push_str(&messages);
+        }
+        thread.messages_count += count;
+    }
+    Some(thread)
+}
+
+/// What the log says of a thread a `continue` named that this proxy no longer holds
+/// ([`read_back`]).
+#[derive(Debug, PartialEq)]
+pub enum ReadBack {
+    /// A later turn continues it: continued already.
+    Continued,
+    /// Its whole conversation, to hold again.
+    Thread(HeldThread),
+    /// The log does not hold it (or not all of its chain).
+    Missing,
+}
+
+/// The thread `id` read back from `records` (an execution's thread records in commit order,
+/// `(id, previous, items)`): a thread given up for room, or older than the newest held after
+/// a restart, is on the log, so its continue is served rather than sent again whole.
+pub fn read_back(records: Vec<(String, Option<String>, Vec<u8>)>, id: &str) -> ReadBack {
+    let mut by_id: HashMap<String, (Option<String>, Vec<u8>)> = HashMap::new();
+    for (record, previous, items) in records {
+        if previous.as_deref() == Some(id) {
+            return ReadBack::Continued;
+        }
+        by_id.entry(record).or_insert((previous, items));
+    }
+    if !by_id.contains_key(id) {
+        return ReadBack::Missing;
+    }
+    rebuild(&by_id, id).map_or(ReadBack::Missing, ReadBack::Thread)
+}
+
 impl ThreadStore {
+    /// The thread `id`, read back from the log ([`read_back`]), is held again for `agent`
+    /// (charged `charge`), unless a request meanwhile held, took or continued it.
+    pub fn hold_read_back(
+        &mut self,
+        id: &str,
+        thread: HeldThread,
+        agent: &str,
+        charge: Option<Charge>,
+    ) {
+        if self.held.contains_key(id)
+            || self.in_flight.contains_key(id)
+            || self.continued.iter().any(|continued| continued == id)
+        {
+            return;
+        }
+        self.insert(id.to_string(), Arc::new(thread), agent, charge);
+    }
+
+    /// The log says `id` was continued ([`ReadBack::Continued`]): a continue of it is
+    /// `thread_already_continued`.
+    pub fn note_continued(&mut self, id: &str) {
+        if !self.continued.iter().any(|continued| continued == id) {
+            self.continued.push_back(id.to_string());
+            while self.continued.len() > CONTINUED_REMEMBERED {
+                self.continued.pop_front();
+            }
+        }
+    }
+
     /// Rebuilds the threads a restarted proxy held, from this execution's thread records in
     /// commit order (`(id, previous, items)`, see [`ThreadTurn`]): every response no later
     /// record continues is held again as its whole conversation (the newest [`HELD_MAX`]),
@@ -751,56 +863,10 @@ impl ThreadStore {
             .filter(|id| !continued_set.contains(id.as_str()))
             .collect();
         let heads = &heads[heads.len().saturating_sub(HELD_MAX)..];
-        let mut rebuilt = Vec::new();
-        'heads: for head in heads {
-            // From the head back to its `create`, then forward.
-            let mut chain = Vec::new();
-            let mut at = Some(head.to_string());
-            while let Some(id) = at.take() {
-                let Some((previous, items)) = by_id.get(&id) else {
-                    tracing::warn!(
-                        id = head.as_str(),
-                        missing = id,
-                        "a thread's chain is not in the log; not held"
-                    );
-                    continue 'heads;
-                };
-                chain.push(items);
-                at.clone_from(previous);
-                if chain.len() > by_id.len() {
-                    continue 'heads;
-                }
-            }
-            let mut thread = HeldThread {
-                system: None,
-                tools: None,
-                messages: String::new(),
-                messages_count: 0,
-            };
-            for items in chain.into_iter().rev() {
-                let Some((system, tools, messages, count)) = read_turn(items) else {
-                    tracing::warn!(
-                        id = head.as_str(),
-                        "a thread record does not read back; not held"
-                    );
-                    continue 'heads;
-                };
-                if system.is_some() {
-                    thread.system = system;
-                }
-                if tools.is_some() {
-                    thread.tools = tools;
-                }
-                if !messages.is_empty() {
-                    if !thread.messages.is_empty() {
-                        thread.messages.push(',');
-                    }
-                    thread.messages.push_str(&messages);
-                }
-                thread.messages_count += count;
-            }
-            rebuilt.push((head.to_string(), thread));
-        }
+        let rebuilt: Vec<(String, HeldThread)> = heads
+            .iter()
+            .filter_map(|head| Some((head.to_string(), rebuild(&by_id, head)?)))
+            .collect();
         for id in continued
             .iter()
             .skip(continued.len().saturating_sub(CONTINUED_REMEMBERED))
@@ -1073,10 +1139,12 @@ mod tests {
         );
         let original = lock(&store).begin_continue("msg_2").unwrap();
         let mut restored = ThreadStore::default();
+        let first_items = first.items.clone();
         let records = vec![
             ("msg_1".to_string(), None, first.items),
             ("msg_2".to_string(), Some("msg_1".to_string()), second.items),
         ];
+        let records_again = records.clone();
         assert_eq!(
             restored.restore(records, "", |_| Some(Box::new(()) as Charge)),
             1
@@ -1088,6 +1156,39 @@ mod tests {
         let rebuilt = restored.begin_continue("msg_2").unwrap();
         assert_eq!(*rebuilt, *original);
         assert_eq!(rebuilt.messages_count, 4);
+        // One thread read back on demand: the same conversation; a continued one is known as
+        // such; one the records lack is missing.
+        assert_eq!(
+            read_back(records_again.clone(), "msg_2"),
+            ReadBack::Thread(HeldThread {
+                system: original.system.clone(),
+                tools: original.tools.clone(),
+                messages: original.messages.clone(),
+                messages_count: original.messages_count,
+            })
+        );
+        assert_eq!(
+            read_back(records_again.clone(), "msg_1"),
+            ReadBack::Continued
+        );
+        assert_eq!(read_back(records_again, "msg_9"), ReadBack::Missing);
+        let mut fresh = ThreadStore::default();
+        fresh.note_continued("msg_1");
+        assert_eq!(
+            code(&fresh.begin_continue("msg_1").unwrap_err()).1,
+            "thread_already_continued"
+        );
+        let ReadBack::Thread(thread) = read_back(
+            vec![("msg_1".to_string(), None, first_items.clone())],
+            "msg_1",
+        ) else {
+            panic!("the create alone reads back");
+        };
+        fresh.hold_read_back("msg_1", thread, "main", None);
+        assert!(
+            fresh.begin_continue("msg_1").is_err(),
+            "a continued id is not held again"
+        );
         // A chain with a turn missing, or a turn that does not read back, is not held.
         let mut partial = ThreadStore::default();
         let orphan = vec![(

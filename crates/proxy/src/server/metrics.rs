@@ -94,6 +94,7 @@ pub struct Metrics {
     responses_given_up: AtomicU64,
     threads_given_up: AtomicU64,
     responses_read_back: AtomicU64,
+    threads_read_back: AtomicU64,
     replayed: AtomicU64,
     stream_errors: AtomicU64,
     body_elements_parsed: AtomicU64,
@@ -273,6 +274,11 @@ impl Metrics {
         self.threads_given_up.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A Message Thread a client continued, read back from the log (it was no longer held).
+    pub fn thread_read_back(&self) {
+        self.threads_read_back.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A stored response a client named, read back from the log (it was no longer in memory).
     pub fn response_read_back(&self) {
         self.responses_read_back.fetch_add(1, Ordering::Relaxed);
@@ -379,9 +385,14 @@ impl Metrics {
             (
                 "gyre_proxy_threads_given_up_total",
                 "Anthropic Message Threads given up to make room in the thread store \
-                 (`--thread-store-mib`); a later continue of one is answered thread_not_found \
-                 and the client sends its turn again whole.",
+                 (`--thread-store-mib`); a later continue of one reads it back from the log.",
                 &self.threads_given_up,
+            ),
+            (
+                "gyre_proxy_threads_read_back_total",
+                "Anthropic Message Threads a client continued after they left memory (given up \
+                 for room, or older than a restart held again), read back from the log.",
+                &self.threads_read_back,
             ),
             (
                 "gyre_proxy_responses_read_back_total",

@@ -2193,6 +2193,62 @@ async fn restore_from_log(
     restored.ok().flatten()
 }
 
+/// Reads the Message Thread `id` of `execution` back from the log (a full thread store gave
+/// it up, or a restart held newer ones) and holds it again for `agent`, charged like a new
+/// one; or, when the log shows it continued, remembers that. The request is then prepared
+/// again, and finds it (or is refused as before).
+async fn restore_thread_from_log(
+    app: &Arc<AppState>,
+    execution: &ExecutionHandle,
+    id: &str,
+    agent: &str,
+) {
+    use crate::message_threads::{is_thread_record, lock, read_back, ReadBack};
+    let number = execution.id().get();
+    let records = match app.sink.stored_responses(number, id).await {
+        Ok(records) => records,
+        Err(error) => {
+            tracing::warn!(%error, id, "reading a thread back from the log failed");
+            return;
+        }
+    };
+    let records: Vec<_> = records
+        .into_iter()
+        .filter(|record| is_thread_record(&record.response_id))
+        .map(|record| {
+            (
+                record.response_id,
+                record.previous_response_id,
+                record.items,
+            )
+        })
+        .collect();
+    if records.is_empty() {
+        return;
+    }
+    let (app, execution) = (app.clone(), execution.clone());
+    let (id, agent) = (id.to_string(), agent.to_string());
+    // Rebuilding copies the thread's conversation: off the async workers.
+    let _ = tokio::task::spawn_blocking(move || match read_back(records, &id) {
+        ReadBack::Missing => {}
+        ReadBack::Continued => lock(&execution.threads()).note_continued(&id),
+        ReadBack::Thread(thread) => {
+            // The charger may make room in any execution's store: none is locked meanwhile.
+            let Some(charge) = (app.thread_charger())(thread.bytes()) else {
+                tracing::warn!(
+                    id,
+                    "the thread store is full (--thread-store-mib); a thread read back from \
+                     the log is not held"
+                );
+                return;
+            };
+            lock(&execution.threads()).hold_read_back(&id, thread, &agent, Some(charge));
+            app.metrics.thread_read_back();
+        }
+    })
+    .await;
+}
+
 /// An Anthropic request's `thread` (see [`crate::message_threads`]): `None` without one; a
 /// `create`'s hold; a `continue`'s hold (the thread it took) and its expanded body. A refused
 /// continue gives its thread back when the hold drops.
@@ -2201,13 +2257,21 @@ fn begin_thread(
     execution: &ExecutionHandle,
     agent: &str,
     bytes: &Bytes,
+    missing: &Mutex<Option<String>>,
 ) -> Result<Option<(crate::message_threads::ThreadHold, Bytes)>, ApiError> {
-    use crate::message_threads::{expand, read_continue, ThreadHold};
+    use crate::message_threads::{expand, is_thread_not_found, read_continue, ThreadHold};
     let Some((previous_message_id, object)) = read_continue(bytes)? else {
         return Ok(None);
     };
     let store = execution.threads();
-    let held = crate::message_threads::lock(&store).begin_continue(&previous_message_id)?;
+    let begun = crate::message_threads::lock(&store).begin_continue(&previous_message_id);
+    let held = begun.inspect_err(|error| {
+        if is_thread_not_found(error) {
+            // Given up for room, or older than what a restart held again: the caller may
+            // read it back from the log and try again (`restore_thread_from_log`).
+            *lock_missing(missing) = Some(previous_message_id.clone());
+        }
+    })?;
     // From here on, a refusal gives the thread back as the hold drops.
     let hold = ThreadHold::new(store, agent, Some((previous_message_id, held.clone())))
         .charged_by(app.thread_charger());
@@ -2410,7 +2474,7 @@ async fn serve_call(
                 // would have sent (see `crate::message_threads`).
                 let (bytes, thread_hold, refused) = match (api, refused) {
                     (Api::Anthropic, None) => {
-                        match begin_thread(&app, &execution, agent_key, &bytes) {
+                        match begin_thread(&app, &execution, agent_key, &bytes, &missing) {
                             Ok(None) => (bytes, None, None),
                             Ok(Some((hold, expanded))) => (expanded, Some(hold), None),
                             Err(error) => (bytes, None, Some(error)),
@@ -2566,7 +2630,12 @@ async fn serve_call(
                 // response read back is held for it (another execution's charge may give it up
                 // meanwhile).
                 read_back = true;
-                pinned = restore_from_log(&app, &execution, &id).await;
+                if api == Api::Anthropic {
+                    let agent = agent.as_deref().unwrap_or("main");
+                    restore_thread_from_log(&app, &execution, &id, agent).await;
+                } else {
+                    pinned = restore_from_log(&app, &execution, &id).await;
+                }
                 continue;
             }
         }
