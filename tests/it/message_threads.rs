@@ -338,3 +338,64 @@ fn a_thread_given_up_for_room_is_read_back_from_the_log() {
     );
     assert_eq!(counter("gyre_proxy_threads_read_back_total"), 2);
 }
+
+/// `count_tokens` with a thread `continue` counts the whole conversation the continue would
+/// send (what a stateless client's count would be), and leaves the thread to continue; an id
+/// not held is `thread_not_found`, as for a continue.
+#[test]
+fn count_tokens_counts_a_continue_as_the_whole_conversation() {
+    let runtime = crate::support::runtime();
+    let engine = crate::in_process::scripted(concat!(
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "One."}]}"#,
+        "\n",
+        r#"{"agent": "main", "blocks": [{"type": "text", "text": "Two."}]}"#,
+    ));
+    let proxy = crate::in_process::proxy(&runtime, engine);
+    let ask = json!({"role": "user", "content": "Count."});
+    let (status, first) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 256, "system": "Be brief.",
+                "messages": [ask], "thread": {"type": "create"}}),
+    );
+    assert_eq!(status, 200, "{first}");
+    let next = json!({"role": "user", "content": "Again, with more words this time."});
+    let (status, threaded) = proxy.post(
+        "/v1/messages/count_tokens",
+        &json!({"model": "m", "messages": [next],
+                "thread": {"type": "continue", "previous_message_id": first["id"]}}),
+    );
+    assert_eq!(status, 200, "{threaded}");
+    let (status, whole) = proxy.post(
+        "/v1/messages/count_tokens",
+        &json!({"model": "m", "system": "Be brief.", "messages": [
+            ask, {"role": "assistant", "content": first["content"]}, next]}),
+    );
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(threaded["input_tokens"], whole["input_tokens"]);
+    let (status, short) = proxy.post(
+        "/v1/messages/count_tokens",
+        &json!({"model": "m", "messages": [next]}),
+    );
+    assert_eq!(status, 200, "{short}");
+    assert!(
+        short["input_tokens"].as_u64() < whole["input_tokens"].as_u64(),
+        "{short} vs {whole}"
+    );
+    // Counting continued nothing.
+    let (status, second) = proxy.post(
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 256, "messages": [next],
+                "thread": {"type": "continue", "previous_message_id": first["id"]}}),
+    );
+    assert_eq!(status, 200, "{second}");
+    let (status, lost) = proxy.post(
+        "/v1/messages/count_tokens",
+        &json!({"model": "m", "messages": [next],
+                "thread": {"type": "continue", "previous_message_id": "msg_unknown"}}),
+    );
+    assert_eq!(status, 404, "{lost}");
+    assert_eq!(
+        lost["error"]["details"]["error_code"], "thread_not_found",
+        "{lost}"
+    );
+}

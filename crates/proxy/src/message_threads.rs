@@ -219,8 +219,13 @@ impl ThreadStore {
             self.in_flight.insert(id.to_string(), held.charge);
             return Ok(held.thread);
         }
+        Err(self.refusal(id))
+    }
+
+    /// Why a continue of `id`, which is not held, is refused.
+    fn refusal(&self, id: &str) -> ApiError {
         if self.in_flight.contains_key(id) {
-            return Err(thread_error(
+            return thread_error(
                 ApiErrorKind::InvalidRequest,
                 "thread_continue_in_flight",
                 format!(
@@ -229,10 +234,10 @@ impl ThreadStore {
                      conversation with `thread: {{\"type\": \"create\"}}`.",
                     shown(id)
                 ),
-            ));
+            );
         }
         if self.continued.iter().any(|continued| continued == id) {
-            return Err(thread_error(
+            return thread_error(
                 ApiErrorKind::InvalidRequest,
                 "thread_already_continued",
                 format!(
@@ -240,9 +245,18 @@ impl ThreadStore {
                      continued only once. Continue from the Thread's most recent response `id`.",
                     shown(id)
                 ),
-            ));
+            );
         }
-        Err(thread_not_found(id))
+        thread_not_found(id)
+    }
+
+    /// The thread a continue of `id` would start from, left held (a `count_tokens` request
+    /// naming one counts the whole conversation); the error a continue of it would get.
+    pub fn peek(&self, id: &str) -> Result<Arc<HeldThread>, ApiError> {
+        match self.held.get(id) {
+            Some(held) => Ok(held.thread.clone()),
+            None => Err(self.refusal(id)),
+        }
     }
 
     /// A continue of `id` (by `agent`) that produced no response: the thread can be continued

@@ -2871,9 +2871,10 @@ async fn count_tokens_inner(
     let api = Api::Anthropic;
     // Counted with the model-API requests, as its rejections are counted with theirs.
     app.metrics.request(api);
-    if let Err(error) = authenticate(&app, api, &headers, path_token.as_deref()) {
-        return rejected(&app, &error);
-    }
+    let execution = match authenticate(&app, api, &headers, path_token.as_deref()) {
+        Ok(execution) => execution,
+        Err(error) => return rejected(&app, &error),
+    };
     let bytes = match read_body(&app, api, &headers, body).await {
         Ok(bytes) => bytes,
         Err(error) => return rejected(&app, &error),
@@ -2885,6 +2886,15 @@ async fn count_tokens_inner(
     let counting = app.clone();
     let counted = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
         let app = counting;
+        // A Message Threads `continue` counts the whole conversation it would send, from the
+        // thread held (left held: counting continues nothing).
+        let bytes = match crate::message_threads::read_continue(&bytes)? {
+            None => bytes,
+            Some((id, object)) => {
+                let held = crate::message_threads::lock(&execution.threads()).peek(&id)?;
+                crate::message_threads::expand(object, &held, app.config.body_bytes_max)?.0
+            }
+        };
         let request = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media)
             .and_then(|r| r.to_chat())?;
         // A pre-filled answer counts the prompt it is continued from.
