@@ -1527,6 +1527,72 @@ fn claude_code_with_message_threads_continues_each_turn_on_the_proxy() {
     assert_each_turn_extends_the_whole_previous(&records);
 }
 
+/// opencode's work tree and HOME under `dir`. Its project is the git work tree it runs in;
+/// outside one, every path asks for a permission `opencode run` refuses.
+fn opencode_dirs(dir: &Path) -> (PathBuf, PathBuf) {
+    let (work, home) = (dir.join("work"), dir.join("home"));
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&home).expect("home dir");
+    let git = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&work)
+        .status()
+        .expect("git runs");
+    assert!(git.success(), "git init");
+    (work, home)
+}
+
+/// opencode's config at `config`: `provider` (`anthropic`: Messages, else `openai`: Responses)
+/// pointed at `proxy`'s execution; `limit`, the model's context and output window in tokens
+/// (opencode compacts a session whose last call came near the context's end).
+fn write_opencode_config(config: &Path, provider: &str, proxy: &Proxy, limit: Option<(u32, u32)>) {
+    let (base_url, model_id) = match provider {
+        "anthropic" => (
+            format!("{}/v1", proxy.anthropic_base_url),
+            "claude-sonnet-4-5",
+        ),
+        _ => (proxy.openai_base_url.clone(), "gpt-5"),
+    };
+    let mut settings = serde_json::json!({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {provider: {"options": {"baseURL": base_url, "apiKey": proxy.token}}},
+        "model": format!("{provider}/{model_id}"),
+        "small_model": format!("{provider}/{model_id}"),
+        "autoupdate": false,
+        "share": "disabled",
+    });
+    if let Some((context, output)) = limit {
+        settings["provider"][provider]["models"] =
+            serde_json::json!({model_id: {"limit": {"context": context, "output": output}}});
+    }
+    std::fs::write(config, settings.to_string()).expect("opencode.json");
+}
+
+/// `opencode run PROMPT` in `work` with a scratch `home`. A title is given, so opencode asks
+/// no model for one and the script's order is the run's.
+fn opencode_run(opencode: &Path, work: &Path, home: &Path, config: &Path, prompt: &str) -> Command {
+    let mut command = Command::new(opencode);
+    command
+        .current_dir(work)
+        // opencode takes its project directory from `PWD`, which a child inherits unchanged
+        // from this process.
+        .env("PWD", work)
+        .env("HOME", home)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("XDG_STATE_HOME")
+        .env("OPENCODE_CONFIG", config)
+        // Nothing but the model calls: no model list, plugins or language servers fetched.
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+        .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+        .env("OPENCODE_DISABLE_CLAUDE_CODE", "1")
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .args(["run", "--title", "gyre harness test", prompt]);
+    command
+}
+
 /// opencode (`opencode-ai`, pinned in `.ci/run`), an open-source coding agent built on the
 /// Vercel AI SDK, through the proxy twice: with its Anthropic provider (`/v1/messages`,
 /// extended thinking) and with its OpenAI provider (`/v1/responses`, `store: false` with
@@ -1542,17 +1608,7 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
     };
     for provider in ["anthropic", "openai"] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (work, home) = (dir.path().join("work"), dir.path().join("home"));
-        std::fs::create_dir_all(&work).expect("work dir");
-        std::fs::create_dir_all(&home).expect("home dir");
-        // opencode's project is the git work tree it runs in; outside one, every path asks
-        // for a permission `opencode run` refuses.
-        let git = Command::new("git")
-            .args(["init", "-q"])
-            .current_dir(&work)
-            .status()
-            .expect("git runs");
-        assert!(git.success(), "git init");
+        let (work, home) = opencode_dirs(dir.path());
         let config = work.join("opencode.json");
         let line = |agent: &str, blocks: serde_json::Value| serde_json::json!({"agent": agent, "blocks": blocks});
         let script = script_of(
@@ -1594,42 +1650,8 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
         let log = dir.path().join("tito.log");
         let capture = dir.path().join("capture.jsonl");
         let mut proxy = start_proxy(&script, &log, &capture);
-        let (base_url, model) = match provider {
-            "anthropic" => (
-                format!("{}/v1", proxy.anthropic_base_url),
-                "anthropic/claude-sonnet-4-5",
-            ),
-            _ => (proxy.openai_base_url.clone(), "openai/gpt-5"),
-        };
-        let settings = serde_json::json!({
-            "$schema": "https://opencode.ai/config.json",
-            "provider": {provider: {"options": {"baseURL": base_url, "apiKey": proxy.token}}},
-            "model": model,
-            "small_model": model,
-            "autoupdate": false,
-            "share": "disabled",
-        });
-        std::fs::write(&config, settings.to_string()).expect("opencode.json");
-        // A title given: opencode asks no model for one, so the script's order is the run's.
-        let mut command = Command::new(&opencode);
-        command
-            .current_dir(&work)
-            // opencode takes its project directory from `PWD`, which a child inherits
-            // unchanged from this process.
-            .env("PWD", &work)
-            .env("HOME", &home)
-            .env_remove("XDG_CONFIG_HOME")
-            .env_remove("XDG_DATA_HOME")
-            .env_remove("XDG_CACHE_HOME")
-            .env_remove("XDG_STATE_HOME")
-            .env("OPENCODE_CONFIG", &config)
-            // Nothing but the model calls: no model list, plugins or language servers fetched.
-            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
-            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
-            .env("OPENCODE_DISABLE_CLAUDE_CODE", "1")
-            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-            .args(["run", "--title", "gyre harness test", "Write hello.txt."]);
+        write_opencode_config(&config, provider, &proxy, None);
+        let mut command = opencode_run(&opencode, &work, &home, &config, "Write hello.txt.");
         let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         proxy.process.kill();
@@ -1689,5 +1711,105 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
             3,
             "{provider}: the task's result and both parallel ones: {body}"
         );
+    }
+}
+
+/// opencode's auto-compaction through the proxy (its model's context limit set low): a tool
+/// result fills the context, opencode sends its summarization agent the conversation as text,
+/// then goes on from the summary. The summary call is recorded as a summary (a role class of
+/// its own, not a trainable main turn) on a root of its own; the conversation after it starts
+/// a new root, and each call within a conversation extends the previous one whole. Over
+/// Messages: with its OpenAI provider, opencode 1.18.33 did not compact at this limit although
+/// the usage it read was past it (checked by hand), so the same run there would prove nothing.
+#[test]
+fn opencode_auto_compaction_is_a_summary_call_and_a_new_conversation() {
+    let Some(opencode) = harness_bin("GYRE_OPENCODE_BIN") else {
+        return;
+    };
+    {
+        let provider = "anthropic";
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (work, home) = opencode_dirs(dir.path());
+        let config = work.join("opencode.json");
+        let line =
+            |blocks: serde_json::Value| serde_json::json!({"agent": "main", "blocks": blocks});
+        let bash = |command: &str| {
+            line(serde_json::json!([{"type": "tool_use", "name": "bash",
+                "input": {"command": command, "description": "Run it"}}]))
+        };
+        let text = |text: &str| line(serde_json::json!([{"type": "text", "text": text}]));
+        let script = script_of(
+            dir.path(),
+            &[
+                // ~9K tokens of output: the context passes the limit below.
+                bash("seq 1 4000"),
+                text("Counted to 4000."),
+                // The summarization agent's answer.
+                text(
+                    "## Objective\n- Count, then write two.txt.\n\n## Next Move\n1. Write two.txt",
+                ),
+                bash("echo two > two.txt"),
+                text("All done here."),
+            ],
+        );
+        let log = dir.path().join("tito.log");
+        let capture = dir.path().join("capture.jsonl");
+        let mut proxy = start_proxy(&script, &log, &capture);
+        // The first call is ~12K tokens of system prompt and tools; the tool result takes the
+        // second past 18K (the context less the output), the summary brings it back under.
+        write_opencode_config(&config, provider, &proxy, Some((20_000, 2_000)));
+        let mut command = opencode_run(
+            &opencode,
+            &work,
+            &home,
+            &config,
+            "Count, then write two.txt.",
+        );
+        let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        proxy.process.kill();
+        assert!(
+            output.status.success() && stdout.contains("All done here."),
+            "{provider}: opencode exited {:?}\nstdout: {stdout}\nstderr: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.join("two.txt"))
+                .ok()
+                .as_deref(),
+            Some("two\n"),
+            "{provider}: the call after the compaction ran its tool"
+        );
+        let records = records(&log);
+        let kinds: Vec<CallKind> = records.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                CallKind::Turn,
+                CallKind::Turn,
+                CallKind::Summary,
+                CallKind::Turn,
+                CallKind::Turn
+            ],
+            "{provider}: the summarization call is a summary"
+        );
+        assert!(
+            records.iter().all(|r| r.agent == "main"),
+            "{provider}: one agent"
+        );
+        let roots: Vec<usize> = records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.parent_call.is_none())
+            .map(|(at, _)| at)
+            .collect();
+        assert_eq!(
+            roots,
+            [0, 2, 3],
+            "{provider}: the conversation, the summary and the conversation after it"
+        );
+        assert_each_turn_extends_the_whole_previous(&records[..2]);
+        assert_each_turn_extends_the_whole_previous(&records[3..]);
     }
 }

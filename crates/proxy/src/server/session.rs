@@ -40,11 +40,14 @@ use crate::template::{CivilDateTime, RenderInput};
 use crate::ProxyError;
 
 /// Text a harness puts in the last user message of a compaction request: Claude Code's
-/// instructions (two phrasings), and Codex's (`codex` 0.171, its local "memento" compaction).
-const COMPACTION_MARKERS: [&str; 3] = [
+/// instructions (two phrasings), Codex's (`codex` 0.171, its local "memento" compaction), and
+/// opencode's (1.18: its summarization agent is sent the conversation as text in one user
+/// message, with its own system prompt and no tools).
+const COMPACTION_MARKERS: [&str; 4] = [
     "CRITICAL: Respond with TEXT ONLY",
     "Your task is to create a detailed summary of the conversation",
     "You are performing a CONTEXT CHECKPOINT COMPACTION",
+    "Create a new anchored summary from the conversation history",
 ];
 
 /// Calls of an agent after which a set-aside context, not come back to, is dropped.
