@@ -399,3 +399,138 @@ fn count_tokens_counts_a_continue_as_the_whole_conversation() {
         "{lost}"
     );
 }
+
+/// Three executions continue their threads in turn through a store that holds one: every
+/// continue is answered, the threads given up for room read back from `sink`'s log, each
+/// continue extending its own conversation.
+async fn threads_continue_through_a_full_store(
+    sink: std::sync::Arc<dyn gyre_proxy::server::RecordSink>,
+) {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+    let model = crate::in_process::model();
+    let end = model.token_id("<|im_end|>").expect("end token");
+    let engine: std::sync::Arc<dyn gyre_proxy::engine::TokenEngine> = std::sync::Arc::new(
+        gyre_proxy::engine::DeterministicEngine::new(gyre_proxy::engine::DeterministicOptions {
+            output_tokens: 8,
+            end_token_id: Some(end),
+            ..Default::default()
+        }),
+    );
+    let state = gyre_proxy::server::AppState::new(
+        gyre_proxy::server::ServerConfig {
+            thread_store_bytes_max: 15_000,
+            ..Default::default()
+        },
+        model,
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink,
+    )
+    .expect("state");
+    let app = gyre_proxy::server::router(state.clone());
+    let tokens: Vec<String> = (0..3)
+        .map(|_| state.open_execution(None, None).expect("open").1)
+        .collect();
+    let call = |token: &str, path: &str, body: Option<serde_json::Value>| {
+        let request = match body {
+            Some(body) => Request::post(path)
+                .header("x-api-key", token)
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string())),
+            None => Request::get(path).body(Body::empty()),
+        }
+        .expect("request");
+        let app = app.clone();
+        async move {
+            let response =
+                tokio::time::timeout(std::time::Duration::from_secs(60), app.oneshot(request))
+                    .await
+                    .expect("the proxy answers within 60 s")
+                    .expect("infallible");
+            let status = response.status().as_u16();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        }
+    };
+    let post = |token: &str, body: serde_json::Value| {
+        let answer = call(token, "/v1/messages", Some(body));
+        async move {
+            let (status, text) = answer.await;
+            assert_eq!(status, 200, "{text}");
+            serde_json::from_str::<serde_json::Value>(&text).expect("JSON")
+        }
+    };
+    let mut last = Vec::new();
+    for (index, token) in tokens.iter().enumerate() {
+        let system = format!("conversation {index}: {}", "x".repeat(10_000));
+        last.push(
+            post(
+                token,
+                json!({"model": "m", "max_tokens": 16, "system": system,
+                       "messages": [{"role": "user", "content": "hi"}],
+                       "thread": {"type": "create"}}),
+            )
+            .await,
+        );
+    }
+    for round in 0..2 {
+        for (index, token) in tokens.iter().enumerate() {
+            let answer = post(
+                token,
+                json!({"model": "m", "max_tokens": 16,
+                       "messages": [{"role": "user", "content": format!("go on ({round})")}],
+                       "thread": {"type": "continue", "previous_message_id": last[index]["id"]}}),
+            )
+            .await;
+            assert!(
+                answer["usage"]["cache_read_input_tokens"]
+                    .as_u64()
+                    .expect("cache read")
+                    > 2_000,
+                "the continue extends its whole conversation: {answer}"
+            );
+            last[index] = answer;
+        }
+    }
+    let (_, metrics) = call("", "/metrics", None).await;
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} "))?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert!(
+        counter("gyre_proxy_threads_given_up_total") >= 5,
+        "{metrics}"
+    );
+    assert!(
+        counter("gyre_proxy_threads_read_back_total") >= 5,
+        "{metrics}"
+    );
+}
+
+#[test]
+fn threads_given_up_for_room_are_read_back_from_the_event_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = std::sync::Arc::new(
+        gyre_proxy::server::FileSink::open(&dir.path().join("proxy.log")).expect("event file"),
+    );
+    crate::support::runtime().block_on(threads_continue_through_a_full_store(sink));
+}
+
+#[test]
+fn threads_given_up_for_room_are_read_back_from_the_quorum() {
+    crate::support::runtime().block_on(async {
+        let cluster = crate::support::InProcessCluster::start().await;
+        let sink = std::sync::Arc::new(
+            gyre_proxy::server::ControlSink::new(&cluster.addresses.join(","))
+                .expect("control sink"),
+        );
+        threads_continue_through_a_full_store(sink).await;
+        cluster.shutdown().await;
+    });
+}
