@@ -89,6 +89,12 @@ pub struct ProxyBenchArgs {
     /// Calls in the tokenization-work execution (0 skips that part).
     #[arg(long, default_value_t = 636)]
     execution_calls: usize,
+    /// Also measures Anthropic Message Threads at concurrency 1: an execution that sends each
+    /// turn as a `continue` (only the new turn; the proxy expands it from the thread it holds
+    /// and commits the turn with the call's record) against one re-sending the whole
+    /// conversation, over the same context ladder, calls interleaved, `--passes` times.
+    #[arg(long)]
+    threads: bool,
 }
 
 /// The largest `--context-max`, tokens: each call's prompt is built in memory.
@@ -181,16 +187,32 @@ impl KeepAlive {
         headers: &str,
         body: &str,
     ) -> anyhow::Result<u16> {
+        Ok(self.call_for_body(path, headers, body).await?.0)
+    }
+
+    /// [`KeepAlive::call`], returning the answer's body too (a chunked one with its chunk
+    /// framing: the caller reads what it needs from it).
+    pub(crate) async fn call_for_body(
+        &mut self,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
         if self.stream.is_some() {
-            if let Ok(status) = self.exchange(path, headers, body).await {
-                return Ok(status);
+            if let Ok(answer) = self.exchange(path, headers, body).await {
+                return Ok(answer);
             }
             self.stream = None;
         }
         self.exchange(path, headers, body).await
     }
 
-    async fn exchange(&mut self, path: &str, headers: &str, body: &str) -> anyhow::Result<u16> {
+    async fn exchange(
+        &mut self,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
         use tokio::io::AsyncBufReadExt;
         let mut stream = match self.stream.take() {
             Some(stream) => stream,
@@ -238,30 +260,32 @@ impl KeepAlive {
                 }
             }
         }
-        let mut sink = Vec::new();
+        let mut answer = Vec::new();
         if chunked {
+            let mut chunk = Vec::new();
             loop {
                 line.clear();
                 stream.read_line(&mut line).await?;
                 let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
                     .with_context(|| format!("bad chunk size {line:?}"))?;
-                sink.resize(size + 2, 0);
-                stream.read_exact(&mut sink).await?;
+                chunk.resize(size + 2, 0);
+                stream.read_exact(&mut chunk).await?;
+                answer.extend_from_slice(&chunk[..size]);
                 if size == 0 {
                     break;
                 }
             }
         } else if let Some(length) = length {
-            sink.resize(length, 0);
-            stream.read_exact(&mut sink).await?;
+            answer.resize(length, 0);
+            stream.read_exact(&mut answer).await?;
         } else {
-            stream.read_to_end(&mut sink).await?;
+            stream.read_to_end(&mut answer).await?;
             close = true;
         }
         if !close {
             self.stream = Some(stream);
         }
-        Ok(status)
+        Ok((status, answer))
     }
 }
 
@@ -568,6 +592,9 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
         outln!("       p50 / p99 ms by stage: {}", tails.join(", "));
     }
 
+    if args.threads {
+        threads_comparison(&state, address, &contexts, args.answer_tokens, args.passes).await?;
+    }
     if let Some(venv) = &args.anchors {
         anchors::run(
             venv,
@@ -611,6 +638,79 @@ async fn async_run(args: ProxyBenchArgs) -> anyhow::Result<()> {
     if let Some(cluster) = cluster {
         cluster.shutdown().await?;
     }
+    Ok(())
+}
+
+/// `--threads`: per pass, two new executions walk the context ladder, calls interleaved: one
+/// re-sends the whole conversation each turn, the other sends only the new turn as a Message
+/// Threads `continue` of its previous answer. Prints both latencies and their ratio.
+async fn threads_comparison(
+    state: &Arc<AppState>,
+    address: std::net::SocketAddr,
+    contexts: &[usize],
+    answer_tokens: u32,
+    passes: u32,
+) -> anyhow::Result<()> {
+    let mut whole = Vec::new();
+    let mut continued = Vec::new();
+    for pass in 0..passes as usize {
+        let (_, stateless_token) = state.open_execution(None, None).expect("open");
+        let (_, thread_token) = state.open_execution(None, None).expect("open");
+        let mut stateless = KeepAlive::new(address);
+        let mut threaded = KeepAlive::new(address);
+        let stateless_key = format!("x-api-key: {stateless_token}\r\n");
+        let thread_key = format!("x-api-key: {thread_token}\r\n");
+        // Salts apart from the main phases' executions: no tree shares their text.
+        let salt = 1_000 + pass;
+        let mut previous_id: Option<String> = None;
+        for turn in 0..contexts.len() {
+            let body = request_body(contexts, turn, salt, answer_tokens);
+            let call = Instant::now();
+            let status = stateless
+                .call("/v1/messages", &stateless_key, &body)
+                .await?;
+            anyhow::ensure!(status == 200, "a whole re-send answered {status}");
+            whole.push(call.elapsed());
+            let mut request: serde_json::Value = serde_json::from_str(&body)?;
+            match &previous_id {
+                None => request["thread"] = serde_json::json!({"type": "create"}),
+                Some(id) => {
+                    // The new turn alone: the last user message.
+                    let messages = request["messages"].as_array().context("messages")?;
+                    let new_turn = messages.last().context("a turn")?.clone();
+                    request = serde_json::json!({
+                        "model": request["model"],
+                        "max_tokens": answer_tokens,
+                        "messages": [new_turn],
+                        "thread": {"type": "continue", "previous_message_id": id},
+                    });
+                }
+            }
+            let body = request.to_string();
+            let call = Instant::now();
+            let (status, answer) = threaded
+                .call_for_body("/v1/messages", &thread_key, &body)
+                .await?;
+            continued.push(call.elapsed());
+            anyhow::ensure!(
+                status == 200,
+                "a thread continue answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+            let answer: serde_json::Value = serde_json::from_slice(&answer)?;
+            previous_id = Some(answer["id"].as_str().context("an answer id")?.to_string());
+        }
+    }
+    whole.sort();
+    continued.sort();
+    let (w50, w99) = (percentile(&whole, 0.5), percentile(&whole, 0.99));
+    let (c50, c99) = (percentile(&continued, 0.5), percentile(&continued, 0.99));
+    outln!(
+        "message threads, concurrency 1, {} calls each: whole re-send p50 {w50:.2} / p99 {w99:.2} ms, thread continue p50 {c50:.2} / p99 {c99:.2} ms (continue / re-send: p50 {:.2}, p99 {:.2})",
+        whole.len(),
+        c50 / w50.max(1e-9),
+        c99 / w99.max(1e-9)
+    );
     Ok(())
 }
 
