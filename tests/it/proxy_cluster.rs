@@ -286,9 +286,11 @@ fn a_record_the_log_already_holds_commits_and_a_conflicting_one_does_not() {
             .await
             .expect_err("a different record under the same call id");
         assert!(
-            refused.contains("already recorded") && refused.contains("a different record"),
+            refused.message.contains("already recorded")
+                && refused.message.contains("a different record"),
             "{refused}"
         );
+        assert_eq!(refused.durable, Vec::<usize>::new(), "nothing of it folded");
         cluster.shutdown().await;
     });
 }
@@ -406,6 +408,113 @@ fn a_restarted_quorum_restores_stop_sequences_from_its_snapshots() {
                 "equal digests at equal index: {digests:?}"
             );
         }
+        cluster.shutdown().await;
+    });
+}
+
+/// A quorum folds an entry's events one by one: a call's record can be folded while the stored
+/// turn committed beside it is refused. The proxy's tree then takes the record all the same
+/// (the tree and the log never disagree): the call fails as overloaded, the harness's re-send
+/// is answered from the record (not sampled again), its turn is committed then, and the thread
+/// goes on.
+#[test]
+fn a_record_folded_beside_a_refused_turn_is_answered_again_from_the_log() {
+    /// The quorum's sink, but the first stored turn that continues another is sent naming a
+    /// response the log never held (so the quorum refuses it and folds the record).
+    struct RefusesOneTurn {
+        sink: ControlSink,
+        refused: std::sync::atomic::AtomicBool,
+    }
+    impl gyre_proxy::server::RecordSink for RefusesOneTurn {
+        fn commit(
+            &self,
+            mut events: Vec<Event>,
+        ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+        {
+            for event in &mut events {
+                if let EventBody::ResponseStored(turn) = &mut event.body {
+                    if turn.previous_response_id.is_some()
+                        && !self.refused.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        turn.previous_response_id = Some("msg_never_stored".into());
+                    }
+                }
+            }
+            self.sink.commit(events)
+        }
+
+        fn describe(&self) -> String {
+            self.sink.describe()
+        }
+    }
+    let runtime = crate::support::runtime();
+    runtime.block_on(async {
+        let cluster = InProcessCluster::start().await;
+        let (model, engine) = model_and_engines();
+        let sink = Arc::new(RefusesOneTurn {
+            sink: ControlSink::new(&cluster.addresses.join(",")).expect("control sink"),
+            refused: std::sync::atomic::AtomicBool::new(false),
+        });
+        let state = AppState::new(
+            ServerConfig::default(),
+            model,
+            OutputFormat::test_model(),
+            vec![engine("e0")],
+            sink,
+        )
+        .expect("state");
+        let (execution, token) = state.open_execution(None, None).expect("open");
+        let app = router(state.clone());
+        let post = |body: serde_json::Value| {
+            let request = Request::post("/v1/messages")
+                .header("x-api-key", &token)
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .expect("request");
+            let app = app.clone();
+            async move {
+                let response = tokio::time::timeout(Duration::from_secs(60), app.oneshot(request))
+                    .await
+                    .expect("answered within 60 s")
+                    .expect("infallible");
+                let status = response.status().as_u16();
+                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                (
+                    status,
+                    serde_json::from_slice::<serde_json::Value>(&bytes).expect("JSON"),
+                )
+            }
+        };
+        let (status, first) = post(serde_json::json!({"model": "m", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Count."}], "thread": {"type": "create"}}))
+        .await;
+        assert_eq!(status, 200, "{first}");
+        let next = serde_json::json!({"model": "m", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Again."}],
+            "thread": {"type": "continue", "previous_message_id": first["id"]}});
+        let (status, failed) = post(next.clone()).await;
+        assert_eq!(status, 529, "{failed}");
+        let (status, second) = post(next).await;
+        assert_eq!(status, 200, "the re-send is answered: {second}");
+        assert_eq!(state.metrics.replayed_count(), 1, "from the folded record");
+        let (status, third) = post(serde_json::json!({"model": "m", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Once more."}],
+            "thread": {"type": "continue", "previous_message_id": second["id"]}}))
+        .await;
+        assert_eq!(status, 200, "the thread goes on: {third}");
+        // The log holds one record per prompt: nothing sampled twice.
+        let mut client = cluster.client.clone();
+        let (events, _) = client
+            .read_execution(&cluster.addresses[0], execution)
+            .await
+            .expect("read");
+        let calls = events
+            .iter()
+            .filter(|event| matches!(event.body, EventBody::ModelCall(_)))
+            .count();
+        assert_eq!(calls, 3, "{events:?}");
         cluster.shutdown().await;
     });
 }

@@ -28,7 +28,8 @@ impl RecordSink for MemorySink {
     fn commit(
         &self,
         events: Vec<Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         self.events.lock().expect("sink lock").extend(events);
         Box::pin(async { Ok(()) })
     }
@@ -679,7 +680,8 @@ impl RecordSink for GatedSink {
     fn commit(
         &self,
         events: Vec<Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         self.memory.events.lock().expect("sink lock").extend(events);
         let held = self.gate.hold.load(std::sync::atomic::Ordering::SeqCst);
         let gate = self.gate.clone();
@@ -1271,9 +1273,12 @@ fn a_re_sent_call_whose_record_failed_to_commit_is_sampled_anew() {
         fn commit(
             &self,
             events: Vec<Event>,
-        ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+        ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+        {
             if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return Box::pin(async { Err("the disk is full".to_string()) });
+                return Box::pin(async {
+                    Err(gyre_proxy::server::CommitFailure::of("the disk is full"))
+                });
             }
             self.events.lock().expect("sink lock").extend(events);
             Box::pin(async { Ok(()) })

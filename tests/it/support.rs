@@ -418,12 +418,15 @@ impl gyre_proxy::server::RecordSink for MemorySink {
     fn commit(
         &self,
         events: Vec<gyre_event::Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         if self
             .fail_next
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            return Box::pin(async { Err("the disk is full".to_string()) });
+            return Box::pin(async {
+                Err(gyre_proxy::server::CommitFailure::of("the disk is full"))
+            });
         }
         self.events.lock().expect("sink lock").extend(events);
         Box::pin(async { Ok(()) })

@@ -14,8 +14,9 @@
 //! ones), without `thread` ([`expand`]). So the model sees, the tree records and a capture
 //! keeps whole conversations, exactly as from a client that re-sends everything. As the API
 //! does, a response is continued once (`thread_already_continued`, 400), not while another
-//! request continues it (`thread_continue_in_flight`, 400), and one the proxy does not hold
-//! (never made, or given up for room) is `thread_not_found`
+//! request continues it (`thread_continue_in_flight`, 400); one no longer in memory (given up
+//! for room, or older than a restart held again) is read back from the log ([`read_back`]),
+//! and one neither holds (never made, or larger than the whole store) is `thread_not_found`
 //! (404). On each of those errors (`error.details.error_code`) the SDKs and Claude Code send
 //! the turn again with the whole conversation under a new `create`.
 //!
@@ -32,8 +33,7 @@ use crate::{Api, ApiError, ApiErrorKind};
 /// Threads an execution holds, not yet continued (a linear conversation holds one; each
 /// sub-agent its own). Beyond this, or beyond [`HELD_BYTES_MAX`], one is given up: first a
 /// thread whose agent has held a newer one since (a finished sub-agent's, a side branch), else
-/// the one held longest. A later `continue` of it gets `thread_not_found` and is sent again
-/// whole.
+/// the one held longest. A later `continue` of it reads it back from the log ([`read_back`]).
 pub const HELD_MAX: usize = 16;
 
 /// The JSON bytes an execution's held threads may take together.
@@ -45,7 +45,8 @@ pub type Charge = Box<dyn std::any::Any + Send + Sync>;
 
 /// Charges a thread's JSON bytes against the proxy's budget over all executions, making room
 /// if it can (see the server's `--thread-store-mib`); `None` when it cannot, and the thread is
-/// not held (a later `continue` of it gets `thread_not_found` and is sent again whole).
+/// not held (a later `continue` of it reads it back from the log, where the same charge
+/// decides again).
 pub type Charger = Arc<dyn Fn(usize) -> Option<Charge> + Send + Sync>;
 
 /// Continued ids an execution remembers, to answer a second `continue` of one with
@@ -627,7 +628,7 @@ impl ThreadHold {
                             id,
                             bytes = thread.bytes(),
                             "the thread store is full (--thread-store-mib); this response's \
-                             thread is not held, a continue of it is answered thread_not_found"
+                             thread is not held, a continue of it reads it back from the log"
                         );
                         lock(&self.store).settle(continued);
                     }
@@ -817,21 +818,42 @@ pub fn read_back(records: Vec<(String, Option<String>, Vec<u8>)>, id: &str) -> R
 
 impl ThreadStore {
     /// The thread `id`, read back from the log ([`read_back`]), is held again for `agent`
-    /// (charged `charge`), unless a request meanwhile held, took or continued it.
+    /// (charged `charge`), unless a request meanwhile held, took or continued it. Returns it
+    /// when held, for the request that read it back ([`ThreadStore::begin_pinned`]).
     pub fn hold_read_back(
         &mut self,
         id: &str,
         thread: HeldThread,
         agent: &str,
         charge: Option<Charge>,
-    ) {
+    ) -> Option<Arc<HeldThread>> {
         if self.held.contains_key(id)
             || self.in_flight.contains_key(id)
             || self.continued.iter().any(|continued| continued == id)
         {
-            return;
+            return None;
         }
-        self.insert(id.to_string(), Arc::new(thread), agent, charge);
+        let thread = Arc::new(thread);
+        self.insert(id.to_string(), thread.clone(), agent, charge);
+        Some(thread)
+    }
+
+    /// [`ThreadStore::begin_continue`] for the request that read `id` back as `pinned`: when
+    /// another execution's charge gave it up again meanwhile, the request continues from its
+    /// copy (uncharged while in flight) rather than answering `thread_not_found`.
+    pub fn begin_pinned(
+        &mut self,
+        id: &str,
+        pinned: &Arc<HeldThread>,
+    ) -> Result<Arc<HeldThread>, ApiError> {
+        if self.held.contains_key(id)
+            || self.in_flight.contains_key(id)
+            || self.continued.iter().any(|continued| continued == id)
+        {
+            return self.begin_continue(id);
+        }
+        self.in_flight.insert(id.to_string(), None);
+        Ok(pinned.clone())
     }
 
     /// The log says `id` was continued ([`ReadBack::Continued`]): a continue of it is

@@ -213,7 +213,8 @@ impl Outlet {
     /// Builds the end of the answer (the closing frames, or the whole body) and what it hands
     /// over that must be durable first: a chained Responses answer with whatever of its chain
     /// the log lacks, a Message Threads turn. The caller commits [`Ending::events`] in the same
-    /// batch as the call's record (one `fdatasync`, and neither durable without the other),
+    /// batch as the call's record (one `fdatasync` or one quorum entry; see
+    /// [`super::CommitFailure`] for a quorum that folds one and refuses the other),
     /// then [`Outlet::hand_over`]. `None` when the harness went away: the answer is never handed
     /// over, so nothing of it is stored or held, and a re-send is answered from the record.
     fn ending(
@@ -314,14 +315,16 @@ impl Outlet {
         if let Some(stored) = ending.stored {
             stored.committed();
         }
-        if let (Some(hold), Some((id, answer))) = (&self.thread, ending.thread) {
-            hold.hold_answered(&id, answer);
-        }
         if self.out.is_closed() {
             // Never handed over, so a re-send of the call is answered from its record. Marked
             // delivered only while a hand-over can still succeed: a re-send racing this task
-            // must not see a delivery that the failed hand-over below would take back.
+            // must not see a delivery that the failed hand-over below would take back. The
+            // thread is not held: the continued one goes back as the hold drops, for the
+            // re-send to continue.
             return;
+        }
+        if let (Some(hold), Some((id, answer))) = (&self.thread, ending.thread) {
+            hold.hold_answered(&id, answer);
         }
         execution.lock().mark_delivered(agent, call, true);
         let handed = match ending.body {
@@ -349,9 +352,12 @@ impl Outlet {
             return;
         };
         let events = std::mem::take(&mut ending.events);
-        if let Err(error) = self.sink.commit(events).await {
-            tracing::error!(%error, "an answer's stored turn was not committed; the call fails");
-            let message = format!("the answer's stored turn could not be committed: {error}");
+        if let Err(failure) = self.sink.commit(events).await {
+            tracing::error!(%failure, "an answer's stored turn was not committed; the call fails");
+            if let Some(stored) = &ending.stored {
+                stored.committed_at(&failure.durable, 0);
+            }
+            let message = format!("the answer's stored turn could not be committed: {failure}");
             self.failed_at(api, ApiErrorKind::Overloaded, message, sequence)
                 .await;
             return;
@@ -1014,9 +1020,21 @@ pub async fn run(
     let committed = app.sink.commit(events).await;
     app.metrics
         .commit_seconds(commit_started.elapsed().as_secs_f64());
-    if let Err(error) = committed {
-        tracing::error!(%error, "a TITO record was not committed; the call fails");
-        let message = format!("the call's record could not be committed: {error}");
+    if let Err(failure) = committed {
+        // A quorum folds the batch's events one by one: what it took stays taken. The record
+        // in the log is the session's too (the tree and the log never disagree), so the
+        // harness's re-send of the call is answered from it; stored turns it took are marked
+        // so, and the others go with the re-send's answer.
+        if failure.durable.contains(&0) {
+            execution.lock().record_committed(&record);
+            tracing::error!(%failure, "an answer's stored turn was not committed beside its record; the call fails");
+        } else {
+            tracing::error!(%failure, "a TITO record was not committed; the call fails");
+        }
+        if let Some(stored) = ending.as_ref().and_then(|ending| ending.stored.as_ref()) {
+            stored.committed_at(&failure.durable, 1);
+        }
+        let message = format!("the call's record could not be committed: {failure}");
         outlet
             .failed_at(api, ApiErrorKind::Overloaded, message, sequence)
             .await;

@@ -50,7 +50,7 @@ use crate::{ApiError, ApiErrorKind};
 
 pub use metrics::{Metrics, Stage};
 use session::Session;
-pub use sink::{ControlSink, FileSink, RecordSink};
+pub use sink::{CommitFailure, ControlSink, FileSink, RecordSink};
 
 /// Server settings (the `gyre proxy` flags).
 #[derive(Clone, Debug)]
@@ -362,9 +362,16 @@ impl StoreOnEnd {
         response: &Arc<StoredResponse>,
     ) -> Result<(), String> {
         let mut turns = UnpersistedTurns::of(execution, response);
-        self.sink.commit(std::mem::take(&mut turns.events)).await?;
-        turns.committed();
-        Ok(())
+        match self.sink.commit(std::mem::take(&mut turns.events)).await {
+            Ok(()) => {
+                turns.committed();
+                Ok(())
+            }
+            Err(failure) => {
+                turns.committed_at(&failure.durable, 0);
+                Err(failure.message)
+            }
+        }
     }
 }
 
@@ -394,6 +401,16 @@ impl UnpersistedTurns {
     pub(crate) fn committed(self) {
         for turn in self.responses {
             turn.set_persisted();
+        }
+    }
+
+    /// A batch whose events from position `first` on were these turns' failed to commit
+    /// whole: those at the `durable` positions are in the log all the same.
+    pub(crate) fn committed_at(&self, durable: &[usize], first: usize) {
+        for (at, turn) in self.responses.iter().enumerate() {
+            if durable.contains(&(first + at)) {
+                turn.set_persisted();
+            }
         }
     }
 }
@@ -2193,23 +2210,26 @@ async fn restore_from_log(
     restored.ok().flatten()
 }
 
+/// A Message Thread read back for a request, by id: held for its retry.
+type PinnedThread = (String, Arc<crate::message_threads::HeldThread>);
+
 /// Reads the Message Thread `id` of `execution` back from the log (a full thread store gave
 /// it up, or a restart held newer ones) and holds it again for `agent`, charged like a new
-/// one; or, when the log shows it continued, remembers that. The request is then prepared
-/// again, and finds it (or is refused as before).
+/// one, returning it for the request's retry; or, when the log shows it continued, remembers
+/// that. The request is then prepared again, and finds it (or is refused as before).
 async fn restore_thread_from_log(
     app: &Arc<AppState>,
     execution: &ExecutionHandle,
     id: &str,
     agent: &str,
-) {
+) -> Option<Arc<crate::message_threads::HeldThread>> {
     use crate::message_threads::{is_thread_record, lock, read_back, ReadBack};
     let number = execution.id().get();
     let records = match app.sink.stored_responses(number, id).await {
         Ok(records) => records,
         Err(error) => {
             tracing::warn!(%error, id, "reading a thread back from the log failed");
-            return;
+            return None;
         }
     };
     let records: Vec<_> = records
@@ -2224,14 +2244,17 @@ async fn restore_thread_from_log(
         })
         .collect();
     if records.is_empty() {
-        return;
+        return None;
     }
     let (app, execution) = (app.clone(), execution.clone());
     let (id, agent) = (id.to_string(), agent.to_string());
     // Rebuilding copies the thread's conversation: off the async workers.
-    let _ = tokio::task::spawn_blocking(move || match read_back(records, &id) {
-        ReadBack::Missing => {}
-        ReadBack::Continued => lock(&execution.threads()).note_continued(&id),
+    tokio::task::spawn_blocking(move || match read_back(records, &id) {
+        ReadBack::Missing => None,
+        ReadBack::Continued => {
+            lock(&execution.threads()).note_continued(&id);
+            None
+        }
         ReadBack::Thread(thread) => {
             // The charger may make room in any execution's store: none is locked meanwhile.
             let Some(charge) = (app.thread_charger())(thread.bytes()) else {
@@ -2240,13 +2263,18 @@ async fn restore_thread_from_log(
                     "the thread store is full (--thread-store-mib); a thread read back from \
                      the log is not held"
                 );
-                return;
+                return None;
             };
-            lock(&execution.threads()).hold_read_back(&id, thread, &agent, Some(charge));
-            app.metrics.thread_read_back();
+            let held = lock(&execution.threads()).hold_read_back(&id, thread, &agent, Some(charge));
+            if held.is_some() {
+                app.metrics.thread_read_back();
+            }
+            held
         }
     })
-    .await;
+    .await
+    .ok()
+    .flatten()
 }
 
 /// An Anthropic request's `thread` (see [`crate::message_threads`]): `None` without one; a
@@ -2257,14 +2285,19 @@ fn begin_thread(
     execution: &ExecutionHandle,
     agent: &str,
     bytes: &Bytes,
-    missing: &Mutex<Option<String>>,
+    (missing, pinned): (&Mutex<Option<String>>, Option<&PinnedThread>),
 ) -> Result<Option<(crate::message_threads::ThreadHold, Bytes)>, ApiError> {
     use crate::message_threads::{expand, is_thread_not_found, read_continue, ThreadHold};
     let Some((previous_message_id, object)) = read_continue(bytes)? else {
         return Ok(None);
     };
     let store = execution.threads();
-    let begun = crate::message_threads::lock(&store).begin_continue(&previous_message_id);
+    let begun = match pinned.filter(|(id, _)| *id == previous_message_id) {
+        Some((_, thread)) => {
+            crate::message_threads::lock(&store).begin_pinned(&previous_message_id, thread)
+        }
+        None => crate::message_threads::lock(&store).begin_continue(&previous_message_id),
+    };
     let held = begun.inspect_err(|error| {
         if is_thread_not_found(error) {
             // Given up for room, or older than what a restart held again: the caller may
@@ -2412,6 +2445,7 @@ async fn serve_call(
     let missing: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let mut read_back = false;
     let mut pinned: Option<Arc<StoredResponse>> = None;
+    let mut pinned_thread: Option<PinnedThread> = None;
     let work = loop {
         let waiting = std::time::Instant::now();
         // Held until the blocking work is done (the semaphore is never closed).
@@ -2420,6 +2454,7 @@ async fn serve_call(
             let (app, execution) = (app.clone(), execution.clone());
             let (bytes, capture_head, agent) = (bytes.clone(), capture_head.clone(), agent.clone());
             let (missing, pinned) = (missing.clone(), pinned.clone());
+            let pinned_thread = pinned_thread.clone();
             tokio::task::spawn_blocking(move || {
                 if !read_back {
                     app.metrics
@@ -2474,7 +2509,9 @@ async fn serve_call(
                 // would have sent (see `crate::message_threads`).
                 let (bytes, thread_hold, refused) = match (api, refused) {
                     (Api::Anthropic, None) => {
-                        match begin_thread(&app, &execution, agent_key, &bytes, &missing) {
+                        let pinned = pinned_thread.as_ref();
+                        match begin_thread(&app, &execution, agent_key, &bytes, (&missing, pinned))
+                        {
                             Ok(None) => (bytes, None, None),
                             Ok(Some((hold, expanded))) => (expanded, Some(hold), None),
                             Err(error) => (bytes, None, Some(error)),
@@ -2632,7 +2669,9 @@ async fn serve_call(
                 read_back = true;
                 if api == Api::Anthropic {
                     let agent = agent.as_deref().unwrap_or("main");
-                    restore_thread_from_log(&app, &execution, &id, agent).await;
+                    pinned_thread = restore_thread_from_log(&app, &execution, &id, agent)
+                        .await
+                        .map(|thread| (id, thread));
                 } else {
                     pinned = restore_from_log(&app, &execution, &id).await;
                 }

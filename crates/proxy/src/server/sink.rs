@@ -18,12 +18,40 @@ use futures_util::future::BoxFuture;
 use gyre_event::{Event, StoredResponseRecord};
 use tokio::sync::oneshot;
 
+/// Why a batch was not committed whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitFailure {
+    pub message: String,
+    /// Positions of the batch's events that are in the log all the same. A quorum folds an
+    /// entry's events one by one, so one refused does not undo the others (a call's record may
+    /// be folded while the stored turn beside it was refused); a file's batch is written whole
+    /// or not at all (none).
+    pub durable: Vec<usize>,
+}
+
+impl CommitFailure {
+    /// A failure that left nothing of the batch in the log.
+    pub fn of(message: impl Into<String>) -> Self {
+        CommitFailure {
+            message: message.into(),
+            durable: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for CommitFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Commits events durably.
 pub trait RecordSink: Send + Sync + 'static {
     /// Resolves once `events` are durable together (committed on a quorum in one entry, or
     /// fsynced to the file in one batch): a call's record and the stored turns its answer
-    /// hands over cost one commit, and none of them is durable without the others.
-    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>>;
+    /// hands over cost one commit. A failure says which events are in the log all the same
+    /// ([`CommitFailure::durable`]).
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), CommitFailure>>;
     /// Where records go, for `/health` and logs.
     fn describe(&self) -> String;
 
@@ -135,7 +163,7 @@ impl ControlSink {
 }
 
 impl RecordSink for ControlSink {
-    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>> {
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), CommitFailure>> {
         if events.is_empty() {
             return Box::pin(async { Ok(()) });
         }
@@ -149,36 +177,47 @@ impl RecordSink for ControlSink {
                     _ => None,
                 })
                 .collect();
+            let count = records.len();
             let (_, refused) = producer
                 .append(events)
                 .await
-                .map_err(|error| format!("control log: {error}"))?;
+                .map_err(|error| CommitFailure::of(format!("control log: {error}")))?;
             // Each event is folded (or refused) on its own: a record the log already holds (a
-            // retried commit that had landed) is no failure, any other refusal is.
-            for (reason, record) in refused.into_iter().zip(records) {
+            // retried commit that had landed) is no failure, any other refusal is, and the
+            // events folded beside it stay in the log.
+            let mut durable = Vec::with_capacity(count);
+            let mut first_refusal = None;
+            for (position, (reason, record)) in refused.into_iter().zip(records).enumerate() {
                 if reason.is_empty() {
+                    durable.push(position);
                     continue;
                 }
-                let Some(record) =
-                    record.filter(|_| gyre_trajectory::is_duplicate_call_refusal(&reason))
-                else {
-                    return Err(format!("control log refused the record: {reason}"));
-                };
-                match ControlSink::already_in_log(client.clone(), &record).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        return Err(format!(
-                            "control log refused the record: {reason} (a different record)"
-                        ))
-                    }
-                    Err(error) => {
-                        return Err(format!(
+                let refusal =
+                    match record.filter(|_| gyre_trajectory::is_duplicate_call_refusal(&reason)) {
+                        None => format!("control log refused the record: {reason}"),
+                        Some(record) => {
+                            match ControlSink::already_in_log(client.clone(), &record).await {
+                                Ok(true) => {
+                                    durable.push(position);
+                                    continue;
+                                }
+                                Ok(false) => {
+                                    format!(
+                                    "control log refused the record: {reason} (a different record)"
+                                )
+                                }
+                                Err(error) => format!(
                             "control log refused the record: {reason} (reading it back: {error})"
-                        ))
-                    }
-                }
+                        ),
+                            }
+                        }
+                    };
+                first_refusal.get_or_insert(refusal);
             }
-            Ok(())
+            match first_refusal {
+                None => Ok(()),
+                Some(message) => Err(CommitFailure { message, durable }),
+            }
         })
     }
 
@@ -218,7 +257,7 @@ impl RecordSink for ControlSink {
 
 struct FileJob {
     events: Vec<Event>,
-    reply: oneshot::Sender<Result<(), String>>,
+    reply: oneshot::Sender<Result<(), CommitFailure>>,
 }
 
 pub struct FileSink {
@@ -333,7 +372,7 @@ impl FileSink {
                         .map(|appended| {
                             lock(&indexed).note(appended.offset, &events);
                         })
-                        .map_err(|error| format!("{shown}: {error}"));
+                        .map_err(|error| CommitFailure::of(format!("{shown}: {error}")));
                     for reply in replies {
                         let _ = reply.send(result.clone());
                     }
@@ -350,17 +389,17 @@ impl FileSink {
 }
 
 impl RecordSink for FileSink {
-    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), String>> {
+    fn commit(&self, events: Vec<Event>) -> BoxFuture<'static, Result<(), CommitFailure>> {
         if events.is_empty() {
             return Box::pin(async { Ok(()) });
         }
         let (reply, answer) = oneshot::channel();
         let sent = self.jobs.send(FileJob { events, reply });
         Box::pin(async move {
-            sent.map_err(|_| "the log writer stopped".to_string())?;
+            sent.map_err(|_| CommitFailure::of("the log writer stopped"))?;
             answer
                 .await
-                .map_err(|_| "the log writer stopped".to_string())?
+                .map_err(|_| CommitFailure::of("the log writer stopped"))?
         })
     }
 

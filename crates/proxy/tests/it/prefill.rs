@@ -189,7 +189,8 @@ impl RecordSink for Records {
     fn commit(
         &self,
         events: Vec<Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         for event in events {
             if let EventBody::ModelCall(record) = event.body {
                 self.0.lock().expect("not poisoned").push(*record);

@@ -35,7 +35,8 @@ impl RecordSink for GatedSink {
     fn commit(
         &self,
         events: Vec<Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         for event in &events {
             if matches!(event.body, gyre_event::EventBody::ModelCall(_)) {
                 self.records.fetch_add(1, Ordering::SeqCst);

@@ -47,7 +47,8 @@ impl gyre_proxy::server::RecordSink for NoSink {
     fn commit(
         &self,
         _events: Vec<gyre_event::Event>,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'static, Result<(), gyre_proxy::server::CommitFailure>>
+    {
         Box::pin(async { Ok(()) })
     }
 
