@@ -239,7 +239,7 @@ fn a_continue_whose_commit_failed_is_served_on_its_retry() {
 }
 
 /// A thread given up for room is still on the log (each turn is committed with its call): a
-/// continue of it reads it back, holds it again (making room in turn) and is served as the
+/// continue of it (or a count of one) reads it back, holds it again (making room in turn) and is served as the
 /// whole conversation, extending its execution's tree; the read-back is counted, and the
 /// response it continued is continued once, as any other. A thread larger than the whole store
 /// cannot be held again: still `thread_not_found`.
@@ -290,7 +290,16 @@ fn a_thread_given_up_for_room_is_read_back_from_the_log() {
     let (status, second) = proxy.post_as(&second_token, "/v1/messages", &create(&system));
     assert_eq!(status, 200, "{second}");
     assert_eq!(counter("gyre_proxy_threads_given_up_total"), 1);
-    // The first's thread left memory; its continue reads it back (the second's makes room).
+    // The first's thread left memory; counting its continue reads it back (the second's makes
+    // room), and the continue finds it held.
+    let (status, counted) = proxy.post_as(
+        &first_token,
+        "/v1/messages/count_tokens",
+        &continue_from(&first),
+    );
+    assert_eq!(status, 200, "read back for the count: {counted}");
+    assert!(counted["input_tokens"].as_u64() > Some(2_000), "{counted}");
+    assert_eq!(counter("gyre_proxy_threads_read_back_total"), 1);
     let (status, resumed) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&first));
     assert_eq!(status, 200, "read back: {resumed}");
     assert_eq!(counter("gyre_proxy_threads_read_back_total"), 1);

@@ -2921,6 +2921,22 @@ async fn count_tokens_inner(
     // Parsing, rendering and tokenizing a whole conversation is CPU work proportional to the
     // body: on the blocking pool, within the calls' preparing slots, as a call's is (the async
     // workers keep serving `/health`, `/metrics` and other executions' answers meanwhile).
+    // A thread the count continues that left memory is read back from the log first, as a
+    // call's would be.
+    let pinned = match crate::message_threads::read_continue(&bytes) {
+        Ok(Some((id, _)))
+            if crate::message_threads::lock(&execution.threads())
+                .peek(&id)
+                .is_err_and(|error| crate::message_threads::is_thread_not_found(&error)) =>
+        {
+            let agent = agent_of(&headers);
+            let agent = agent.as_deref().unwrap_or("main");
+            restore_thread_from_log(&app, &execution, &id, agent)
+                .await
+                .map(|thread| (id, thread))
+        }
+        _ => None,
+    };
     let _permit = app.preparing.acquire().await;
     let counting = app.clone();
     let counted = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
@@ -2930,7 +2946,12 @@ async fn count_tokens_inner(
         let bytes = match crate::message_threads::read_continue(&bytes)? {
             None => bytes,
             Some((id, object)) => {
-                let held = crate::message_threads::lock(&execution.threads()).peek(&id)?;
+                let peeked = crate::message_threads::lock(&execution.threads()).peek(&id);
+                let held = match (peeked, pinned) {
+                    (Ok(held), _) => held,
+                    (Err(_), Some((pinned_id, thread))) if pinned_id == id => thread,
+                    (Err(error), _) => return Err(error),
+                };
                 crate::message_threads::expand(object, &held, app.config.body_bytes_max)?.0
             }
         };
