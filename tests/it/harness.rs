@@ -1544,7 +1544,9 @@ fn opencode_dirs(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// opencode's config at `config`: `provider` (`anthropic`: Messages, else `openai`: Responses)
 /// pointed at `proxy`'s execution; `limit`, the model's context and output window in tokens
-/// (opencode compacts a session whose last call came near the context's end).
+/// (opencode compacts a session whose last call came near the context's end; the input
+/// limit is set to their difference too, as its bundled model list gives `gpt-5` one of its
+/// own that would otherwise stand).
 fn write_opencode_config(config: &Path, provider: &str, proxy: &Proxy, limit: Option<(u32, u32)>) {
     let (base_url, model_id) = match provider {
         "anthropic" => (
@@ -1562,8 +1564,8 @@ fn write_opencode_config(config: &Path, provider: &str, proxy: &Proxy, limit: Op
         "share": "disabled",
     });
     if let Some((context, output)) = limit {
-        settings["provider"][provider]["models"] =
-            serde_json::json!({model_id: {"limit": {"context": context, "output": output}}});
+        settings["provider"][provider]["models"] = serde_json::json!({model_id: {"limit": {
+            "context": context, "input": context - output, "output": output}}});
     }
     std::fs::write(config, settings.to_string()).expect("opencode.json");
 }
@@ -1719,15 +1721,13 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
 /// then goes on from the summary. The summary call is recorded as a summary (a role class of
 /// its own, not a trainable main turn) on a root of its own; the conversation after it starts
 /// a new root, and each call within a conversation extends the previous one whole. Over
-/// Messages: with its OpenAI provider, opencode 1.18.33 did not compact at this limit although
-/// the usage it read was past it (checked by hand), so the same run there would prove nothing.
+/// Messages and over Responses.
 #[test]
 fn opencode_auto_compaction_is_a_summary_call_and_a_new_conversation() {
     let Some(opencode) = harness_bin("GYRE_OPENCODE_BIN") else {
         return;
     };
-    {
-        let provider = "anthropic";
+    for provider in ["anthropic", "openai"] {
         let dir = tempfile::tempdir().expect("temp dir");
         let (work, home) = opencode_dirs(dir.path());
         let config = work.join("opencode.json");
