@@ -1527,6 +1527,20 @@ fn claude_code_with_message_threads_continues_each_turn_on_the_proxy() {
     assert_each_turn_extends_the_whole_previous(&records);
 }
 
+/// Runs opencode's `command` to its end and stops `proxy`: the run must exit 0 having said
+/// "All done here." (the script's last line).
+fn opencode_to_its_end(mut command: Command, proxy: &mut Proxy, provider: &str) {
+    let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    proxy.process.kill();
+    assert!(
+        output.status.success() && stdout.contains("All done here."),
+        "{provider}: opencode exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// opencode's work tree and HOME under `dir`. Its project is the git work tree it runs in;
 /// outside one, every path asks for a permission `opencode run` refuses.
 fn opencode_dirs(dir: &Path) -> (PathBuf, PathBuf) {
@@ -1653,15 +1667,10 @@ fn opencode_runs_a_sub_agent_and_parallel_tools_over_messages_and_responses() {
         let capture = dir.path().join("capture.jsonl");
         let mut proxy = start_proxy(&script, &log, &capture);
         write_opencode_config(&config, provider, &proxy, None);
-        let mut command = opencode_run(&opencode, &work, &home, &config, "Write hello.txt.");
-        let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        proxy.process.kill();
-        assert!(
-            output.status.success() && stdout.contains("All done here."),
-            "{provider}: opencode exited {:?}\nstdout: {stdout}\nstderr: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
+        opencode_to_its_end(
+            opencode_run(&opencode, &work, &home, &config, "Write hello.txt."),
+            &mut proxy,
+            provider,
         );
         assert_eq!(
             std::fs::read_to_string(work.join("hello.txt"))
@@ -1758,21 +1767,16 @@ fn opencode_auto_compaction_is_a_summary_call_and_a_new_conversation() {
         // The first call is ~12K tokens of system prompt and tools; the tool result takes the
         // second past 18K (the context less the output), the summary brings it back under.
         write_opencode_config(&config, provider, &proxy, Some((20_000, 2_000)));
-        let mut command = opencode_run(
-            &opencode,
-            &work,
-            &home,
-            &config,
-            "Count, then write two.txt.",
-        );
-        let output = crate::support::output_within(&mut command, HARNESS_RUN_LIMIT);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        proxy.process.kill();
-        assert!(
-            output.status.success() && stdout.contains("All done here."),
-            "{provider}: opencode exited {:?}\nstdout: {stdout}\nstderr: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
+        opencode_to_its_end(
+            opencode_run(
+                &opencode,
+                &work,
+                &home,
+                &config,
+                "Count, then write two.txt.",
+            ),
+            &mut proxy,
+            provider,
         );
         assert_eq!(
             std::fs::read_to_string(work.join("two.txt"))

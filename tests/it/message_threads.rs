@@ -92,6 +92,70 @@ fn a_continue_is_served_as_the_whole_conversation_and_continued_once() {
     }
 }
 
+/// The thread store of the tests below: one ~10 KB thread fits, two do not.
+const STORE_MAX: usize = 15_000;
+
+/// A proxy whose thread store holds [`STORE_MAX`] bytes, recording into `sink`, with two
+/// executions (number and credential; the proxy calls as the first by default).
+fn two_executions_sharing_a_store(
+    runtime: &tokio::runtime::Runtime,
+    sink: std::sync::Arc<crate::support::MemorySink>,
+) -> (crate::in_process::Proxy, (u64, String), (u64, String)) {
+    let answer = r#"{"agent": "main", "blocks": [{"type": "text", "text": "ok"}]}"#;
+    let engine = crate::in_process::scripted(&[answer; 8].join("\n"));
+    let state = gyre_proxy::server::AppState::new(
+        gyre_proxy::server::ServerConfig {
+            thread_store_bytes_max: STORE_MAX,
+            ..Default::default()
+        },
+        crate::in_process::model(),
+        gyre_proxy::output::OutputFormat::test_model(),
+        vec![engine],
+        sink.clone(),
+    )
+    .expect("state");
+    let first = state.open_execution(None, None).expect("open");
+    let second = state.open_execution(None, None).expect("open");
+    let proxy = crate::in_process::serve_state(runtime, state, first.1.clone(), sink);
+    (proxy, first, second)
+}
+
+/// A `create` with `system` and one user message.
+fn create(system: &str) -> serde_json::Value {
+    json!({"model": "m", "max_tokens": 64, "system": system,
+           "messages": [{"role": "user", "content": "hi"}], "thread": {"type": "create"}})
+}
+
+/// A `continue` of `answer` with one user message.
+fn continue_from(answer: &serde_json::Value) -> serde_json::Value {
+    json!({"model": "m", "max_tokens": 64,
+           "messages": [{"role": "user", "content": "more"}],
+           "thread": {"type": "continue", "previous_message_id": answer["id"]}})
+}
+
+/// A `create` larger than the whole store is answered; a continue of it is a 404 (its answer).
+fn a_thread_larger_than_the_store(
+    proxy: &crate::in_process::Proxy,
+    token: &str,
+) -> serde_json::Value {
+    let (status, huge) = proxy.post_as(token, "/v1/messages", &create(&"y".repeat(STORE_MAX)));
+    assert_eq!(status, 200, "{huge}");
+    let (status, lost) = proxy.post_as(token, "/v1/messages", &continue_from(&huge));
+    assert_eq!(status, 404, "{lost}");
+    lost
+}
+
+/// The value of the metric `name` on `proxy`'s `/metrics`.
+fn metric(proxy: &crate::in_process::Proxy, name: &str) -> usize {
+    let text = proxy.metrics();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
 /// The threads held over all executions fit `thread_store_bytes_max`: when a new thread does not
 /// fit, the execution holding the most gives up its oldest (with a sink that cannot read it
 /// back, a later continue of it is `thread_not_found`, and the client sends the turn again
@@ -102,44 +166,13 @@ fn a_continue_is_served_as_the_whole_conversation_and_continued_once() {
 #[test]
 fn held_threads_fit_the_store_over_all_executions() {
     let runtime = crate::support::runtime();
-    let answer = r#"{"agent": "main", "blocks": [{"type": "text", "text": "ok"}]}"#;
-    let engine = crate::in_process::scripted(&[answer; 8].join("\n"));
-    let store_max = 15_000;
     let sink = std::sync::Arc::new(crate::support::MemorySink::default());
-    let state = gyre_proxy::server::AppState::new(
-        gyre_proxy::server::ServerConfig {
-            thread_store_bytes_max: store_max,
-            ..Default::default()
-        },
-        crate::in_process::model(),
-        gyre_proxy::output::OutputFormat::test_model(),
-        vec![engine],
-        sink.clone(),
-    )
-    .expect("state");
-    let (_, first_token) = state.open_execution(None, None).expect("open");
-    let (_, second_token) = state.open_execution(None, None).expect("open");
-    let proxy = crate::in_process::serve_state(&runtime, state, first_token.clone(), sink);
+    let (proxy, (_, first_token), (_, second_token)) =
+        two_executions_sharing_a_store(&runtime, sink);
+    let store_max = STORE_MAX;
     // ~10 KB of conversation: one thread fits the store, two do not.
     let system = "x".repeat(10_000);
-    let create = |system: &str| {
-        json!({"model": "m", "max_tokens": 64, "system": system,
-               "messages": [{"role": "user", "content": "hi"}], "thread": {"type": "create"}})
-    };
-    let continue_from = |answer: &serde_json::Value| {
-        json!({"model": "m", "max_tokens": 64,
-               "messages": [{"role": "user", "content": "more"}],
-               "thread": {"type": "continue", "previous_message_id": answer["id"]}})
-    };
-    let gauge = |name: &str| -> usize {
-        let text = proxy.metrics();
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} in {text}"))
-            .trim()
-            .parse()
-            .expect("a number")
-    };
+    let gauge = |name: &str| metric(&proxy, name);
     let (status, first) = proxy.post_as(&first_token, "/v1/messages", &create(&system));
     assert_eq!(status, 200, "{first}");
     let held_one = gauge("gyre_proxy_thread_store_bytes");
@@ -167,14 +200,8 @@ fn held_threads_fit_the_store_over_all_executions() {
     );
     assert_eq!(gauge("gyre_proxy_threads_given_up_total"), 1);
     // Larger than the whole store: answered, not held, nothing else given up.
-    let (status, huge) = proxy.post_as(
-        &first_token,
-        "/v1/messages",
-        &create(&"y".repeat(store_max)),
-    );
-    assert_eq!(status, 200, "{huge}");
-    let (status, lost) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&huge));
-    assert_eq!(status, 404, "{lost}");
+    let lost = a_thread_larger_than_the_store(&proxy, &first_token);
+    assert_eq!(lost["error"]["details"]["error_code"], "thread_not_found");
     assert_eq!(gauge("gyre_proxy_thread_store_bytes"), held_now);
     assert_eq!(gauge("gyre_proxy_threads_given_up_total"), 1);
     let (status, fifth) = proxy.post_as(&second_token, "/v1/messages", &continue_from(&fourth));
@@ -246,45 +273,14 @@ fn a_continue_whose_commit_failed_is_served_on_its_retry() {
 #[test]
 fn a_thread_given_up_for_room_is_read_back_from_the_log() {
     let runtime = crate::support::runtime();
-    let answer = r#"{"agent": "main", "blocks": [{"type": "text", "text": "ok"}]}"#;
-    let engine = crate::in_process::scripted(&[answer; 8].join("\n"));
-    let store_max = 15_000;
     let sink = std::sync::Arc::new(crate::support::MemorySink::default());
     sink.reads_back
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let state = gyre_proxy::server::AppState::new(
-        gyre_proxy::server::ServerConfig {
-            thread_store_bytes_max: store_max,
-            ..Default::default()
-        },
-        crate::in_process::model(),
-        gyre_proxy::output::OutputFormat::test_model(),
-        vec![engine],
-        sink.clone(),
-    )
-    .expect("state");
-    let (first_execution, first_token) = state.open_execution(None, None).expect("open");
-    let (_, second_token) = state.open_execution(None, None).expect("open");
-    let proxy = crate::in_process::serve_state(&runtime, state, first_token.clone(), sink.clone());
+    let (proxy, (first_execution, first_token), (_, second_token)) =
+        two_executions_sharing_a_store(&runtime, sink.clone());
+    let store_max = STORE_MAX;
     let system = "x".repeat(10_000);
-    let create = |system: &str| {
-        json!({"model": "m", "max_tokens": 64, "system": system,
-               "messages": [{"role": "user", "content": "hi"}], "thread": {"type": "create"}})
-    };
-    let continue_from = |answer: &serde_json::Value| {
-        json!({"model": "m", "max_tokens": 64,
-               "messages": [{"role": "user", "content": "more"}],
-               "thread": {"type": "continue", "previous_message_id": answer["id"]}})
-    };
-    let counter = |name: &str| -> usize {
-        let text = proxy.metrics();
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} in {text}"))
-            .trim()
-            .parse()
-            .expect("a number")
-    };
+    let counter = |name: &str| metric(&proxy, name);
     let (status, first) = proxy.post_as(&first_token, "/v1/messages", &create(&system));
     assert_eq!(status, 200, "{first}");
     let (status, second) = proxy.post_as(&second_token, "/v1/messages", &create(&system));
@@ -333,14 +329,7 @@ fn a_thread_given_up_for_room_is_read_back_from_the_log() {
     assert_eq!(status, 200, "{third}");
     assert_eq!(counter("gyre_proxy_threads_read_back_total"), 2);
     // Larger than the whole store: answered, never held, and not held when read back either.
-    let (status, huge) = proxy.post_as(
-        &first_token,
-        "/v1/messages",
-        &create(&"y".repeat(store_max)),
-    );
-    assert_eq!(status, 200, "{huge}");
-    let (status, lost) = proxy.post_as(&first_token, "/v1/messages", &continue_from(&huge));
-    assert_eq!(status, 404, "{lost}");
+    let lost = a_thread_larger_than_the_store(&proxy, &first_token);
     assert_eq!(
         lost["error"]["details"]["error_code"], "thread_not_found",
         "{lost}"
