@@ -209,6 +209,9 @@ pub struct ThreadStore {
     /// ends: the thread is still in memory).
     in_flight: HashMap<String, Option<Charge>>,
     continued: VecDeque<String>,
+    /// Threads given up for this execution's own limits since the server last counted them
+    /// ([`ThreadStore::take_given_up`]).
+    given_up: u64,
 }
 
 impl ThreadStore {
@@ -327,8 +330,15 @@ impl ThreadStore {
             };
             if let Some(given_up) = self.held.remove(&victim) {
                 self.bytes -= given_up.thread.bytes();
+                self.given_up += 1;
             }
         }
+    }
+
+    /// How many threads this execution's own limits ([`HELD_MAX`], [`HELD_BYTES_MAX`]) gave
+    /// up since the last call (for the proxy's counter of threads given up).
+    pub fn take_given_up(&mut self) -> u64 {
+        std::mem::take(&mut self.given_up)
     }
 
     /// Gives up one held thread to make room in the proxy's budget (the one [`insert`] would
@@ -1252,6 +1262,8 @@ mod tests {
             store.hold(format!("sub_{n}"), conversation(1), "sub", None);
         }
         assert_eq!(store.held_count(), HELD_MAX);
+        assert_eq!(store.take_given_up(), 4, "counted for the proxy's metric");
+        assert_eq!(store.take_given_up(), 0, "once");
         assert!(
             store.begin_continue("main_1").is_ok(),
             "the main agent's only thread outlives the sub-agent's superseded ones"

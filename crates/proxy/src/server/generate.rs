@@ -311,6 +311,7 @@ impl Outlet {
         ending: Ending,
         execution: &ExecutionHandle,
         (agent, call): (&str, CallId),
+        metrics: &super::metrics::Metrics,
     ) {
         if let Some(stored) = ending.stored {
             stored.committed();
@@ -325,6 +326,9 @@ impl Outlet {
         }
         if let (Some(hold), Some((id, answer))) = (&self.thread, ending.thread) {
             hold.hold_answered(&id, answer);
+            metrics.threads_given_up_by(
+                crate::message_threads::lock(&execution.threads()).take_given_up(),
+            );
         }
         execution.lock().mark_delivered(agent, call, true);
         let handed = match ending.body {
@@ -342,10 +346,10 @@ impl Outlet {
         &self,
         api: Api,
         builder: &mut Builder,
-        stop: &StopReason,
-        usage: &Usage,
+        (stop, usage): (&StopReason, &Usage),
         execution: &ExecutionHandle,
         (agent, call): (&str, CallId),
+        metrics: &super::metrics::Metrics,
     ) {
         let sequence = builder.sequence_number();
         let Some(mut ending) = self.ending(builder, stop, usage, execution) else {
@@ -362,7 +366,8 @@ impl Outlet {
                 .await;
             return;
         }
-        self.hand_over(ending, execution, (agent, call)).await;
+        self.hand_over(ending, execution, (agent, call), metrics)
+            .await;
     }
 }
 
@@ -1047,7 +1052,12 @@ pub async fn run(
         .recorded(encoded, reused, started.elapsed().as_secs_f64());
     if let Some(ending) = ending {
         outlet
-            .hand_over(ending, &execution, (&record.agent, record.call))
+            .hand_over(
+                ending,
+                &execution,
+                (&record.agent, record.call),
+                &app.metrics,
+            )
             .await;
     }
 }
@@ -1224,10 +1234,10 @@ async fn run_replay(
         .end(
             api,
             &mut builder,
-            &stop,
-            &usage,
+            (&stop, &usage),
             &execution,
             (&prepared.agent, replay.call),
+            &app.metrics,
         )
         .await;
 }

@@ -271,7 +271,12 @@ impl Metrics {
 
     /// A held Message Thread given up to make room in the thread store.
     pub fn threads_given_up(&self) {
-        self.threads_given_up.fetch_add(1, Ordering::Relaxed);
+        self.threads_given_up_by(1);
+    }
+
+    /// `count` threads given up to an execution's own limits.
+    pub fn threads_given_up_by(&self, count: u64) {
+        self.threads_given_up.fetch_add(count, Ordering::Relaxed);
     }
 
     /// A Message Thread a client continued, read back from the log (it was no longer held).

@@ -1524,15 +1524,13 @@ impl AppState {
                             // The plain budget, no room made: other stores are not locked
                             // while the credentials are.
                             let budget = self.threads.clone();
-                            crate::message_threads::lock(&handle.0.threads).restore(
-                                threads,
-                                "",
-                                |bytes| {
-                                    Charge::take(&budget, bytes).map(|charge| {
-                                        Box::new(charge) as crate::message_threads::Charge
-                                    })
-                                },
-                            );
+                            let mut store = crate::message_threads::lock(&handle.0.threads);
+                            store.restore(threads, "", |bytes| {
+                                Charge::take(&budget, bytes).map(|charge| {
+                                    Box::new(charge) as crate::message_threads::Charge
+                                })
+                            });
+                            self.metrics.threads_given_up_by(store.take_given_up());
                         }
                     }
                     issued.handles.insert(entry.execution, handle.clone());
@@ -2265,7 +2263,11 @@ async fn restore_thread_from_log(
                 );
                 return None;
             };
-            let held = lock(&execution.threads()).hold_read_back(&id, thread, &agent, Some(charge));
+            let threads = execution.threads();
+            let mut store = lock(&threads);
+            let held = store.hold_read_back(&id, thread, &agent, Some(charge));
+            app.metrics.threads_given_up_by(store.take_given_up());
+            drop(store);
             if held.is_some() {
                 app.metrics.thread_read_back();
             }
