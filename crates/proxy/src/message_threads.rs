@@ -212,6 +212,9 @@ pub struct ThreadStore {
     /// Threads given up for this execution's own limits since the server last counted them
     /// ([`ThreadStore::take_given_up`]).
     given_up: u64,
+    /// Ids in flight from a read-back's own copy ([`ThreadStore::begin_pinned`]): uncharged,
+    /// so a failed continue lets the copy go instead of holding it outside the budget.
+    pinned: std::collections::HashSet<String>,
 }
 
 impl ThreadStore {
@@ -266,6 +269,11 @@ impl ThreadStore {
     /// A continue of `id` (by `agent`) that produced no response: the thread can be continued
     /// again.
     pub fn abandon(&mut self, id: &str, thread: Arc<HeldThread>, agent: &str) {
+        if self.pinned.remove(id) {
+            // Continued from an uncharged copy: a retry reads it back again, charged.
+            self.in_flight.remove(id);
+            return;
+        }
         if let Some(charge) = self.in_flight.remove(id) {
             self.insert(id.to_string(), thread, agent, charge);
         }
@@ -296,6 +304,7 @@ impl ThreadStore {
     pub fn settle(&mut self, continued: Option<&str>) {
         if let Some(continued) = continued {
             self.in_flight.remove(continued);
+            self.pinned.remove(continued);
             self.continued.push_back(continued.to_string());
             while self.continued.len() > CONTINUED_REMEMBERED {
                 self.continued.pop_front();
@@ -863,6 +872,7 @@ impl ThreadStore {
             return self.begin_continue(id);
         }
         self.in_flight.insert(id.to_string(), None);
+        self.pinned.insert(id.to_string());
         Ok(pinned.clone())
     }
 
@@ -1251,6 +1261,32 @@ mod tests {
             partial.restore(garbled, "", |_| Some(Box::new(()) as Charge)),
             0
         );
+    }
+
+    #[test]
+    fn a_pinned_copy_serves_its_continue_and_is_not_held_uncharged() {
+        let mut store = ThreadStore::default();
+        let copy = Arc::new(conversation(1));
+        // Given up between its read-back and the continue: the copy serves it.
+        let taken = store.begin_pinned("msg_1", &copy).unwrap();
+        assert!(Arc::ptr_eq(&taken, &copy));
+        assert_eq!(
+            code(&store.begin_pinned("msg_1", &copy).unwrap_err()).1,
+            "thread_continue_in_flight"
+        );
+        // A failed continue lets the uncharged copy go; a retry reads it back again.
+        store.abandon("msg_1", taken, "main");
+        assert_eq!(store.held_count(), 0);
+        assert_eq!(
+            code(&store.begin_continue("msg_1").unwrap_err()).1,
+            "thread_not_found"
+        );
+        // Held (charged) meanwhile: the store's own thread is taken, and given back on failure.
+        store.hold("msg_2".into(), conversation(1), "main", None);
+        let held = store.begin_pinned("msg_2", &copy).unwrap();
+        assert!(!Arc::ptr_eq(&held, &copy));
+        store.abandon("msg_2", held, "main");
+        assert_eq!(store.held_count(), 1);
     }
 
     #[test]
