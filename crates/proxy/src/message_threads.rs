@@ -351,8 +351,8 @@ impl ThreadStore {
     }
 
     /// Gives up one held thread to make room in the proxy's budget (the one [`insert`] would
-    /// give up first); false when none is held. A later `continue` of it gets
-    /// `thread_not_found` and is sent again whole.
+    /// give up first); false when none is held. A later `continue` of it reads it back from the
+    /// log ([`read_back`]).
     ///
     /// [`insert`]: ThreadStore::hold
     pub fn give_up_one(&mut self) -> bool {

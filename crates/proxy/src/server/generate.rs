@@ -1032,6 +1032,8 @@ pub async fn run(
         // so, and the others go with the re-send's answer.
         if failure.durable.contains(&0) {
             execution.lock().record_committed(&record);
+            app.metrics
+                .recorded(encoded, reused, started.elapsed().as_secs_f64());
             tracing::error!(%failure, "an answer's stored turn was not committed beside its record; the call fails");
         } else {
             tracing::error!(%failure, "a TITO record was not committed; the call fails");

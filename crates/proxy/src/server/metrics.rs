@@ -389,14 +389,16 @@ impl Metrics {
             ),
             (
                 "gyre_proxy_threads_given_up_total",
-                "Anthropic Message Threads given up to make room in the thread store \
-                 (`--thread-store-mib`); a later continue of one reads it back from the log.",
+                "Anthropic Message Threads given up to make room, in the thread store \
+                 (`--thread-store-mib`) or within an execution's own limits (16 threads, \
+                 64 MiB); a later continue of one reads it back from the log.",
                 &self.threads_given_up,
             ),
             (
                 "gyre_proxy_threads_read_back_total",
-                "Anthropic Message Threads a client continued after they left memory (given up \
-                 for room, or older than a restart held again), read back from the log.",
+                "Anthropic Message Threads a client continued (or counted the tokens of a \
+                 continue of) after they left memory (given up for room, or older than a \
+                 restart held again), read back from the log.",
                 &self.threads_read_back,
             ),
             (

@@ -2922,74 +2922,107 @@ async fn count_tokens_inner(
     };
     // Parsing, rendering and tokenizing a whole conversation is CPU work proportional to the
     // body: on the blocking pool, within the calls' preparing slots, as a call's is (the async
-    // workers keep serving `/health`, `/metrics` and other executions' answers meanwhile).
-    // A thread the count continues that left memory is read back from the log first, as a
-    // call's would be.
-    let pinned = match crate::message_threads::read_continue(&bytes) {
-        Ok(Some((id, _)))
-            if crate::message_threads::lock(&execution.threads())
-                .peek(&id)
-                .is_err_and(|error| crate::message_threads::is_thread_not_found(&error)) =>
-        {
-            let agent = agent_of(&headers);
-            let agent = agent.as_deref().unwrap_or("main");
-            restore_thread_from_log(&app, &execution, &id, agent)
-                .await
-                .map(|thread| (id, thread))
-        }
-        _ => None,
-    };
-    let _permit = app.preparing.acquire().await;
-    let counting = app.clone();
-    let counted = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
-        let app = counting;
-        // A Message Threads `continue` counts the whole conversation it would send, from the
-        // thread held (left held: counting continues nothing).
-        let bytes = match crate::message_threads::read_continue(&bytes)? {
-            None => bytes,
-            Some((id, object)) => {
-                let peeked = crate::message_threads::lock(&execution.threads()).peek(&id);
-                let held = match (peeked, pinned) {
-                    (Ok(held), _) => held,
-                    (Err(_), Some((pinned_id, thread))) if pinned_id == id => thread,
-                    (Err(error), _) => return Err(error),
-                };
-                crate::message_threads::expand(object, &held, app.config.body_bytes_max)?.0
+    // workers keep serving `/health`, `/metrics` and other executions' answers meanwhile). A
+    // thread the count continues that left memory is read back from the log, then the count
+    // runs again, as a call's preparation does.
+    let mut pinned: Option<PinnedThread> = None;
+    let mut read_back = false;
+    let counted = loop {
+        let permit = app.preparing.acquire().await;
+        let (counting, counted_in, bytes, pinned_now) = (
+            app.clone(),
+            execution.clone(),
+            bytes.clone(),
+            pinned.clone(),
+        );
+        let attempt = tokio::task::spawn_blocking(move || {
+            count_prompt(&counting, &counted_in, bytes, pinned_now)
+        })
+        .await
+        .unwrap_or_else(|join| {
+            Err((
+                ApiError::new(
+                    api,
+                    ApiErrorKind::Internal,
+                    format!("counting tokens failed: {join}"),
+                ),
+                None,
+            ))
+        });
+        drop(permit);
+        match attempt {
+            Err((_, Some(id))) if !read_back => {
+                read_back = true;
+                let agent = agent_of(&headers);
+                let agent = agent.as_deref().unwrap_or("main");
+                pinned = restore_thread_from_log(&app, &execution, &id, agent)
+                    .await
+                    .map(|thread| (id, thread));
             }
-        };
-        let request = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media)
-            .and_then(|r| r.to_chat())?;
-        // A pre-filled answer counts the prompt it is continued from.
-        let continues_final_message = request.continues_final_message();
-        let input = crate::template::RenderInput {
-            messages: &request.messages,
-            tools: &request.tools,
-            add_generation_prompt: !continues_final_message,
-            now: now_civil(),
-            extra: None,
-        };
-        let rendered = if continues_final_message {
-            app.model.render_continuing(&input)
-        } else {
-            app.model.render(&input)
-        };
-        rendered
-            .and_then(|text| app.model.encode(&text))
-            .map(|ids| ids.len())
-            .map_err(|error| ApiError::new(api, ApiErrorKind::InvalidRequest, error.to_string()))
-    })
-    .await
-    .unwrap_or_else(|join| {
-        Err(ApiError::new(
-            api,
-            ApiErrorKind::Internal,
-            format!("counting tokens failed: {join}"),
-        ))
-    });
+            attempt => break attempt.map_err(|(error, _)| error),
+        }
+    };
     match counted {
         Ok(tokens) => axum::Json(json!({ "input_tokens": tokens })).into_response(),
         Err(error) => rejected(&app, &error),
     }
+}
+
+/// The prompt tokens of a `count_tokens` body. A Message Threads `continue` counts the whole
+/// conversation it would send, from the thread held (left held: counting continues nothing)
+/// or `pinned` (read back for it); a thread not held fails with its id, to be read back.
+fn count_prompt(
+    app: &AppState,
+    execution: &ExecutionHandle,
+    bytes: Bytes,
+    pinned: Option<PinnedThread>,
+) -> Result<usize, (ApiError, Option<String>)> {
+    let api = Api::Anthropic;
+    let bytes = match crate::message_threads::read_continue(&bytes)
+        .map_err(|error| (error, None))?
+    {
+        None => bytes,
+        Some((id, object)) => {
+            let peeked = crate::message_threads::lock(&execution.threads()).peek(&id);
+            let held = match (peeked, pinned) {
+                (Ok(held), _) => held,
+                (Err(_), Some((pinned_id, thread))) if pinned_id == id => thread,
+                (Err(error), _) => {
+                    let missing = crate::message_threads::is_thread_not_found(&error).then_some(id);
+                    return Err((error, missing));
+                }
+            };
+            crate::message_threads::expand(object, &held, app.config.body_bytes_max)
+                .map_err(|error| (error, None))?
+                .0
+        }
+    };
+    let request = crate::anthropic::parse_count_tokens_with(&bytes, app.config.media)
+        .and_then(|r| r.to_chat())
+        .map_err(|error| (error, None))?;
+    // A pre-filled answer counts the prompt it is continued from.
+    let continues_final_message = request.continues_final_message();
+    let input = crate::template::RenderInput {
+        messages: &request.messages,
+        tools: &request.tools,
+        add_generation_prompt: !continues_final_message,
+        now: now_civil(),
+        extra: None,
+    };
+    let rendered = if continues_final_message {
+        app.model.render_continuing(&input)
+    } else {
+        app.model.render(&input)
+    };
+    rendered
+        .and_then(|text| app.model.encode(&text))
+        .map(|ids| ids.len())
+        .map_err(|error| {
+            (
+                ApiError::new(api, ApiErrorKind::InvalidRequest, error.to_string()),
+                None,
+            )
+        })
 }
 
 async fn count_tokens(
